@@ -1,0 +1,3 @@
+from mimo.cli import main
+
+main()

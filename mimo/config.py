@@ -1,0 +1,354 @@
+"""The typed config tree: TOML in, dotted command-line overrides, validation, saved with each run.
+
+Every section is a dataclass. Loading walks the dataclass fields, so an unknown key or a value of
+the wrong type is caught at load time with the key's full dotted name and the list of valid keys,
+instead of surfacing later as an attribute error deep inside training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+
+@dataclass
+class LLMConfig:
+    """A Llama/Qwen2-style decoder."""
+
+    vocab: int = 320
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    mlp: int = 384
+    qkv_bias: bool = True
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    max_seq: int = 4096
+    init_std: float = 0.02
+    qk_norm: bool = False
+
+
+@dataclass
+class ViTConfig:
+    """A CLIP-style vision transformer (pre-LN, GELU MLP, biases, class token, learned positions)."""
+
+    image: int = 32
+    patch: int = 8
+    channels: int = 3
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    mlp: int = 256
+    act: str = "gelu"
+    norm_eps: float = 1e-5
+    drop_class_token: bool = True
+    init_std: float = 0.02
+
+
+@dataclass
+class ProjectorConfig:
+    """Two-layer MLP from encoder width to LM width (LLaVA style)."""
+
+    act: str = "gelu"
+    bias: bool = True
+
+
+@dataclass
+class ModalityConfig:
+    """One modality submodule: its encoder, its input projection and its placeholder token."""
+
+    kind: str = "vision"
+    token_id: int = 259
+    vit: ViTConfig = field(default_factory=ViTConfig)
+    projector: ProjectorConfig = field(default_factory=ProjectorConfig)
+    freeze_encoder: bool = False
+    freeze_projector: bool = False
+
+
+@dataclass
+class ModelConfig:
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    modalities: dict[str, ModalityConfig] = field(default_factory=dict)
+    freeze_llm: bool = False
+
+
+@dataclass
+class ModuleLayoutConfig:
+    """Where one module runs: a contiguous rank range and its parallel degrees (dp is derived)."""
+
+    offset: int = 0
+    size: int = 0
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    sequence_parallel: bool = False
+    fsdp: bool = False
+
+
+@dataclass
+class ParallelConfig:
+    """Per-module layouts. An empty map puts every module on all ranks as pure data parallel."""
+
+    modules: dict[str, ModuleLayoutConfig] = field(default_factory=dict)
+    microbatches: int = 1
+
+
+@dataclass
+class DataConfig:
+    name: str = "shapes"
+    train_samples: int = 6000
+    eval_samples: int = 300
+    global_batch: int = 32
+    seed: int = 1234
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 30
+    schedule: str = "cosine"
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip: float = 1.0
+    module_lr: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 600
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 0
+
+
+@dataclass
+class RunConfig:
+    name: str = "demo_vlm"
+    out_dir: str = "runs"
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the dotted key and the fix."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check (and where lossless, convert) one value against its annotated type."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a table of {_type_name(tp)} fields, got {value!r}")
+        return _build(tp, value, key)
+    if origin is dict:
+        _, vtp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a table, got {value!r}")
+        return {k: _coerce(v, vtp, f"{key}.{k}") for k, v in value.items()}
+    if origin is list:
+        (etp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"'{key}' must be a list, got {value!r}")
+        return [_coerce(v, etp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"'{key}' must be one of {[_type_name(a) for a in args]}, got {value!r}")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+    if tp in (float, str) and not isinstance(value, tp):
+        raise ConfigError(f"'{key}' must be a {_type_name(tp)}, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in hints:
+            where = f"'{prefix}'" if prefix else "the top level"
+            raise ConfigError(f"unknown config key '{key}'; valid keys in {where}: {', '.join(names)}")
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def _parse_value(text: str) -> Any:
+    """Read an override value with TOML syntax; bare words are strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"cannot override '{dotted}': '{p}' is a value, not a table")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """Turn ['--train.steps=50', '--model.llm.layers', '4'] into a nested dict."""
+    tree: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            raise ConfigError(f"expected an override like --section.key=value, got '{a}'")
+        body = a[2:]
+        if "=" in body:
+            key, text = body.split("=", 1)
+        elif i + 1 < len(args):
+            key, text = body, args[i + 1]
+            i += 1
+        else:
+            raise ConfigError(f"override '{a}' has no value; write --{body}=VALUE")
+        _set_dotted(tree, key, _parse_value(text))
+        i += 1
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    return _build(Config, data)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a TOML file (or the defaults), apply dotted overrides, and validate the whole tree."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{p}' does not exist; pass the path of a TOML file, e.g. "
+                              "configs/demo_vlm.toml")
+        with p.open("rb") as f:
+            data = tomllib.load(f)
+    if overrides:
+        data = _merge(data, parse_overrides(overrides))
+    cfg = from_dict(data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Checks that need more than one field. Raised identically on every rank before any collective."""
+    llm = cfg.model.llm
+    if llm.hidden % llm.heads:
+        raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
+    if llm.heads % llm.kv_heads:
+        raise ConfigError(f"model.llm.heads ({llm.heads}) must be divisible by model.llm.kv_heads "
+                          f"({llm.kv_heads})")
+    ids = {}
+    for name, m in cfg.model.modalities.items():
+        if m.kind != "vision":
+            raise ConfigError(f"model.modalities.{name}.kind = '{m.kind}' is not supported; use 'vision'")
+        if m.vit.image % m.vit.patch:
+            raise ConfigError(f"model.modalities.{name}.vit.image ({m.vit.image}) must be divisible by "
+                              f"vit.patch ({m.vit.patch})")
+        if m.vit.hidden % m.vit.heads:
+            raise ConfigError(f"model.modalities.{name}.vit.hidden must be divisible by vit.heads")
+        if not 0 <= m.token_id < llm.vocab:
+            raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) must lie in [0, "
+                              f"model.llm.vocab={llm.vocab})")
+        if m.token_id in ids:
+            raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) is already used by "
+                              f"'{ids[m.token_id]}'; each modality needs its own placeholder id")
+        ids[m.token_id] = name
+    if cfg.optim.schedule not in ("cosine", "linear", "constant"):
+        raise ConfigError(f"optim.schedule = '{cfg.optim.schedule}'; choose cosine, linear or constant")
+    if cfg.train.dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"train.dtype = '{cfg.train.dtype}'; choose float32 or bfloat16")
+    if cfg.parallel.microbatches < 1:
+        raise ConfigError("parallel.microbatches must be >= 1")
+    known = set(cfg.model.modalities) | {"language"}
+    for name in cfg.parallel.modules:
+        if name not in known:
+            raise ConfigError(f"parallel.modules.{name} names no module; modules are: {', '.join(sorted(known))}")
+
+
+def dump_toml(cfg: Config) -> str:
+    """Write the resolved config back as TOML (saved in each run folder)."""
+    lines: list[str] = []
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(fmt(x) for x in v) + "]"
+        return repr(v)
+
+    def emit(table: dict[str, Any], prefix: str) -> None:
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        subs = {k: v for k, v in table.items() if isinstance(v, dict)}
+        if prefix and (scalars or not subs):
+            lines.append(f"[{prefix}]")
+        for k, v in scalars.items():
+            lines.append(f"{k} = {fmt(v)}")
+        if scalars:
+            lines.append("")
+        for k, v in subs.items():
+            emit(v, f"{prefix}.{k}" if prefix else k)
+
+    emit(to_dict(cfg), "")
+    return "\n".join(lines) + "\n"

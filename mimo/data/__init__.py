@@ -1,0 +1,1 @@
+"""Data: the built-in demo set, tokenizers, batching and the deterministic sample order."""

@@ -1,0 +1,84 @@
+"""The demo vision-language task as token sequences: `<bos> <image>*N question answer <eos> <pad>...`.
+
+Labels are shifted here (position t holds the id of token t+1) and cover only the answer and its
+end token, so the loss trains answering, not the question text. Every sequence is padded to one
+fixed length, so shapes never depend on which samples a batch holds or how it is split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mimo.data.shapes import COLORS, COUNTS, QUESTIONS, SHAPES, Sample, image_tensor_values, make_samples
+from mimo.data.tokenizer import ByteTokenizer
+from mimo.train.loss import IGNORE_INDEX
+
+
+class DemoVLMData:
+    """Train and held-out sets of the shapes task, tokenised, with a deterministic global order."""
+
+    def __init__(self, train_samples: int, eval_samples: int, seed: int, image_tokens: int,
+                 image_token_id: int, modality: str = "images", encoder: str = "vit"):
+        self.tok = ByteTokenizer()
+        self.image_tokens = image_tokens
+        self.image_token_id = image_token_id
+        self.modality, self.encoder = modality, encoder
+        self.train = make_samples(train_samples, seed)
+        self.eval = make_samples(eval_samples, seed + 1_000_003)
+        longest_q = max(len(q) for q in QUESTIONS.values())
+        longest_a = max(len(a) for a in (*COLORS, *SHAPES, *COUNTS))
+        self.seq_len = 1 + image_tokens + longest_q + longest_a + 1
+
+    def prompt_ids(self, s: Sample) -> list[int]:
+        return [self.tok.BOS] + [self.image_token_id] * self.image_tokens + self.tok.encode(s.question)
+
+    def collate(self, samples: list[Sample]) -> dict:
+        """Samples -> a batch dict of tensors, the keyword arguments of MimoModel.forward."""
+        b, s = len(samples), self.seq_len
+        ids = torch.full((b, s), self.tok.PAD, dtype=torch.long)
+        labels = torch.full((b, s), IGNORE_INDEX, dtype=torch.long)
+        for i, smp in enumerate(samples):
+            prompt = self.prompt_ids(smp)
+            answer = self.tok.encode(smp.answer) + [self.tok.EOS]
+            seq = prompt + answer
+            ids[i, : len(seq)] = torch.tensor(seq)
+            labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(answer)
+        pixels = torch.from_numpy(np.stack([image_tensor_values(x.image) for x in samples]))
+        return {
+            "input_ids": ids,
+            "labels": labels,
+            "position_ids": torch.arange(s).expand(b, s).contiguous(),
+            "modality_inputs": {self.modality: {self.encoder: {"pixel_values": pixels}}},
+        }
+
+    def global_batch_indices(self, step: int, global_batch: int, seed: int) -> np.ndarray:
+        """Sample indices of the global batch at `step`: epochs of seeded permutations, concatenated.
+
+        Depends only on (step, global_batch, seed), never on the layout, so any layout sees the same
+        global batch at every step and a resumed run continues exactly where it stopped.
+        """
+        n = len(self.train)
+        start = step * global_batch
+        out = []
+        while len(out) < global_batch:
+            epoch, offset = divmod(start + len(out), n)
+            perm = np.random.default_rng([seed, epoch]).permutation(n)
+            out.extend(perm[offset : offset + global_batch - len(out)].tolist())
+        return np.asarray(out)
+
+    def global_batch(self, step: int, global_batch: int, seed: int) -> dict:
+        return self.collate([self.train[i] for i in self.global_batch_indices(step, global_batch, seed)])
+
+
+def slice_batch(batch: dict, start: int, stop: int) -> dict:
+    """Rows [start, stop) of every tensor in a (nested) batch dict; one image per sample."""
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, dict):
+            out[k] = slice_batch(v, start, stop)
+        elif isinstance(v, torch.Tensor):
+            out[k] = v[start:stop]
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,272 @@
+"""MimoModel: the multimodal seam. Modality submodules turn raw inputs into LM-width rows, the rows
+are placed at their placeholder tokens, and the LM runs over the combined sequence.
+
+Where encoder output crosses to the LM: `MimoModel.embed_modalities` runs each submodule and passes
+its rows through `self.bridges[name]` (identity on one process; parallel/bridge.py installs the real
+crossing for a layout), then `align_embeddings` writes them into the sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mimo.config import ModelConfig
+from mimo.models.llm import DecoderLM
+from mimo.models.projector import MLPProjector
+from mimo.models.vit import VisionTransformer
+from mimo.train.loss import cross_entropy_sum
+
+TEXT = "text"
+
+
+class ModalitySubmodules(nn.Module):
+    """Encoders (named, run in registration order), input projections, output projections, decoders.
+
+    Subclass or instantiate directly with your own modules to plug in a new modality.
+    """
+
+    def __init__(self, encoders: dict[str, nn.Module] | None = None,
+                 input_projections: list[nn.Module] | None = None,
+                 output_projections: list[nn.Module] | None = None,
+                 decoders: dict[str, nn.Module] | None = None):
+        super().__init__()
+        self.encoders = nn.ModuleDict(encoders or {})
+        self.input_projections = nn.ModuleList(input_projections or [])
+        self.output_projections = nn.ModuleList(output_projections or [])
+        self.decoders = nn.ModuleDict(decoders or {})
+
+    def encode(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Run every encoder on its keyword inputs; each output flattened to rows `[n, h]`."""
+        rows = []
+        for name, encoder in self.encoders.items():
+            if name not in encoder_inputs:
+                raise ValueError(f"no inputs for encoder '{name}'; modality_inputs[modality] must have keys "
+                                 f"{list(self.encoders)}, got {list(encoder_inputs)}")
+            out = encoder(**encoder_inputs[name])
+            if isinstance(out, (tuple, list)):
+                out = out[0]
+            if out.dim() == 3:
+                out = out.reshape(-1, out.shape[-1])
+            elif out.dim() != 2:
+                raise ValueError(f"encoder '{name}' returned a {out.dim()}-D tensor; expected [b, s, h] or "
+                                 "[b*s, h]")
+            rows.append(out)
+        return rows
+
+    @staticmethod
+    def combine(rows: list[torch.Tensor]) -> torch.Tensor:
+        if not rows:
+            raise ValueError("cannot combine an empty list of embeddings")
+        return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
+
+    def project(self, rows: torch.Tensor) -> torch.Tensor:
+        for proj in self.input_projections:
+            rows = proj(rows)
+        return rows
+
+    def forward(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
+        return self.project(self.combine(self.encode(encoder_inputs)))
+
+    def decode(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """The Out path: LM hidden rows -> output projections -> decoders (in registration order)."""
+        if not self.output_projections and not self.decoders:
+            raise ValueError("this modality has no output projection or decoder; it cannot decode")
+        x = hidden_rows
+        for proj in self.output_projections:
+            x = proj(x)
+        for dec in self.decoders.values():
+            x = dec(x)
+        return x
+
+
+def build_vision_submodules(vit_cfg, proj_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
+    vit = VisionTransformer(vit_cfg)
+    proj = MLPProjector(vit_cfg.hidden, lm_hidden, proj_cfg, init_std)
+    return ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])
+
+
+def _check_counts(name: str, k: int, n: int) -> None:
+    if k != n:
+        raise ValueError(f"Number of {name} tokens ({k}) does not match number of {name} embeddings ({n})")
+
+
+def align_embeddings(text_rows: torch.Tensor, modality_rows: dict[str, torch.Tensor], input_ids: torch.Tensor,
+                     token_ids: dict[str, int]) -> torch.Tensor:
+    """Mask path: text rows fill non-placeholder positions, each modality's rows fill its placeholders,
+    both in batch-major order. Returns `[B, S, H]`."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+    b, s = input_ids.shape
+    out = text_rows.new_zeros(b, s, text_rows.shape[-1])
+    text_mask = text_positions(input_ids, token_ids)
+    _check_counts(TEXT, int(text_mask.sum()), text_rows.shape[0])
+    out = out.masked_scatter(text_mask[..., None], text_rows)
+    for name, rows in modality_rows.items():
+        if name not in token_ids:
+            raise ValueError(f"No special token ID defined for modality {name}; set "
+                             f"model.modalities.{name}.token_id")
+        mask = input_ids == token_ids[name]
+        _check_counts(name, int(mask.sum()), rows.shape[0])
+        out = out.masked_scatter(mask[..., None], rows.to(out.dtype))
+    return out
+
+
+def align_embeddings_by_index(text_rows: torch.Tensor, modality_rows: dict[str, torch.Tensor],
+                              indices: dict[str, torch.Tensor], batch: int, seq: int) -> torch.Tensor:
+    """Index path: precomputed flat positions (row-major over `[B, S]`) per modality and for "text".
+
+    Shapes and coverage are validated; index values are trusted (no device reduction, no host sync).
+    """
+    rows = {TEXT: text_rows, **modality_rows}
+    if set(indices) != set(rows):
+        raise ValueError(f"precomputed token indices must have the same modalities as the embeddings: got "
+                         f"{sorted(indices)}, expected {sorted(rows)}")
+    total = 0
+    for name, idx in indices.items():
+        if idx.dim() != 1:
+            raise ValueError(f"{name} token indices must be one-dimensional, got shape {tuple(idx.shape)}")
+        if idx.numel() != rows[name].shape[0]:
+            raise ValueError(f"Number of {name} token indices ({idx.numel()}) does not match number of "
+                             f"{name} embeddings ({rows[name].shape[0]})")
+        total += idx.numel()
+    if total != batch * seq:
+        raise ValueError(f"precomputed token indices must cover B*S = {batch * seq} positions, got {total}")
+    out = text_rows.new_zeros(batch * seq, text_rows.shape[-1])
+    for name, r in rows.items():
+        out = out.index_copy(0, indices[name], r.to(out.dtype))
+    return out.view(batch, seq, -1)
+
+
+def text_positions(input_ids: torch.Tensor, token_ids: dict[str, int]) -> torch.Tensor:
+    """Boolean mask of positions holding ordinary text tokens."""
+    if not token_ids:
+        return torch.ones_like(input_ids, dtype=torch.bool)
+    ids = torch.tensor(sorted(token_ids.values()), device=input_ids.device, dtype=input_ids.dtype)
+    return ~torch.isin(input_ids, ids)
+
+
+def token_indices(input_ids: torch.Tensor, token_ids: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Flat row-major positions for "text" and each modality: what a data pipeline precomputes."""
+    flat = input_ids.reshape(-1)
+    out = {TEXT: text_positions(input_ids, token_ids).reshape(-1).nonzero().squeeze(1)}
+    for name, tid in token_ids.items():
+        out[name] = (flat == tid).nonzero().squeeze(1)
+    return out
+
+
+@dataclass
+class MimoOutput:
+    """What a forward returns: hidden states always; loss sum and token count when labels are given,
+    else logits."""
+
+    hidden: torch.Tensor
+    loss_sum: torch.Tensor | None = None
+    num_tokens: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+LossFn = Callable[[torch.Tensor, DecoderLM, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+
+
+def lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
+            loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return cross_entropy_sum(lm.logits(hidden), labels, loss_mask)
+
+
+class MimoModel(nn.Module):
+    """An LM plus modality submodules keyed by modality name (`images`, `audio`, ...)."""
+
+    def __init__(self, language_model: DecoderLM, modalities: dict[str, ModalitySubmodules],
+                 special_token_ids: dict[str, int]):
+        super().__init__()
+        missing = [m for m in modalities if m not in special_token_ids]
+        if missing:
+            raise ValueError(f"modalities {missing} have no placeholder token id; pass special_token_ids "
+                             f"for every modality (model.modalities.<name>.token_id)")
+        self.language_model = language_model
+        self.modality_submodules = nn.ModuleDict(modalities)
+        self.special_token_ids = dict(special_token_ids)
+        self.bridges: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+        self.loss_fn: LossFn = lm_loss
+
+    def embed_modalities(self, input_ids: torch.Tensor,
+                         modality_inputs: dict[str, dict[str, dict[str, torch.Tensor]]] | None,
+                         ) -> dict[str, torch.Tensor]:
+        """Run each modality present in `modality_inputs`, cross its bridge; returns rows per modality."""
+        modality_inputs = modality_inputs or {}
+        unknown = [m for m in modality_inputs if m not in self.modality_submodules]
+        if unknown:
+            raise ValueError(f"modality_inputs has unknown modalities {unknown}; this model has "
+                             f"{list(self.modality_submodules)}")
+        rows = {}
+        for name, sub in self.modality_submodules.items():
+            inputs = modality_inputs.get(name)
+            if inputs is None:
+                continue
+            r = sub(inputs)
+            bridge = self.bridges.get(name)
+            rows[name] = bridge(r) if bridge is not None else r
+        return rows
+
+    def check_inputs_present(self, input_ids: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
+        for name, tid in self.special_token_ids.items():
+            if name not in rows:
+                n = int((input_ids == tid).sum())
+                if n:
+                    raise ValueError(f"input_ids hold {n} placeholder tokens of '{name}' (id {tid}) but "
+                                     f"modality_inputs has no '{name}' entry")
+
+    def combined_embeddings(self, input_ids: torch.Tensor,
+                            modality_inputs: dict | None = None,
+                            modality_token_indices: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The LM's input sequence `[B, S, H]`: text embeddings with modality rows at placeholders."""
+        rows = self.embed_modalities(input_ids, modality_inputs)
+        lm = self.language_model
+        if modality_token_indices is not None:
+            text_ids = input_ids.reshape(-1).index_select(0, modality_token_indices[TEXT])
+            return align_embeddings_by_index(lm.embed(text_ids), rows, modality_token_indices, *input_ids.shape)
+        self.check_inputs_present(input_ids, rows)
+        text_ids = input_ids[text_positions(input_ids, self.special_token_ids)]
+        return align_embeddings(lm.embed(text_ids), rows, input_ids, self.special_token_ids)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
+                modality_inputs: dict | None = None,
+                modality_token_indices: dict[str, torch.Tensor] | None = None,
+                attention_mask: torch.Tensor | None = None) -> MimoOutput:
+        """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean)."""
+        embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices)
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        hidden = self.language_model(embeds, position_ids, mask=attention_mask)
+        if labels is None:
+            return MimoOutput(hidden=hidden, logits=self.language_model.logits(hidden))
+        loss_sum, num_tokens = self.loss_fn(hidden, self.language_model, labels, loss_mask)
+        return MimoOutput(hidden=hidden, loss_sum=loss_sum, num_tokens=num_tokens)
+
+
+def build_model(cfg: ModelConfig) -> MimoModel:
+    """Build the full single-device model from config. Weights depend only on the torch RNG state."""
+    lm = DecoderLM(cfg.llm)
+    subs = {}
+    for name, m in cfg.modalities.items():
+        subs[name] = build_vision_submodules(m.vit, m.projector, cfg.llm.hidden, cfg.llm.init_std)
+    model = MimoModel(lm, subs, {name: m.token_id for name, m in cfg.modalities.items()})
+    apply_freezing(model, cfg)
+    return model
+
+
+def apply_freezing(model: MimoModel, cfg: ModelConfig) -> None:
+    """Per-module freezing: frozen parameters get no gradient and no optimizer state."""
+    if cfg.freeze_llm:
+        model.language_model.requires_grad_(False)
+    for name, m in cfg.modalities.items():
+        sub = model.modality_submodules[name]
+        if m.freeze_encoder:
+            sub.encoders.requires_grad_(False)
+        if m.freeze_projector:
+            sub.input_projections.requires_grad_(False)

@@ -1,0 +1,1 @@
+"""Single-device model code. Nothing in here knows about process groups."""

@@ -1,0 +1,149 @@
+"""Building blocks shared by the LM and the encoders: norms, rotary embeddings, attention, MLPs.
+
+Single-device code. Head counts are read from the projection shapes at run time (`view(..., -1, d)`),
+so tensor parallelism can shard the projections from outside without touching these classes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "silu": F.silu,
+    "relu": F.relu,
+}
+
+
+def activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation '{name}'; choose one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in fp32 like the reference implementations."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for integer positions `[B, S]`, shaped `[B, S, head_dim]` (half-split layout)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` `[B, heads, S, D]` by position; cos/sin are `[B, S, D]`."""
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding; one tensor pair per layer."""
+
+    def __init__(self) -> None:
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer in self.k:
+            k = torch.cat([self.k[layer], k], dim=2)
+            v = torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    def length(self) -> int:
+        return next(iter(self.k.values())).shape[2] if self.k else 0
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA over `[B, heads, S, D]` with grouped-query heads repeated to match q.
+
+    `mask` (bool, True = may attend, broadcastable to `[B, 1, Sq, Sk]`) replaces the causal flag when
+    given; it is how packed documents and incremental decoding express their structure.
+    """
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head attention with optional grouped KV heads, qkv bias and rotary positions."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, qkv_bias: bool, out_bias: bool,
+                 head_dim: int | None = None, qk_norm_eps: float | None = None):
+        super().__init__()
+        self.head_dim = head_dim or hidden // heads
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=out_bias)
+        self.q_norm = RMSNorm(self.head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(self.head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                causal: bool = True, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        b, s, _ = x.shape
+        d = self.head_dim
+        q = self.q_proj(x).view(b, s, -1, d)
+        k = self.k_proj(x).view(b, s, -1, d)
+        v = self.v_proj(x).view(b, s, -1, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        out = attention(q, k, v, causal=causal, mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class SwiGLU(nn.Module):
+    """Gated SiLU MLP of Llama/Qwen."""
+
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MLP(nn.Module):
+    """Two linears with an activation between (ViT blocks, projectors)."""
+
+    def __init__(self, dim_in: int, inner: int, dim_out: int, act: str, bias: bool = True):
+        super().__init__()
+        self.fc1 = nn.Linear(dim_in, inner, bias=bias)
+        self.fc2 = nn.Linear(inner, dim_out, bias=bias)
+        self.act = activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))

@@ -1,0 +1,83 @@
+"""A Llama/Qwen2/Qwen3-style decoder LM: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+The forward takes input *embeddings*, not token ids: the multimodal seam (MimoModel) builds the
+embedding sequence, and pipeline stages after the first receive hidden states. Layers live in a
+ModuleDict keyed by their global index so a pipeline stage can drop layers and keep stable names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mimo.config import LLMConfig
+from mimo.models.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, rope_cos_sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LLMConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.self_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.kv_heads, qkv_bias=cfg.qkv_bias,
+                                       out_bias=False, qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.hidden, cfg.mlp)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor | None = None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope=rope, causal=True, mask=mask, cache=cache,
+                               layer=layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderLM(nn.Module):
+    """Decoder-only LM. `embed_tokens`, `norm` and `lm_head` may be None on pipeline stages."""
+
+    def __init__(self, cfg: LLMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(cfg.layers)})
+        self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.lm_head: nn.Linear | None = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab,
+                                                                                    bias=False)
+        self.init_weights()
+
+    @property
+    def head_dim(self) -> int:
+        return self.cfg.hidden // self.cfg.heads
+
+    def init_weights(self) -> None:
+        """Normal(0, init_std) matrices, zero biases, unit norms: depends only on the RNG state."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=self.cfg.init_std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor,
+                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states."""
+        rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta)
+        past = cache.length() if cache is not None else 0
+        if past and mask is None:
+            # Incremental decoding: new queries sit after `past` cached keys (bottom-right causal).
+            s = hidden.shape[1]
+            q_pos = torch.arange(s, device=hidden.device) + past
+            mask = torch.arange(past + s, device=hidden.device)[None, :] <= q_pos[:, None]
+        for key, layer in self.layers.items():
+            hidden = layer(hidden, rope, mask=mask, cache=cache, layer=int(key))
+        if self.norm is not None:
+            hidden = self.norm(hidden)
+        return hidden
+
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.output_weight().t()

@@ -1,0 +1,70 @@
+"""A CLIP-style vision transformer: patch conv, class token, learned positions, pre-LN blocks.
+
+Module names follow Hugging Face's CLIP vision tower so weights map one to one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mimo.config import ViTConfig
+from mimo.models.layers import MLP, SelfAttention
+
+
+class ViTBlock(nn.Module):
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
+        self.self_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.heads, qkv_bias=True, out_bias=True)
+        self.layer_norm2 = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
+        self.mlp = MLP(cfg.hidden, cfg.mlp, cfg.hidden, cfg.act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x), causal=False)
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class VisionTransformer(nn.Module):
+    """Images `[B, C, H, W]` -> patch features `[B, N, hidden]` (class token dropped if configured)."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.num_patches = (cfg.image // cfg.patch) ** 2
+        self.patch_embedding = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch, bias=False)
+        self.class_embedding = nn.Parameter(torch.zeros(cfg.hidden))
+        self.position_embedding = nn.Embedding(self.num_patches + 1, cfg.hidden)
+        self.pre_layrnorm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
+        self.layers = nn.ModuleDict({str(i): ViTBlock(cfg) for i in range(cfg.layers)})
+        self.init_weights()
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.num_patches + (0 if self.cfg.drop_class_token else 1)
+
+    def init_weights(self) -> None:
+        std = self.cfg.init_std
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv2d)):
+                nn.init.normal_(m.weight, std=std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        nn.init.normal_(self.class_embedding, std=std)
+
+    def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if pixel_values.dim() != 4:
+            raise ValueError(f"pixel_values must be [B, C, H, W], got shape {tuple(pixel_values.shape)}")
+        x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
+        cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
+        x = torch.cat([cls, x], dim=1) + self.position_embedding.weight.to(x.dtype)
+        return self.pre_layrnorm(x)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = self.embed(pixel_values)
+        for layer in self.layers.values():
+            x = layer(x)
+        return x[:, 1:] if self.cfg.drop_class_token else x

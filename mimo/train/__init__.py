@@ -1,0 +1,1 @@
+"""Training: loss, optimizers, checkpoints, metrics and the step loop."""

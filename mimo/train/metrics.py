@@ -1,0 +1,65 @@
+"""Run outputs: metrics.jsonl, TensorBoard scalars, the progress bar and summary.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+class MetricsLogger:
+    """Writes one JSON object per logged step and mirrors scalars to TensorBoard (rank 0 only)."""
+
+    def __init__(self, run_dir: Path, total_steps: int, tensorboard: bool, progress: bool, enabled: bool = True,
+                 start_step: int = 0):
+        self.enabled = enabled
+        self.run_dir = run_dir
+        self.t0 = time.perf_counter()
+        self.history: list[dict] = []
+        self.tb = None
+        self.bar = None
+        if not enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = (run_dir / "metrics.jsonl").open("a")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if progress:
+            self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, desc="train")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def log(self, record: dict) -> None:
+        record = {**record, "elapsed_s": round(self.elapsed(), 3)}
+        self.history.append(record)
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(f"train/{k}", v, record["step"])
+
+    def progress(self, n: int, **postfix: float) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+
+    def write_summary(self, summary: dict) -> None:
+        if self.enabled:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.enabled:
+            self.file.close()
