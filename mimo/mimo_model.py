@@ -190,8 +190,11 @@ class MimoModel(nn.Module):
         self.language_model = language_model
         self.modality_submodules = nn.ModuleDict(modalities)
         self.special_token_ids = dict(special_token_ids)
+        # Hooks that parallel/ sets from outside; the defaults are the single-process behaviour.
         self.bridges: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+        self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.loss_fn: LossFn = lm_loss
+        self.logits_fn: Callable[[torch.Tensor, DecoderLM], torch.Tensor] = lambda h, lm: lm.logits(h)
 
     def embed_modalities(self, input_ids: torch.Tensor,
                          modality_inputs: dict[str, dict[str, dict[str, torch.Tensor]]] | None,
@@ -242,9 +245,11 @@ class MimoModel(nn.Module):
         embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        if self.shard_sequence is not None:
+            embeds = self.shard_sequence(embeds)
         hidden = self.language_model(embeds, position_ids, mask=attention_mask)
         if labels is None:
-            return MimoOutput(hidden=hidden, logits=self.language_model.logits(hidden))
+            return MimoOutput(hidden=hidden, logits=self.logits_fn(hidden, self.language_model))
         loss_sum, num_tokens = self.loss_fn(hidden, self.language_model, labels, loss_mask)
         return MimoOutput(hidden=hidden, loss_sum=loss_sum, num_tokens=num_tokens)
 

@@ -15,7 +15,22 @@ from torch import nn
 
 from mimo.config import OptimConfig
 
-NormReducer = Callable[[torch.Tensor], torch.Tensor]
+NormReducer = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+REPLICAS = "_mimo_replicas"
+"""Parameter attribute: how many ranks of its module's reduction group hold an identical copy of this
+local gradient (TP-replicated x DP-replicated). The global norm counts each distinct entry once."""
+
+
+def local_grad_sq(params: list[torch.Tensor]) -> torch.Tensor:
+    """This rank's share of the squared gradient norm: sum of squares, each divided by its replica count."""
+    sq = torch.zeros((), dtype=torch.float32, device=params[0].device if params else "cpu")
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        g = g.to_local() if hasattr(g, "to_local") else g
+        sq = sq + g.detach().float().pow(2).sum() / getattr(p, REPLICAS, 1)
+    return sq
 
 
 def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
@@ -48,15 +63,16 @@ def lr_factor(step: int, total: int, cfg: OptimConfig) -> float:
 class MimoOptimizer:
     """AdamW per module with a shared schedule, global-norm clipping and a skip on non-finite norms.
 
-    `norm_sq_reduce` turns this rank's sum of squared gradient entries into the global one (identity
-    on one process; parallel code passes a reduction that counts sharded parameters once).
+    `norm_sq_reduce` turns this rank's per-module squared-norm shares (see `local_grad_sq`) into the
+    global squared norm: their sum on one process; parallel code all-reduces each module's share over
+    that module's ranks.
     """
 
     def __init__(self, modules: dict[str, nn.Module], cfg: OptimConfig, total_steps: int,
                  fused: bool = False, norm_sq_reduce: NormReducer | None = None):
         self.cfg = cfg
         self.total_steps = total_steps
-        self.norm_sq_reduce = norm_sq_reduce or (lambda x: x)
+        self.norm_sq_reduce = norm_sq_reduce or (lambda parts: sum(parts.values(), torch.zeros(())))
         self.optimizers: dict[str, torch.optim.AdamW] = {}
         self.base_lr: dict[str, float] = {}
         for name, mod in modules.items():
@@ -67,15 +83,14 @@ class MimoOptimizer:
             self.base_lr[name] = lr
             self.optimizers[name] = torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                                       fused=fused or None)
-        self.params = [p for opt in self.optimizers.values() for g in opt.param_groups for p in g["params"]]
+        self.module_params = {name: [p for g in opt.param_groups for p in g["params"]]
+                              for name, opt in self.optimizers.items()}
+        self.params = [p for ps in self.module_params.values() for p in ps]
 
     def grad_norm(self) -> torch.Tensor:
         """Global L2 norm of all gradients of all modules (a collective when a reducer is set)."""
-        sq = torch.zeros((), dtype=torch.float32, device=self.params[0].device if self.params else "cpu")
-        for p in self.params:
-            if p.grad is not None:
-                sq = sq + p.grad.detach().float().pow(2).sum()
-        return self.norm_sq_reduce(sq).sqrt()
+        parts = {name: local_grad_sq(ps) for name, ps in self.module_params.items()}
+        return self.norm_sq_reduce(parts).sqrt()
 
     def step(self, step: int) -> tuple[bool, float, float]:
         """Clip by the global norm, set the LR, step every module. Returns (stepped, grad_norm, lr)."""
