@@ -191,7 +191,7 @@ class MimoModel(nn.Module):
         self.modality_submodules = nn.ModuleDict(modalities)
         self.special_token_ids = dict(special_token_ids)
         # Hooks that parallel/ sets from outside; the defaults are the single-process behaviour.
-        self.bridges: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+        self.bridges: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {}
         self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.loss_fn: LossFn = lm_loss
         self.logits_fn: Callable[[torch.Tensor, DecoderLM], torch.Tensor] = lambda h, lm: lm.logits(h)
@@ -208,11 +208,16 @@ class MimoModel(nn.Module):
         rows = {}
         for name, sub in self.modality_submodules.items():
             inputs = modality_inputs.get(name)
+            bridge = self.bridges.get(name)
             if inputs is None:
+                if bridge is not None:
+                    raise ValueError(f"modality '{name}' has no input on this rank, but its bridge is a collective: "
+                                     f"pass an empty batch (e.g. 0 images) so every rank joins it")
                 continue
             r = sub(inputs)
-            bridge = self.bridges.get(name)
-            rows[name] = bridge(r) if bridge is not None else r
+            if bridge is not None:
+                r = bridge(r, int((input_ids == self.special_token_ids[name]).sum()))
+            rows[name] = r
         return rows
 
     def check_inputs_present(self, input_ids: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
