@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	  fi; \
 	fi
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,hf]'
 	@touch $(STAMP)
 
 install: $(STAMP)

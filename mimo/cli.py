@@ -11,13 +11,20 @@ from mimo.config import ConfigError, load_config
 TRAIN_HELP = """Train a model described by a TOML config. Any config key can be overridden with a dotted
 flag, e.g. `mimo train configs/demo_vlm.toml --train.steps=50 --model.llm.layers=4`.
 Outputs go to runs/<run.name>/: config.toml, metrics.jsonl, tensorboard/, loss.png,
-checkpoint/model.safetensors and summary.json."""
+checkpoint/model.safetensors and summary.json.
+
+Several processes: `mimo train CONFIG --nproc 4` (local, via torchrun), or
+`torchrun --nproc-per-node 4 -m mimo train CONFIG`; the [parallel.modules.*] tables of the
+config give each module its ranks and tp/cp/pp degrees (dp is what remains)."""
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from mimo.parallel.runtime import launch_local, launched_distributed
     from mimo.train.trainer import Trainer
 
     cfg = load_config(args.config, overrides)
+    if args.nproc > 1 and not launched_distributed():
+        return launch_local(args.nproc, ["train", args.config, *overrides])
     Trainer(cfg).train()
     return 0
 
@@ -35,6 +42,14 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
     if overrides:
         raise ConfigError(f"generate takes no config overrides, got {overrides}")
     cfg, model = load_run(args.run)
+    if args.out:
+        from mimo.generate_image import write_image
+
+        if not model.output_token_ids:
+            raise ConfigError(f"--out writes an image, but the run '{args.run}' has no Out path; train one with "
+                              "model.modalities.<m>.output_token_id set, e.g. configs/demo_text_to_image.toml")
+        print(write_image(model, args.prompt, args.out))
+        return 0
     tok = ByteTokenizer()
     ids = [tok.BOS]
     modality_inputs = None
@@ -53,13 +68,25 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
     from mimo.train.checkpoint import load_run
-    from mimo.train.evaluate import evaluate_answers
-    from mimo.train.trainer import build_demo_data
+    from mimo.train.trainer import build_demo_data, evaluate_demo
 
     if overrides:
         raise ConfigError(f"eval takes no config overrides, got {overrides}")
     cfg, model = load_run(args.run)
-    print(json.dumps(evaluate_answers(model, build_demo_data(cfg, model)), indent=2))
+    print(json.dumps(evaluate_demo(cfg, model, build_demo_data(cfg, model), "cpu"), indent=2))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
+    from mimo.interop.hf_export import export_run
+
+    if overrides:
+        raise ConfigError(f"export takes no config overrides, got {overrides}")
+    try:
+        print(export_run(args.run, args.to, lm_only=args.lm_only))
+    except (ValueError, FileExistsError, RuntimeError) as e:
+        print(f"mimo: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -70,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train from a TOML config", description=TRAIN_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("config", help="path of a TOML config, e.g. configs/demo_vlm.toml")
+    t.add_argument("--nproc", type=int, default=1, help="local processes to launch through torchrun (default 1)")
     t.set_defaults(func=cmd_train)
     g = sub.add_parser("generate", help="greedy decoding from a trained run",
                        description="Answer a prompt about an image with a trained run (greedy, KV cache).")
@@ -77,11 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--image", help="image file (any size; resized to the encoder's input)")
     g.add_argument("--prompt", required=True, help="text after the image, e.g. 'what color?'")
     g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--out", help="write an image here instead of text (a run with an Out path, e.g. "
+                   "runs/demo_text_to_image; the prompt says what to draw)")
     g.set_defaults(func=cmd_generate)
     e = sub.add_parser("eval", help="held-out accuracy of a trained run",
                        description="Evaluate a trained run on its held-out set (exact match, greedy).")
     e.add_argument("--run", required=True, help="run folder written by `mimo train`")
     e.set_defaults(func=cmd_eval)
+    x = sub.add_parser("export", help="write a trained run as a Hugging Face model directory",
+                       description="Export a trained run as a LlavaForConditionalGeneration directory (vision "
+                       "tower + projector + LM), or with --lm-only the LM as a Qwen2/Qwen3/Llama causal LM.")
+    x.add_argument("--run", required=True, help="run folder written by `mimo train`")
+    x.add_argument("--to", required=True, help="new or empty output folder")
+    x.add_argument("--lm-only", action="store_true", help="export only the language model")
+    x.set_defaults(func=cmd_export)
     return p
 
 

@@ -34,6 +34,13 @@ class LLMConfig:
     max_seq: int = 4096
     init_std: float = 0.02
     qk_norm: bool = False
+    # 0 = hidden // heads; Qwen3 checkpoints set it explicitly.
+    head_dim: int = 0
+    # Llama 3 RoPE scaling, keys as in HF's rope_scaling (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings); empty = plain RoPE.
+    rope_scaling: dict[str, float] = field(default_factory=dict)
+    # A Hugging Face Qwen2/Qwen3/Llama directory: its config.json replaces the fields above and its weights load.
+    hf_path: str = ""
 
 
 @dataclass
@@ -51,6 +58,27 @@ class ViTConfig:
     norm_eps: float = 1e-5
     drop_class_token: bool = True
     init_std: float = 0.02
+    # SigLIP-style towers: no class token, no pre-LayerNorm, a patch-embedding bias, a final LayerNorm.
+    class_token: bool = True
+    pre_norm: bool = True
+    patch_bias: bool = False
+    post_norm: bool = False
+
+
+@dataclass
+class AudioConfig:
+    """A Whisper-style audio encoder (conv stem, sinusoidal or learned positions, pre-LN blocks)."""
+
+    n_mels: int = 80
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    mlp: int = 256
+    max_positions: int = 1500
+    act: str = "gelu"
+    norm_eps: float = 1e-5
+    learned_positions: bool = False
+    init_std: float = 0.02
 
 
 @dataclass
@@ -62,15 +90,45 @@ class ProjectorConfig:
 
 
 @dataclass
+class DecoderConfig:
+    """The Out path's image decoder: per-patch pixels from the LM's states at generation tokens.
+
+    One generated image takes (image / patch)^2 generation tokens; `hidden` is the width of the output
+    projection and of the decoder's bidirectional blocks."""
+
+    image: int = 32
+    patch: int = 8
+    channels: int = 3
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    mlp: int = 256
+    act: str = "gelu"
+    init_std: float = 0.02
+
+
+@dataclass
 class ModalityConfig:
     """One modality submodule: its encoder, its input projection and its placeholder token."""
 
     kind: str = "vision"
     token_id: int = 259
     vit: ViTConfig = field(default_factory=ViTConfig)
+    # kind = "audio": a Whisper-style encoder over log-mel features.
+    audio: AudioConfig = field(default_factory=AudioConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
     freeze_encoder: bool = False
     freeze_projector: bool = False
+    # A Hugging Face CLIP/SigLIP (vision) directory: its config.json replaces the vit fields (drop_class_token
+    # and init_std stay) and its weights load. hf_feature_layer picks the hidden state that feeds the
+    # projector, as LLaVA's vision_feature_layer: -1 = last layer, -2 = penultimate (LLaVA-1.5 with CLIP).
+    hf_path: str = ""
+    hf_feature_layer: int = -1
+    # The Out path: generation tokens with this id (-1 = none) have their LM states decoded into this
+    # modality; its loss (per output token) is added to the text loss with this weight.
+    output_token_id: int = -1
+    output_loss_weight: float = 1.0
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
 
 
 @dataclass
@@ -108,6 +166,15 @@ class DataConfig:
     eval_samples: int = 300
     global_batch: int = 32
     seed: int = 1234
+    # For name = "webdataset" (a .tar shard, a folder of them, or a brace list) or "jsonl" (a manifest):
+    path: str = ""
+    tokenizer: str = "byte"
+    seq_len: int = 64
+    workers: int = 0
+    # Sequence packing: each step's samples fill rows of pack_length tokens (greedy first fit), every
+    # sample attending only to itself with positions restarting; pack_length must hold the longest sample.
+    packing: bool = False
+    pack_length: int = 0
 
 
 @dataclass
@@ -133,6 +200,13 @@ class TrainConfig:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0
+    # Checkpoints (runs/<name>/checkpoints/step_*): every `save_every` steps (0 = only on a stop), newest
+    # `keep_checkpoints` kept. resume: false/"never", true/"auto" (newest complete one, if any), or a path.
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    resume: bool | str = False
+    # Stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient norm.
+    max_bad_steps: int = 10
 
 
 @dataclass
@@ -289,36 +363,82 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
+def validate_out_path(cfg: Config) -> None:
+    """The Out path's keys: a generation token id of its own inside the vocabulary, a decoder that tiles."""
+    vocab = cfg.model.llm.vocab
+    placeholders = {m.token_id: n for n, m in cfg.model.modalities.items()}
+    outputs: dict[int, str] = {}
+    for name, m in cfg.model.modalities.items():
+        key = f"model.modalities.{name}"
+        if m.output_token_id == -1:
+            continue
+        if not 0 <= m.output_token_id < vocab:
+            raise ConfigError(f"{key}.output_token_id ({m.output_token_id}) must lie in [0, model.llm.vocab={vocab}) "
+                              "or be -1 (no Out path)")
+        clash = placeholders.get(m.output_token_id) or outputs.get(m.output_token_id)
+        if clash:
+            raise ConfigError(f"{key}.output_token_id ({m.output_token_id}) is already used by '{clash}'; "
+                              "generation tokens need an id of their own (e.g. 261, GENERATE_IMAGE)")
+        outputs[m.output_token_id] = name
+        d = m.decoder
+        if d.image % d.patch or d.hidden % d.heads:
+            raise ConfigError(f"{key}.decoder.image ({d.image}) must be divisible by decoder.patch ({d.patch}) "
+                              f"and decoder.hidden ({d.hidden}) by decoder.heads ({d.heads})")
+        if m.output_loss_weight < 0:
+            raise ConfigError(f"{key}.output_loss_weight ({m.output_loss_weight}) must be >= 0")
+
+
 def validate(cfg: Config) -> None:
     """Checks that need more than one field. Raised identically on every rank before any collective."""
     llm = cfg.model.llm
-    if llm.hidden % llm.heads:
+    if not llm.head_dim and llm.hidden % llm.heads:
         raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
     if llm.heads % llm.kv_heads:
         raise ConfigError(f"model.llm.heads ({llm.heads}) must be divisible by model.llm.kv_heads "
                           f"({llm.kv_heads})")
     ids = {}
     for name, m in cfg.model.modalities.items():
-        if m.kind != "vision":
-            raise ConfigError(f"model.modalities.{name}.kind = '{m.kind}' is not supported; use 'vision'")
-        if m.vit.image % m.vit.patch:
+        if m.kind not in ("vision", "audio"):
+            raise ConfigError(f"model.modalities.{name}.kind = '{m.kind}' is not supported; use 'vision' or 'audio'")
+        if m.kind == "audio" and (m.audio.hidden % m.audio.heads or m.audio.hidden % 2):
+            raise ConfigError(f"model.modalities.{name}.audio.hidden ({m.audio.hidden}) must be even and divisible "
+                              f"by audio.heads ({m.audio.heads})")
+        # Hugging Face towers floor the patch grid (SigLIP-so400m: 384 px, 14 px patches); they are the truth.
+        if m.vit.image % m.vit.patch and not m.hf_path:
             raise ConfigError(f"model.modalities.{name}.vit.image ({m.vit.image}) must be divisible by "
                               f"vit.patch ({m.vit.patch})")
         if m.vit.hidden % m.vit.heads:
             raise ConfigError(f"model.modalities.{name}.vit.hidden must be divisible by vit.heads")
-        if not 0 <= m.token_id < llm.vocab:
+        # With model.llm.hf_path the vocabulary comes from its config.json; building the model checks it then.
+        if not 0 <= m.token_id < llm.vocab and not llm.hf_path:
             raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) must lie in [0, "
                               f"model.llm.vocab={llm.vocab})")
         if m.token_id in ids:
             raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) is already used by "
                               f"'{ids[m.token_id]}'; each modality needs its own placeholder id")
         ids[m.token_id] = name
+    validate_out_path(cfg)
     if cfg.optim.schedule not in ("cosine", "linear", "constant"):
         raise ConfigError(f"optim.schedule = '{cfg.optim.schedule}'; choose cosine, linear or constant")
     if cfg.train.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"train.dtype = '{cfg.train.dtype}'; choose float32 or bfloat16")
     if cfg.parallel.microbatches < 1:
         raise ConfigError("parallel.microbatches must be >= 1")
+    for key in ("save_every", "max_bad_steps"):
+        if getattr(cfg.train, key) < 0:
+            raise ConfigError(f"train.{key} must be >= 0 (0 turns it off)")
+    if cfg.train.keep_checkpoints < 1:
+        raise ConfigError("train.keep_checkpoints must be >= 1")
+    if cfg.train.resume == "":
+        raise ConfigError("train.resume is empty; use false, true (\"auto\") or the path of a checkpoint folder")
+    if cfg.data.name in ("webdataset", "jsonl") and not cfg.data.path:
+        raise ConfigError(f"data.name = '{cfg.data.name}' needs data.path (a .tar shard or folder of shards for "
+                          "webdataset, a .jsonl manifest for jsonl)")
+    if cfg.data.seq_len < 8 or cfg.data.seq_len % 8:
+        raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must be a positive multiple of 8")
+    if cfg.data.packing and cfg.data.pack_length < 1:
+        raise ConfigError(f"data.packing = true needs data.pack_length (tokens per packed row) >= 1, got "
+                          f"{cfg.data.pack_length}; set it to at least the longest sample, e.g. 2-4x its length")
     known = set(cfg.model.modalities) | {"language"}
     for name in cfg.parallel.modules:
         if name not in known:

@@ -9,14 +9,17 @@ crossing for a layout), then `align_embeddings` writes them into the sequence.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from mimo.config import ModelConfig
+from mimo.models.audio import AudioEncoder
+from mimo.models.decoders import build_image_output
 from mimo.models.llm import DecoderLM
 from mimo.models.projector import MLPProjector
+from mimo.models.sample_rows import leading_rows, run_encoder
 from mimo.models.vit import VisionTransformer
 from mimo.train.loss import cross_entropy_sum
 
@@ -46,9 +49,7 @@ class ModalitySubmodules(nn.Module):
             if name not in encoder_inputs:
                 raise ValueError(f"no inputs for encoder '{name}'; modality_inputs[modality] must have keys "
                                  f"{list(self.encoders)}, got {list(encoder_inputs)}")
-            out = encoder(**encoder_inputs[name])
-            if isinstance(out, (tuple, list)):
-                out = out[0]
+            out = run_encoder(encoder, encoder_inputs[name], name)
             if out.dim() == 3:
                 out = out.reshape(-1, out.shape[-1])
             elif out.dim() != 2:
@@ -82,11 +83,27 @@ class ModalitySubmodules(nn.Module):
             x = dec(x)
         return x
 
+    def output_loss(self, pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss sum, output-token count) of decoded rows against target rows: the last decoder's `loss`."""
+        last = list(self.decoders.values())[-1] if self.decoders else None
+        if not hasattr(last, "loss"):
+            raise ValueError("this modality's last decoder has no loss(pred, target) -> (sum, count) method; "
+                             "give it one to train the Out path")
+        return last.loss(pred, target)
+
 
 def build_vision_submodules(vit_cfg, proj_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
     vit = VisionTransformer(vit_cfg)
     proj = MLPProjector(vit_cfg.hidden, lm_hidden, proj_cfg, init_std)
     return ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])
+
+
+def build_audio_submodules(audio_cfg, proj_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
+    """A Whisper-style encoder ("whisper") and its MLP projector; pass `output_lengths` with the features
+    to give clips of different durations their own token counts (see models/sample_rows.py)."""
+    encoder = AudioEncoder(audio_cfg)
+    proj = MLPProjector(audio_cfg.hidden, lm_hidden, proj_cfg, init_std)
+    return ModalitySubmodules(encoders={"whisper": encoder}, input_projections=[proj])
 
 
 def _check_counts(name: str, k: int, n: int) -> None:
@@ -167,6 +184,9 @@ class MimoOutput:
     loss_sum: torch.Tensor | None = None
     num_tokens: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+    # The Out path, per modality given `modality_targets`: decoder loss sum and output-token count.
+    modality_loss_sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    modality_num_tokens: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 LossFn = Callable[[torch.Tensor, DecoderLM, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
@@ -181,7 +201,7 @@ class MimoModel(nn.Module):
     """An LM plus modality submodules keyed by modality name (`images`, `audio`, ...)."""
 
     def __init__(self, language_model: DecoderLM, modalities: dict[str, ModalitySubmodules],
-                 special_token_ids: dict[str, int]):
+                 special_token_ids: dict[str, int], output_token_ids: dict[str, int] | None = None):
         super().__init__()
         missing = [m for m in modalities if m not in special_token_ids]
         if missing:
@@ -190,6 +210,12 @@ class MimoModel(nn.Module):
         self.language_model = language_model
         self.modality_submodules = nn.ModuleDict(modalities)
         self.special_token_ids = dict(special_token_ids)
+        # The Out path: generation token id per modality whose decoder turns LM states into its output.
+        self.output_token_ids = dict(output_token_ids or {})
+        no_decoder = [m for m in self.output_token_ids if m not in modalities or not modalities[m].decoders]
+        if no_decoder:
+            raise ValueError(f"output_token_ids names {no_decoder}, which have no decoder; give those modality "
+                             "submodules decoders (and output projections)")
         # Hooks that parallel/ sets from outside; the defaults are the single-process behaviour.
         self.bridges: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {}
         self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -245,8 +271,12 @@ class MimoModel(nn.Module):
                 labels: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
                 modality_inputs: dict | None = None,
                 modality_token_indices: dict[str, torch.Tensor] | None = None,
-                attention_mask: torch.Tensor | None = None) -> MimoOutput:
-        """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean)."""
+                attention_mask: torch.Tensor | None = None,
+                modality_targets: dict[str, torch.Tensor] | None = None) -> MimoOutput:
+        """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean).
+
+        With `modality_targets` (`{modality: [B, K, D]}`, sample-aligned, see `output_losses`) the Out
+        path also returns each modality's decoder loss sum and output-token count."""
         embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
@@ -254,18 +284,62 @@ class MimoModel(nn.Module):
             embeds = self.shard_sequence(embeds)
         hidden = self.language_model(embeds, position_ids, mask=attention_mask)
         if labels is None:
-            return MimoOutput(hidden=hidden, logits=self.logits_fn(hidden, self.language_model))
-        loss_sum, num_tokens = self.loss_fn(hidden, self.language_model, labels, loss_mask)
-        return MimoOutput(hidden=hidden, loss_sum=loss_sum, num_tokens=num_tokens)
+            out = MimoOutput(hidden=hidden, logits=self.logits_fn(hidden, self.language_model))
+        else:
+            loss_sum, num_tokens = self.loss_fn(hidden, self.language_model, labels, loss_mask)
+            out = MimoOutput(hidden=hidden, loss_sum=loss_sum, num_tokens=num_tokens)
+        if modality_targets:
+            out.modality_loss_sums, out.modality_num_tokens = self.output_losses(hidden, input_ids, modality_targets)
+        return out
+
+    def output_rows(self, name: str, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """The Out path's first step: LM states `[N, H]` at `name`'s generation tokens, batch-major."""
+        if name not in self.output_token_ids:
+            raise ValueError(f"modality '{name}' has no Out path; set model.modalities.{name}.output_token_id")
+        if hidden.shape[:2] != input_ids.shape:
+            raise ValueError(f"the Out path needs the whole sequence's LM states {tuple(input_ids.shape)}, got "
+                             f"{tuple(hidden.shape[:2])}; it does not support a sharded sequence (sequence or "
+                             "context parallel) yet")
+        return hidden[input_ids == self.output_token_ids[name]]
+
+    def output_losses(self, hidden: torch.Tensor, input_ids: torch.Tensor, modality_targets: dict[str, torch.Tensor],
+                      ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Per modality: (decoder loss sum, output-token count) over this batch's generation tokens.
+
+        Targets are sample-aligned, `[B, K, D]`: sample b's first c_b rows are the targets of its c_b
+        generation tokens (in order), the rest padding. So any split of the batch by samples keeps the
+        targets with their tokens. The decoder runs even on zero tokens, so every rank joins it.
+        """
+        sums, counts = {}, {}
+        for name, targets in modality_targets.items():
+            rows = self.output_rows(name, hidden, input_ids)
+            per_sample = (input_ids == self.output_token_ids[name]).sum(1)
+            sub = self.modality_submodules[name]
+            target_rows = leading_rows(targets, per_sample, f"modality_targets['{name}']")
+            sums[name], counts[name] = sub.output_loss(sub.decode(rows), target_rows)
+        return sums, counts
 
 
 def build_model(cfg: ModelConfig) -> MimoModel:
-    """Build the full single-device model from config. Weights depend only on the torch RNG state."""
+    """Build the full single-device model from config. Weights depend only on the torch RNG state, except
+    where hf_path fields name Hugging Face weights to load."""
+    if cfg.llm.hf_path or any(m.hf_path for m in cfg.modalities.values()):
+        from mimo.interop.hf_build import build_hf_model
+
+        return build_hf_model(cfg)
     lm = DecoderLM(cfg.llm)
     subs = {}
     for name, m in cfg.modalities.items():
-        subs[name] = build_vision_submodules(m.vit, m.projector, cfg.llm.hidden, cfg.llm.init_std)
-    model = MimoModel(lm, subs, {name: m.token_id for name, m in cfg.modalities.items()})
+        if m.kind == "audio":
+            subs[name] = build_audio_submodules(m.audio, m.projector, cfg.llm.hidden, cfg.llm.init_std)
+        else:
+            subs[name] = build_vision_submodules(m.vit, m.projector, cfg.llm.hidden, cfg.llm.init_std)
+        if m.output_token_id >= 0:
+            projections, decoders = build_image_output(m.decoder, cfg.llm.hidden, cfg.llm.init_std)
+            subs[name].output_projections.extend(projections)
+            subs[name].decoders.update(decoders)
+    model = MimoModel(lm, subs, {name: m.token_id for name, m in cfg.modalities.items()},
+                      {name: m.output_token_id for name, m in cfg.modalities.items() if m.output_token_id >= 0})
     apply_freezing(model, cfg)
     return model
 

@@ -28,7 +28,8 @@ class DemoVLMData:
         self.eval = make_samples(eval_samples, seed + 1_000_003)
         longest_q = max(len(q) for q in QUESTIONS.values())
         longest_a = max(len(a) for a in (*COLORS, *SHAPES, *COUNTS))
-        self.seq_len = 1 + image_tokens + longest_q + longest_a + 1
+        # Padded to a multiple of 8 so sequence- and context-parallel splits divide evenly.
+        self.seq_len = -(-(1 + image_tokens + longest_q + longest_a + 1) // 8) * 8
 
     def prompt_ids(self, s: Sample) -> list[int]:
         return [self.tok.BOS] + [self.image_token_id] * self.image_tokens + self.tok.encode(s.question)
@@ -69,16 +70,3 @@ class DemoVLMData:
 
     def global_batch(self, step: int, global_batch: int, seed: int) -> dict:
         return self.collate([self.train[i] for i in self.global_batch_indices(step, global_batch, seed)])
-
-
-def slice_batch(batch: dict, start: int, stop: int) -> dict:
-    """Rows [start, stop) of every tensor in a (nested) batch dict; one image per sample."""
-    out = {}
-    for k, v in batch.items():
-        if isinstance(v, dict):
-            out[k] = slice_batch(v, start, stop)
-        elif isinstance(v, torch.Tensor):
-            out[k] = v[start:stop]
-        else:
-            out[k] = v
-    return out

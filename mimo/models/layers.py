@@ -6,6 +6,8 @@ so tensor parallelism can shard the projections from outside without touching th
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,9 +42,33 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for integer positions `[B, S]`, shaped `[B, S, head_dim]` (half-split layout)."""
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def llama3_scaled_inv_freq(inv: torch.Tensor, scaling: dict[str, float]) -> torch.Tensor:
+    """Llama 3 long-context RoPE: slow down long wavelengths by `factor`, keep short ones, blend between."""
+    missing = [k for k in LLAMA3_ROPE_KEYS if k not in scaling]
+    if missing or len(scaling) != len(LLAMA3_ROPE_KEYS):
+        raise ValueError(f"model.llm.rope_scaling must have exactly the keys {list(LLAMA3_ROPE_KEYS)}, got "
+                         f"{sorted(scaling)}; leave it empty for plain RoPE")
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                 scaling: dict[str, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for integer positions `[B, S]`, shaped `[B, S, head_dim]` (half-split layout).
+
+    `scaling` (optional) holds Llama 3 RoPE scaling parameters (see `llama3_scaled_inv_freq`)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    if scaling:
+        inv = llama3_scaled_inv_freq(inv, scaling)
     freqs = positions.float()[..., None] * inv
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -103,6 +129,9 @@ class SelfAttention(nn.Module):
         self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=out_bias)
         self.q_norm = RMSNorm(self.head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(self.head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        # The attention kernel, `attention(q, k, v, causal, mask)` by default; parallel/ may replace it from
+        # outside (context parallel attends local queries to keys and values gathered over its group).
+        self.attention_fn = attention
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 causal: bool = True, mask: torch.Tensor | None = None,
@@ -119,7 +148,7 @@ class SelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        out = attention(q, k, v, causal=causal, mask=mask)
+        out = self.attention_fn(q, k, v, causal=causal, mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 

@@ -19,7 +19,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.self_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.kv_heads, qkv_bias=cfg.qkv_bias,
-                                       out_bias=False, qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None)
+                                       out_bias=False, head_dim=cfg.head_dim or None,
+                                       qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.hidden, cfg.mlp)
 
@@ -45,7 +46,7 @@ class DecoderLM(nn.Module):
 
     @property
     def head_dim(self) -> int:
-        return self.cfg.hidden // self.cfg.heads
+        return self.cfg.head_dim or self.cfg.hidden // self.cfg.heads
 
     def init_weights(self) -> None:
         """Normal(0, init_std) matrices, zero biases, unit norms: depends only on the RNG state."""
@@ -63,7 +64,7 @@ class DecoderLM(nn.Module):
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states."""
-        rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta)
+        rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         past = cache.length() if cache is not None else 0
         if past and mask is None:
             # Incremental decoding: new queries sit after `past` cached keys (bottom-right causal).

@@ -1,6 +1,7 @@
 """A CLIP-style vision transformer: patch conv, class token, learned positions, pre-LN blocks.
 
-Module names follow Hugging Face's CLIP vision tower so weights map one to one.
+Module names follow Hugging Face's CLIP vision tower so weights map one to one. ViTConfig options
+(class_token, pre_norm, patch_bias, post_norm) turn it into a SigLIP tower.
 """
 
 from __future__ import annotations
@@ -32,16 +33,18 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.num_patches = (cfg.image // cfg.patch) ** 2
-        self.patch_embedding = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch, bias=False)
-        self.class_embedding = nn.Parameter(torch.zeros(cfg.hidden))
-        self.position_embedding = nn.Embedding(self.num_patches + 1, cfg.hidden)
-        self.pre_layrnorm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
+        self.patch_embedding = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch, bias=cfg.patch_bias)
+        self.class_embedding = nn.Parameter(torch.zeros(cfg.hidden)) if cfg.class_token else None
+        self.position_embedding = nn.Embedding(self.num_patches + int(cfg.class_token), cfg.hidden)
+        self.pre_layrnorm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
         self.layers = nn.ModuleDict({str(i): ViTBlock(cfg) for i in range(cfg.layers)})
+        # SigLIP's final LayerNorm over every output token (CLIP applies its own only to the pooled token).
+        self.post_layernorm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps) if cfg.post_norm else None
         self.init_weights()
 
     @property
     def tokens_per_image(self) -> int:
-        return self.num_patches + (0 if self.cfg.drop_class_token else 1)
+        return self.num_patches + int(self.cfg.class_token and not self.cfg.drop_class_token)
 
     def init_weights(self) -> None:
         std = self.cfg.init_std
@@ -53,18 +56,23 @@ class VisionTransformer(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        nn.init.normal_(self.class_embedding, std=std)
+        if self.class_embedding is not None:
+            nn.init.normal_(self.class_embedding, std=std)
 
     def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
         if pixel_values.dim() != 4:
             raise ValueError(f"pixel_values must be [B, C, H, W], got shape {tuple(pixel_values.shape)}")
         x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
-        cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
-        x = torch.cat([cls, x], dim=1) + self.position_embedding.weight.to(x.dtype)
+        if self.class_embedding is not None:
+            cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
+            x = torch.cat([cls, x], dim=1)
+        x = x + self.position_embedding.weight.to(x.dtype)
         return self.pre_layrnorm(x)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         x = self.embed(pixel_values)
         for layer in self.layers.values():
             x = layer(x)
-        return x[:, 1:] if self.cfg.drop_class_token else x
+        if self.post_layernorm is not None:
+            x = self.post_layernorm(x)
+        return x[:, 1:] if self.cfg.class_token and self.cfg.drop_class_token else x

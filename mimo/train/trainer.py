@@ -5,30 +5,61 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from mimo.config import Config, dump_toml
-from mimo.data.demo import DemoVLMData, slice_batch
+from mimo.data.batching import split_microbatches
+from mimo.data.demo import DemoVLMData
+from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
+from mimo.data.text_to_image import build_text_to_image_data
 from mimo.mimo_model import MimoModel, build_model
+from mimo.parallel.plan import ParallelPlan
+from mimo.parallel.runtime import init_distributed
 from mimo.train.checkpoint import save_weights
 from mimo.train.evaluate import evaluate_answers
+from mimo.train.evaluate_text_to_image import evaluate_text_to_image
+from mimo.train.faults import StepGuard, skip_step
 from mimo.train.loss import loss_weights
 from mimo.train.metrics import MetricsLogger
 from mimo.train.optim import MimoOptimizer
+from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve
+from mimo.train.resume import RunCheckpointer
+
+# Demo sets beyond "shapes", by data.name: (build from the config, held-out evaluation of a model).
+DEMO_SETS: dict[str, tuple[Callable[[Config], Any], Callable[[MimoModel, Any], dict]]] = {
+    "text_to_image": (build_text_to_image_data, evaluate_text_to_image),
+}
 
 
-def build_demo_data(cfg: Config, model: MimoModel) -> DemoVLMData:
+def build_demo_data(cfg: Config, model: MimoModel) -> Any:
+    if cfg.data.name in DEMO_SETS:
+        return DEMO_SETS[cfg.data.name][0](cfg)
+    if cfg.data.name in IMAGE_TEXT_SETS:
+        return build_image_text_data(cfg, model)
     if cfg.data.name != "shapes":
-        raise ValueError(f"data.name = '{cfg.data.name}' is not a known data set; use 'shapes'")
+        raise ValueError(f"data.name = '{cfg.data.name}' is not a known data set; use one of "
+                         f"{', '.join(['shapes', *DEMO_SETS, *IMAGE_TEXT_SETS])}")
     if len(cfg.model.modalities) != 1:
         raise ValueError("the shapes demo needs exactly one vision modality under model.modalities")
     (name, mcfg), = cfg.model.modalities.items()
     vit = model.modality_submodules[name].encoders["vit"]
     return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, vit.tokens_per_image,
                        mcfg.token_id, modality=name)
+
+
+def evaluate_demo(cfg: Config, model: MimoModel, data: Any, device: str | torch.device) -> dict:
+    """Held-out evaluation of the demo set that data.name names."""
+    if cfg.data.name in DEMO_SETS:
+        return DEMO_SETS[cfg.data.name][1](model, data)
+    if cfg.data.name in IMAGE_TEXT_SETS:
+        return data.evaluate(model, device)
+    return evaluate_answers(model, data, device=device)
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -42,44 +73,58 @@ def module_map(model: MimoModel) -> dict[str, torch.nn.Module]:
 
 
 class Trainer:
-    """Single-process trainer; the parallel runtime subclasses the hooks marked below."""
+    """The training loop. On one process it is plain PyTorch; under torchrun a ParallelPlan lays each
+    module out on its own grid and supplies the few collectives the loop needs."""
 
-    def __init__(self, cfg: Config, run_dir: Path | None = None, is_main: bool = True):
+    def __init__(self, cfg: Config, run_dir: Path | None = None):
         self.cfg = cfg
-        self.is_main = is_main
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
+        self.rank, self.world = init_distributed(torch.device(cfg.train.device).type)
+        self.is_main = self.rank == 0
         self.device = torch.device(cfg.train.device)
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model().to(self.device)
         self.data = build_demo_data(cfg, self.model)
+        if hasattr(self.data, "shard_for"):
+            self.data.shard_for(self.local_microbatches, cfg.data.global_batch)
         self.optimizer = self.build_optimizer()
+        self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
+        self.out_loss = OutPathLoss(cfg.model)
         self.run_dir = run_dir or Path(cfg.run.out_dir) / cfg.run.name
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.toml").write_text(dump_toml(cfg))
-            (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            if cfg.train.resume in (False, "never"):
+                (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        self.checkpointer = RunCheckpointer(cfg, self.run_dir, module_map(self.model), self.optimizer, self.guard,
+                                            self.rank, self.data, self.plan)
 
     # Hooks the parallel runtime overrides -------------------------------------------------------
     def build_model(self) -> MimoModel:
-        return build_model(self.cfg.model)
+        """The full seeded model on every rank (layout-independent init), then laid out by the plan."""
+        model = build_model(self.cfg.model)
+        if self.plan is not None:
+            self.plan.parallelize(model)
+        return model
 
     def build_optimizer(self) -> MimoOptimizer:
         return MimoOptimizer(module_map(self.model), self.cfg.optim, self.cfg.train.steps,
-                             fused=self.device.type == "cuda")
+                             fused=self.device.type == "cuda",
+                             norm_sq_reduce=self.plan.norm_sq_reduce if self.plan is not None else None)
 
     def local_microbatches(self, batch: dict) -> list[dict]:
         """This rank's share of the global batch, split into microbatches."""
-        n = batch["input_ids"].shape[0]
-        k = self.cfg.parallel.microbatches
-        if n % k:
-            raise ValueError(f"data.global_batch ({n}) must be divisible by parallel.microbatches ({k})")
-        m = n // k
-        return [slice_batch(batch, i * m, (i + 1) * m) for i in range(k)]
+        if self.plan is not None:
+            return self.plan.microbatches(batch)
+        return split_microbatches(batch, self.cfg.parallel.microbatches)
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum over the ranks that hold different data (identity on one process)."""
-        return t
+        """Sum over the LM's data lanes (identity on one process)."""
+        return self.plan.all_reduce_lm_data(t) if self.plan is not None else t
 
     # The step ----------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -89,47 +134,71 @@ class Trainer:
         n_global = self.all_reduce_sum(local_tokens.detach().clone())
         scale = 1.0 / n_global.clamp_min(1.0)
         loss_total = torch.zeros((), device=self.device)
+        self.out_loss.begin(micro, self.all_reduce_sum, self.device)
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
                                   enabled=self.cfg.train.dtype == "bfloat16")
         for mb in micro:
             with autocast:
                 out = self.model(**mb)
-            (out.loss_sum * scale).backward()
+            (out.loss_sum * scale + self.out_loss.term(out)).backward()
             loss_total += out.loss_sum.detach()
-        stepped, grad_norm, lr = self.optimizer.step(step)
-        loss = float(self.all_reduce_sum(loss_total) * scale)
+        if self.plan is not None:
+            self.plan.finalize_grads(self.model)
+        out_objective, out_losses = self.out_loss.end(self.all_reduce_sum)
+        loss = float(self.all_reduce_sum(loss_total) * scale) + out_objective
+        if self.guard.agree(loss):
+            stepped, grad_norm, lr = self.optimizer.step(step)
+        else:
+            stepped, grad_norm, lr = skip_step(self.optimizer, step)
+        self.guard.record(stepped)
         return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
-                "tokens": int(batch["input_ids"].numel()), "loss_tokens": int(n_global)}
+                "bad_steps": self.guard.consecutive_bad,
+                "tokens": int(batch["input_ids"].numel()), "loss_tokens": int(n_global), **out_losses}
 
     def train(self) -> dict:
         cfg = self.cfg
         steps = cfg.train.steps
-        logger = MetricsLogger(self.run_dir, steps, cfg.run.tensorboard, cfg.run.progress, enabled=self.is_main)
+        start = self.checkpointer.resume()
+        logger = MetricsLogger(self.run_dir, steps, cfg.run.tensorboard, cfg.run.progress, enabled=self.is_main,
+                               start_step=start)
         self.model.train()
         t0 = time.perf_counter()
         tokens = 0
         losses: list[tuple[int, float]] = []
         skipped = 0
         rec: dict = {}
-        for step in range(steps):
-            rec = self.train_step(step)
-            tokens += rec["tokens"]
-            skipped += not rec["stepped"]
-            losses.append((step, rec["loss"]))
-            if step % cfg.train.log_every == 0 or step == steps - 1:
-                logger.log({k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens")})
-            logger.progress(1, loss=rec["loss"], tok_s=tokens / (time.perf_counter() - t0))
+        with self.guard.signal:
+            for step in range(start, steps):
+                rec = self.train_step(step)
+                tokens += rec["tokens"]
+                skipped += not rec["stepped"]
+                losses.append((step, rec["loss"]))
+                if step % cfg.train.log_every == 0 or step == steps - 1 or not rec["stepped"]:
+                    logger.log({k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "stepped",
+                                                    "bad_steps", *self.out_loss.keys)})
+                logger.progress(1, loss=rec["loss"], tok_s=tokens / (time.perf_counter() - t0))
+                if self.checkpointer.after_step(step):
+                    logger.close()
+                    return {"steps": step + 1, "stopped": "SIGTERM", "final_loss": rec["loss"],
+                            "checkpoint": str(self.checkpointer.store.path(step + 1))}
         wall = time.perf_counter() - t0
         logger.close()
-        evaluation = self.evaluate()
+        full = self.full_model()
+        evaluation = evaluate_demo(cfg, full, self.data, self.device) if self.is_main else {}
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
-                   "eval": evaluation, "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1)}
+                   "eval": evaluation, "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1),
+                   "world_size": self.world}
         if self.is_main:
-            save_weights(self.model, self.run_dir / "checkpoint")
+            save_weights(full, self.run_dir / "checkpoint")
             plot_curve([s for s, _ in losses], [v for _, v in losses], self.run_dir / "loss.png")
             logger.write_summary(summary)
             print(json.dumps({"run": str(self.run_dir), **summary}, indent=2))
+        if self.plan is not None:
+            dist.barrier()
         return summary
 
-    def evaluate(self) -> dict:
-        return evaluate_answers(self.model, self.data, device=self.device)
+    def full_model(self) -> MimoModel:
+        """The whole model as one single-process module (collective under a plan; full copy on rank 0)."""
+        if self.plan is None:
+            return self.model
+        return self.plan.gather_full_model(self.model, self.cfg.model)

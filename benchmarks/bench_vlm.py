@@ -1,0 +1,176 @@
+"""Train mimo's VLM on a preset of presets.json and run the Hugging Face baseline in the same invocation.
+
+    python -m benchmarks.bench_vlm --preset small [--mimo SPEC]... [--baseline FLAGS]... [--out DIR]
+
+Every system runs in its own subprocess (clean peak-memory figures; an out-of-memory run is a table row,
+not a crash). `--mimo` takes Options fields, e.g. `--mimo ""` (all optimisations) or
+`--mimo "sdpa=cudnn,ckpt_layers=12"`; `--baseline` takes the baseline's switches, e.g. `--baseline ""`
+(eager) or `--baseline "grad-ckpt,compile"`. The table goes to stdout (last) and to DIR/<preset>.md, one
+JSON line per run to DIR/<preset>.jsonl, every run's output to DIR/<preset>.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.runner import Options, Run
+from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, train_flops_per_sample
+
+ROOT = Path(__file__).resolve().parents[1]
+PEAK_TFLOPS = 989.0
+DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """Train mimo on the preset in this process and return the baseline's JSON fields plus a few more."""
+    p = load_preset(args.preset)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    opts = Options.parse(args.options, compile=device.type == "cuda")
+    run = Run(p, opts, device)
+    batches = make_batches(p, device)
+    timing = run.measure(batches, args.warmup, args.steps)
+    if args.profile:
+        print(run.profile(batches[0]), file=sys.stderr, flush=True)
+    syncs = run.host_syncs(batches[0])
+    tflops = train_flops_per_sample(p) * p["micro_batch"] / timing["step_s_median"] / 1e12
+    out = {
+        "system": "mimo" + (f" [{args.options}]" if args.options else ""),
+        "preset": args.preset,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "step_s_median": round(timing["step_s_median"], 5),
+        "tokens_per_s": round(p["micro_batch"] * p["seq_len"] / timing["step_s_median"], 1),
+        "model_tflops": round(tflops, 2),
+        "mfu": round(tflops / args.peak_tflops, 4),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+        "params_m": round(sum(t.numel() for t in run.model.parameters()) / 1e6, 1),
+        "final_loss": round(timing["final_loss"], 4),
+        "issue_s_median": round(timing["issue_s_median"], 5),
+        "first_step_s": round(timing["first_step_s"], 2),
+        "host_syncs": syncs,
+        "options": vars(opts),
+    }
+    if not math.isfinite(out["final_loss"]):
+        raise RuntimeError(f"loss is not finite: {out['final_loss']}")
+    return out
+
+
+def run_subprocess(cmd: list[str], label: str, log: Path, timeout: float) -> dict:
+    """Run one system; its last JSON line, or a row saying why there is none. Output is appended to log."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        text, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        text, rc = f"{e.stdout or ''}{e.stderr or ''}\ntimed out after {timeout:.0f} s", None
+    with log.open("a") as f:
+        f.write(f"\n===== {label}: {' '.join(cmd)} (rc={rc})\n{text}\n")
+    rows = [json.loads(line) for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
+    if rc == 0 and rows:
+        return rows[-1]
+    if rc is None:
+        why = "timed out"
+    elif "out of memory" in text.lower() or "OutOfMemoryError" in text:
+        why = "out of memory"
+    else:
+        why = f"failed (rc={rc}): " + (text.strip().splitlines() or ["no output"])[-1][:160]
+    return {"system": label, "error": why}
+
+
+def mimo_cmd(args: argparse.Namespace, spec: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.bench_vlm", "--worker", "--preset", args.preset, "--options", spec,
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops),
+            *(["--profile"] if args.profile else [])]
+
+
+def baseline_cmd(args: argparse.Namespace, flags: str) -> list[str]:
+    switches = [f"--{f.strip()}" for f in flags.split(",") if f.strip()]
+    return [sys.executable, str(BASELINE_SCRIPT), "--preset", args.preset, "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops), *switches]
+
+
+def baseline_label(flags: str) -> str:
+    return "hf " + (flags.replace(",", "+") if flags else "eager")
+
+
+def table(rows: list[dict], baselines: list[dict]) -> str:
+    """Markdown: one row per system, with its throughput over each baseline variant that ran."""
+    ran = [b for b in baselines if "error" not in b]
+    head = ["system", "tokens/s", "model TFLOP/s", "MFU", "peak GiB"] + [f"x {b['label']}" for b in ran]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "error" in r:
+            cells = [r["label"], r["error"]] + [""] * (len(head) - 2)
+        else:
+            peak = "" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
+            cells = [r["label"], f"{r['tokens_per_s']:,.0f}", f"{r['model_tflops']:.0f}", f"{100 * r['mfu']:.1f}%",
+                     peak] + [f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}" for b in ran]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def driver(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log, jsonl = out / f"{args.preset}.log", out / f"{args.preset}.jsonl"
+    log.write_text("")
+    jsonl.write_text("")
+    specs = args.mimo if args.mimo is not None else [""]
+    flags = args.baseline if args.baseline is not None else DEFAULT_BASELINES.get(args.preset, [""])
+    jobs = [("mimo" + (f" [{s}]" if s else ""), mimo_cmd(args, s), False) for s in specs]
+    jobs += [(baseline_label(f), baseline_cmd(args, f), True) for f in flags]
+    rows, baselines = [], []
+    for label, cmd, is_baseline in jobs:
+        if is_baseline and args.fail_fast and rows and all("error" in r for r in rows):
+            print(f"skipping {label}: every mimo run failed (--fail-fast)", flush=True)
+            continue
+        print(f"running {label} ...", flush=True)
+        r = {**run_subprocess(cmd, label, log, args.timeout), "label": label}
+        print(json.dumps(r), flush=True)
+        with jsonl.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+        (baselines if is_baseline else rows).append(r)
+    text = f"preset `{args.preset}`, {args.steps} timed steps after {args.warmup} warm-up\n\n"
+    text += table(rows + baselines, baselines)
+    (out / f"{args.preset}.md").write_text(text + "\n")
+    print(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="dense bf16 peak, for MFU")
+    ap.add_argument("--mimo", action="append", metavar="SPEC",
+                    help="mimo Options to run (repeatable); default: one run with all optimisations")
+    ap.add_argument("--baseline", action="append", metavar="FLAGS",
+                    help="baseline switches to run (repeatable); '' = eager; default per preset: "
+                         + "; ".join(f"{k}: {v}" for k, v in DEFAULT_BASELINES.items()) + "; others: ['']")
+    ap.add_argument("--no-baseline", action="store_true", help="run mimo only")
+    ap.add_argument("--out", default="runs/bench", help="folder for the table, the JSON lines and the log")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds allowed to each run")
+    ap.add_argument("--fail-fast", action="store_true", help="skip the baselines when every mimo run failed")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, profile one mimo step and log its most expensive kernels")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--options", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.no_baseline:
+        args.baseline = []
+    if args.worker:
+        print(json.dumps(worker(args)), flush=True)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()

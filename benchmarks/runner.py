@@ -1,0 +1,175 @@
+"""One mimo training setup on a preset, with each optimisation behind a switch so it can be measured alone.
+
+All switches on is the fast path; `Options(precision="fp32", compile=False, chunked_ce=False,
+text_rows_only=False)` is plain mimo in fp32 through `MimoModel.forward`, the reference of the loss check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.workload import MODALITY, Batch, model_config
+from mimo.mimo_model import build_model
+from mimo.perf import MasterAdamW, checkpoint_blocks, compile_blocks, linear_cross_entropy, use_sdpa_backend
+
+PRECISIONS = ("bf16", "autocast", "fp32")
+
+
+@dataclass
+class Options:
+    """precision: "bf16" = bf16 weights + fp32 master weights and moments (MasterAdamW); "autocast" = fp32
+    weights under bf16 autocast + torch's fused AdamW (the baseline's contract); "fp32" = no bf16 at all.
+    compile: per-block torch.compile, plus the compiled loss chunk and AdamW update.
+    chunked_ce: head + cross-entropy over row chunks (else mimo's plain path with full fp32 logits).
+    text_rows_only: run head + loss on the rows that have a label only (with chunked_ce).
+    ckpt_layers: activation checkpointing of the first k decoder layers.
+    sdpa: the only attention backend allowed (on CUDA).
+    lr, weight_decay: AdamW as the baseline builds it (torch defaults apart from lr)."""
+
+    precision: str = "bf16"
+    compile: bool = True
+    chunked_ce: bool = True
+    text_rows_only: bool = True
+    ckpt_layers: int = 0
+    sdpa: str = "flash"
+    lr: float = 1e-5
+    weight_decay: float = 1e-2
+
+    @classmethod
+    def parse(cls, spec: str, **defaults) -> Options:
+        """`"sdpa=cudnn,ckpt_layers=12"` on top of the defaults; fields and types are checked."""
+        opts = cls(**defaults)
+        types = {f.name: type(getattr(opts, f.name)) for f in dataclasses.fields(cls)}
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            key, _, value = item.partition("=")
+            if key not in types:
+                raise ValueError(f"unknown option '{key}'; choose from {', '.join(types)}")
+            if types[key] is bool:
+                if value not in ("0", "1", "true", "false"):
+                    raise ValueError(f"option {key} takes 0/1/true/false, got '{value}'")
+                setattr(opts, key, value in ("1", "true"))
+            else:
+                setattr(opts, key, types[key](value))
+        if opts.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got '{opts.precision}'")
+        return opts
+
+
+class Run:
+    """A model, its optimizer and a training step, built as `opts` says. `state` loads given weights
+    (so that several runs start from the same ones)."""
+
+    def __init__(self, p: dict, opts: Options, device: torch.device, seed: int = 0,
+                 state: dict[str, torch.Tensor] | None = None):
+        self.opts, self.device = opts, device
+        if device.type == "cuda":
+            use_sdpa_backend(opts.sdpa)
+            torch.backends.cudnn.allow_tf32 = opts.precision != "fp32"
+        torch.manual_seed(seed)
+        with torch.device(device):
+            self.model = build_model(model_config(p))
+        if state is not None:
+            self.model.load_state_dict(state)
+        self.model.train()
+        lm = self.model.language_model
+        vit = self.model.modality_submodules[MODALITY].encoders["vit"]
+        checkpoint_blocks(list(lm.layers.values())[:opts.ckpt_layers])
+        if opts.compile:
+            compile_blocks(vit.layers.values())
+            compile_blocks(lm.layers.values())
+        if opts.precision == "bf16":
+            self.opt = MasterAdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
+                                   compile=opts.compile)
+        else:
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
+                                         fused=device.type == "cuda")
+        self.compute_dtype = torch.float32 if opts.precision == "fp32" else torch.bfloat16
+
+    def autocast(self):
+        if self.opts.precision == "autocast":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """Mean next-token loss over the text positions (forward only)."""
+        model, lm = self.model, self.model.language_model
+        with self.autocast():
+            if not self.opts.chunked_ce:
+                out = model(batch.input_ids, batch.position_ids, labels=batch.labels,
+                            modality_inputs=batch.modality_inputs(), modality_token_indices=batch.token_indices)
+                return out.loss_sum / out.num_tokens
+            embeds = model.combined_embeddings(batch.input_ids, batch.modality_inputs(), batch.token_indices)
+            hidden = lm(embeds, batch.position_ids).flatten(0, 1)
+            labels = batch.labels.reshape(-1)
+            if self.opts.text_rows_only:
+                hidden, labels = hidden.index_select(0, batch.loss_rows), labels.index_select(0, batch.loss_rows)
+            loss_sum, count = linear_cross_entropy(hidden.to(self.compute_dtype),
+                                                   lm.output_weight().to(self.compute_dtype), labels,
+                                                   compiled=self.opts.compile)
+            return loss_sum / count
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        loss = self.loss(batch)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss.detach()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def measure(self, batches: list[Batch], warmup: int, steps: int) -> dict:
+        """Time steps as the baseline does (synchronise around each step, median after warm-up); also the
+        host's time to issue a step, which shows whether the GPU ever waits for Python."""
+        times, issue, first = [], [], 0.0
+        for i in range(warmup + steps):
+            self.sync()
+            t0 = time.perf_counter()
+            loss = self.step(batches[i % len(batches)])
+            t1 = time.perf_counter()
+            self.sync()
+            t2 = time.perf_counter()
+            if i == 0:
+                first = t2 - t0
+            if i >= warmup:
+                times.append(t2 - t0)
+                issue.append(t1 - t0)
+        return {"step_s_median": statistics.median(times), "issue_s_median": statistics.median(issue),
+                "first_step_s": first, "final_loss": float(loss)}
+
+    def profile(self, batch: Batch, rows: int = 30) -> str:
+        """The kernels of one step, most device time first: where the time goes."""
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            self.step(batch)
+            self.sync()
+        key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
+
+    def host_syncs(self, batch: Batch) -> str:
+        """"none" when one more step runs with CUDA's sync debug mode set to error; else the phase that
+        waited and the error's first line."""
+        if self.device.type != "cuda":
+            return "not checked (no CUDA)"
+        state = {}
+        phases = (("forward", lambda: state.update(loss=self.loss(batch))),
+                  ("backward", lambda: state["loss"].backward()),
+                  ("optimizer", lambda: (self.opt.step(), self.opt.zero_grad())))
+        for name, fn in phases:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                fn()
+            except RuntimeError as e:
+                return f"{name}: {str(e).splitlines()[0][:200]}"
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return "none"

@@ -1,0 +1,236 @@
+"""Real image-text data for training: WebDataset shards or a JSONL manifest, any tokenizer.
+
+Order: the global batch at a step is the step's slice of epochs of seeded permutations (the demo's
+rule), so it depends only on (step, global batch, seed): every layout sees the same batches and the
+step alone is the resumable position. Sharding: each rank decodes only the samples its microbatches
+use (text for its LM lane, images for its encoder lanes), in DataLoader worker processes that run
+ahead of training. Faults: a sample whose image or text is unusable stays in the batch as an empty
+row that carries no loss; all ranks agree on which rows those are (one small all-reduce per step),
+and every such sample is counted and reported, never a crash or a hang.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from itertools import count
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from mimo.config import Config
+from mimo.data.jsonl import read_manifest
+from mimo.data.samples import BadSample, Record, decode_image, encode_text, special_ids
+from mimo.data.seeded_batches import SeededBatches
+from mimo.data.tokenizer import ByteTokenizer
+from mimo.data.webdataset import read_webdataset
+from mimo.mimo_model import MimoModel
+from mimo.train.loss import IGNORE_INDEX
+
+Item = tuple[int, list[int] | None, list[int] | None, np.ndarray | None, str]
+"""(row, ids, labels, pixels, problem): ids/labels where the rank needs the text, pixels where it needs
+the image, problem "" when the sample is usable."""
+
+IMAGE_TEXT_SETS = ("webdataset", "jsonl")
+"""The data.name values this module serves."""
+
+WORKER_TIMEOUT_S = 300
+"""A DataLoader worker silent this long is an error (raised), not a hang."""
+
+
+class _Samples(Dataset):
+    """Decodes one (row, index, want_text, want_image) request; runs in DataLoader workers."""
+
+    def __init__(self, data: ImageTextData):
+        self.records, self.tok = data.records, data.tok
+        self.image_tokens, self.image_token_id = data.image_tokens, data.image_token_id
+        self.seq_len, self.image_size = data.seq_len, data.image_size
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, request: tuple[int, int, bool, bool]) -> Item:
+        row, index, want_text, want_image = request
+        rec = self.records[index]
+        try:
+            ids, labels = encode_text(rec, self.tok, self.image_tokens, self.image_token_id, self.seq_len)
+            if rec.image is None:
+                raise BadSample("no image")
+            pixels = decode_image(rec.image.read(), self.image_size) if want_image else None
+        except BadSample as e:
+            return row, None, None, None, f"sample '{rec.key}': {e}"
+        return row, ids if want_text else None, labels if want_text else None, pixels, ""
+
+
+class _StepRequests(Sampler):
+    """From `start` on, forever: the list of requests of each step (this rank's rows only)."""
+
+    def __init__(self, data: ImageTextData, start: int, global_batch: int, seed: int):
+        self.data, self.start, self.global_batch, self.seed = data, start, global_batch, seed
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, bool, bool]]]:
+        text, images = self.data.text_rows, self.data.image_rows
+        for step in count(self.start):
+            indices = self.data.global_batch_indices(step, self.global_batch, self.seed)
+            yield [(row, int(i), text is None or row in text, images is None or row in images)
+                   for row, i in enumerate(indices) if text is None or row in text or row in images]
+
+
+def _agree_max(flags: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return flags
+
+
+class ImageTextData(SeededBatches):
+    """A set of image-text records with the trainer's data interface (`global_batch(step, size, seed)`)."""
+
+    def __init__(self, records: list[Record], tokenizer: Any, image_size: int, image_tokens: int, image_token_id: int,
+                 seq_len: int, modality: str = "images", encoder: str = "vit", workers: int = 0,
+                 source_problems: list[str] | None = None, agree: Callable[[torch.Tensor], torch.Tensor] = _agree_max):
+        if not records:
+            raise ValueError("the data set holds no samples; check data.path")
+        if seq_len < image_tokens + 3:
+            raise ValueError(f"data.seq_len ({seq_len}) must exceed the image's {image_tokens} tokens + 2; raise it")
+        self.records = self.train = records
+        self.tok, self.image_size, self.image_tokens = tokenizer, image_size, image_tokens
+        self.image_token_id, self.seq_len, self.workers = image_token_id, seq_len, workers
+        self.modality, self.encoder, self.agree = modality, encoder, agree
+        self.pad = special_ids(tokenizer)[2]
+        self.text_rows: set[int] | None = None
+        self.image_rows: set[int] | None = None
+        self.skipped = 0
+        self.bad_samples: set[int] = set()
+        self.source_problems = list(source_problems or [])
+        self._iter: Iterator[list[Item]] | None = None
+        self._next_step = -1
+        self._reported = 0
+        for p in self.source_problems:
+            print(f"mimo: data: {p}", file=sys.stderr)
+
+    # Sharding --------------------------------------------------------------------------------------
+    def shard_for(self, split: Callable[[dict], list[dict]], global_batch: int) -> None:
+        """Decode only the rows this rank's microbatches use. `split` is the trainer's global batch ->
+        local microbatches function; it is run once on a batch of row numbers to see which rows arrive."""
+        rows = torch.arange(global_batch)
+        probe = {"input_ids": rows[:, None], "labels": rows[:, None], "position_ids": rows[:, None],
+                 "modality_inputs": {self.modality: {self.encoder: {"pixel_values": rows}}}}
+        micro = split(probe)
+        self.text_rows = {int(r) for mb in micro for r in mb["input_ids"].reshape(-1)}
+        self.image_rows = {int(r) for mb in micro
+                           for r in mb["modality_inputs"].get(self.modality, {}).get(self.encoder, {})
+                           .get("pixel_values", rows[:0])}
+        self._iter = None
+
+    # Batches ----------------------------------------------------------------------------------------
+    def _items(self, step: int, global_batch: int, seed: int) -> list[Item]:
+        if self._iter is None or step != self._next_step:
+            loader = DataLoader(_Samples(self), batch_sampler=_StepRequests(self, step, global_batch, seed),
+                                num_workers=self.workers, collate_fn=list,
+                                timeout=WORKER_TIMEOUT_S if self.workers else 0)
+            self._iter = iter(loader)
+        self._next_step = step + 1
+        return next(self._iter)
+
+    def global_batch(self, step: int, global_batch: int, seed: int) -> dict:
+        """The global batch at `step` (rows this rank does not use are padding). Collective through
+        `agree` (all ranks that train call it at every step): unusable rows are agreed and counted."""
+        items = self._items(step, global_batch, seed)
+        indices = self.global_batch_indices(step, global_batch, seed)
+        bad = torch.zeros(global_batch)
+        for row, _, _, _, problem in items:
+            if problem:
+                bad[row] = 1
+                self._report(problem)
+        bad = self.agree(bad)
+        batch = self._assemble(items, global_batch, bad)
+        for row in torch.nonzero(bad).reshape(-1).tolist():
+            self.skipped += 1
+            self.bad_samples.add(int(indices[row]))
+        return batch
+
+    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
+        s = self.seq_len
+        ids = torch.full((n, s), self.pad, dtype=torch.long)
+        ids[:, : self.image_tokens] = self.image_token_id
+        labels = torch.full((n, s), IGNORE_INDEX, dtype=torch.long)
+        pixels = torch.zeros(n, 3, self.image_size, self.image_size)
+        for row, row_ids, row_labels, row_pixels, _ in items:
+            if bad[row]:
+                continue
+            if row_ids is not None:
+                ids[row] = self.pad
+                ids[row, : len(row_ids)] = torch.tensor(row_ids)
+                labels[row, : len(row_labels)] = torch.tensor(row_labels)
+            if row_pixels is not None:
+                pixels[row] = torch.from_numpy(row_pixels)
+        return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(s).expand(n, s).contiguous(),
+                "modality_inputs": {self.modality: {self.encoder: {"pixel_values": pixels}}}}
+
+    def _report(self, problem: str) -> None:
+        self._reported += 1
+        if self._reported <= 10:
+            print(f"mimo: data: skipped {problem}", file=sys.stderr)
+        elif self._reported == 11:
+            print("mimo: data: more samples skipped; the count is in summary.json", file=sys.stderr)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, device: str | torch.device = "cpu", samples: int = 64,
+                 batch_size: int = 16) -> dict:
+        """Per-token loss of a whole model on the first `samples` usable samples (one process, no
+        collective), plus the data report."""
+        was_training = model.training
+        model.eval()
+        total, tokens, used = 0.0, 0, 0
+        for lo in range(0, min(samples, len(self.records)), batch_size):
+            rows = list(range(lo, min(lo + batch_size, samples, len(self.records))))
+            reader = _Samples(self)
+            items = [reader[(r - lo, r, True, True)] for r in rows]
+            bad = torch.tensor([float(bool(it[4])) for it in items])
+            batch = self._assemble(items, len(rows), bad)
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            batch["modality_inputs"] = {m: {e: {k: v.to(device) for k, v in kw.items()} for e, kw in enc.items()}
+                                        for m, enc in batch["modality_inputs"].items()}
+            out = model(**batch)
+            total += float(out.loss_sum)
+            tokens += int((batch["labels"] != IGNORE_INDEX).sum())
+            used += int((bad == 0).sum())
+        model.train(was_training)
+        return {"loss": total / max(tokens, 1), "eval_samples": used, "data": self.report()}
+
+    # Resumable counters --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"skipped": self.skipped, "bad_samples": sorted(self.bad_samples)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.skipped = int(state.get("skipped", 0))
+        self.bad_samples = {int(i) for i in state.get("bad_samples", [])}
+
+    def report(self) -> dict:
+        """What summary.json says about the data: samples, skips (occurrences), distinct bad samples."""
+        return {"samples": len(self.records), "skipped_rows": self.skipped, "corrupt_samples": len(self.bad_samples),
+                "source_problems": self.source_problems}
+
+
+def load_tokenizer_spec(spec: str) -> Any:
+    """`byte` = the built-in byte tokenizer; anything else is a local Hugging Face tokenizer directory."""
+    if spec == "byte":
+        return ByteTokenizer()
+    from mimo.interop.tokenizer import load_tokenizer
+
+    return load_tokenizer(spec)
+
+
+def build_image_text_data(cfg: Config, model: MimoModel) -> ImageTextData:
+    """The data set for data.name = "webdataset" or "jsonl" (one vision modality)."""
+    if len(cfg.model.modalities) != 1:
+        raise ValueError(f"data.name = '{cfg.data.name}' needs exactly one vision modality under model.modalities")
+    (name, m), = cfg.model.modalities.items()
+    tokens_per_image = model.modality_submodules[name].encoders["vit"].tokens_per_image
+    reader = read_webdataset if cfg.data.name == "webdataset" else read_manifest
+    records, problems = reader(cfg.data.path)
+    return ImageTextData(records, load_tokenizer_spec(cfg.data.tokenizer), m.vit.image, tokens_per_image, m.token_id,
+                         cfg.data.seq_len, modality=name, workers=cfg.data.workers, source_problems=problems)

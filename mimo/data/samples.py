@@ -1,0 +1,149 @@
+"""Image-text samples of real data sets: what a reader yields, and how one becomes token ids.
+
+Readers (webdataset.py, jsonl.py) turn their files into `Record`s without decoding any image; a
+record says where its image bytes are and holds its caption or chat turns. `encode_text` lays a
+record out as `<bos> <image>*N text... <eos>` with labels on what the model must produce: the whole
+caption, or every assistant turn of a chat. Anything wrong with a sample raises `BadSample`, which
+the data set counts and skips instead of crashing.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from mimo.train.loss import IGNORE_INDEX
+
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+USER_ROLES = ("user", "human", "system")
+ASSISTANT_ROLES = ("assistant", "gpt")
+
+
+class BadSample(ValueError):
+    """A sample that cannot be used (unreadable image, malformed text); it is skipped and counted."""
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """Where an image's encoded bytes live: a whole file, or `size` bytes at `offset` of a tar shard."""
+
+    path: str
+    offset: int = -1
+    size: int = -1
+
+    def read(self) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                if self.offset < 0:
+                    return f.read()
+                f.seek(self.offset)
+                data = f.read(self.size)
+        except OSError as e:
+            raise BadSample(f"image '{self.path}' is unreadable ({e.strerror or e})") from e
+        if len(data) != self.size:
+            raise BadSample(f"image at byte {self.offset} of '{self.path}' is cut short")
+        return data
+
+
+@dataclass(frozen=True)
+class Record:
+    """One sample before decoding. `problem` is set when the reader already knows it is unusable."""
+
+    key: str
+    image: ImageRef | None = None
+    caption: str | None = None
+    turns: tuple[tuple[str, str], ...] = ()
+    problem: str = ""
+
+
+def record_from_json(key: str, meta: Any, image: ImageRef | None) -> Record:
+    """A record from a JSON object with "caption"/"text", or LLaVA "conversations" / chat "messages"."""
+    if not isinstance(meta, dict):
+        return Record(key, image, problem="its JSON is not an object")
+    caption = meta.get("caption", meta.get("text"))
+    chat = meta.get("conversations", meta.get("messages"))
+    if isinstance(chat, list):
+        turns = []
+        for t in chat:
+            role = t.get("from", t.get("role")) if isinstance(t, dict) else None
+            content = t.get("value", t.get("content")) if isinstance(t, dict) else None
+            if not isinstance(role, str) or not isinstance(content, str):
+                return Record(key, image, problem="a chat turn lacks a role or text")
+            turns.append((role.lower(), content))
+        return Record(key, image, turns=tuple(turns))
+    if isinstance(caption, str):
+        return Record(key, image, caption=caption)
+    return Record(key, image, problem='no "caption", "text", "conversations" or "messages"')
+
+
+def special_ids(tok: Any) -> tuple[int | None, int, int]:
+    """(bos, eos, pad) of a tokenizer: the byte tokenizer's constants or Hugging Face's *_token_id."""
+    if hasattr(tok, "EOS"):
+        return tok.BOS, tok.EOS, tok.PAD
+    eos = getattr(tok, "eos_token_id", None)
+    if eos is None:
+        raise ValueError("the tokenizer has no end-of-sequence id (eos_token_id); use a tokenizer that defines one")
+    pad = getattr(tok, "pad_token_id", None)
+    return getattr(tok, "bos_token_id", None), eos, eos if pad is None else pad
+
+
+def _encode(tok: Any, text: str) -> list[int]:
+    try:
+        return list(tok.encode(text, add_special_tokens=False))
+    except TypeError:
+        return list(tok.encode(text))
+
+
+def encode_text(rec: Record, tok: Any, image_tokens: int, image_token_id: int, seq_len: int) -> tuple[list, list]:
+    """(ids, labels) of one record, at most `seq_len` long; labels are shifted (position t holds the id of
+    token t+1) and cover only what the model must produce. Raises BadSample."""
+    if rec.problem:
+        raise BadSample(rec.problem)
+    bos, eos, _ = special_ids(tok)
+    ids = ([bos] if bos is not None else []) + [image_token_id] * image_tokens
+    target = [False] * len(ids)
+    if rec.turns:
+        if not any(role in ASSISTANT_ROLES for role, _ in rec.turns):
+            raise BadSample("the chat has no assistant turn to learn from")
+        for role, content in rec.turns:
+            text = content.replace("<image>", "").strip()
+            if role in ASSISTANT_ROLES:
+                piece, is_target = _encode(tok, text) + [eos], True
+            elif role in USER_ROLES:
+                piece, is_target = _encode(tok, text + "\n"), False
+            else:
+                raise BadSample(f"unknown chat role '{role}'; use user/human/system or assistant/gpt")
+            ids += piece
+            target += [is_target] * len(piece)
+    else:
+        piece = _encode(tok, rec.caption or "") + [eos]
+        if len(piece) == 1:
+            raise BadSample("the caption is empty")
+        ids += piece
+        target += [True] * len(piece)
+    ids, target = ids[:seq_len], target[:seq_len]
+    labels = [ids[i + 1] if target[i + 1] else IGNORE_INDEX for i in range(len(ids) - 1)] + [IGNORE_INDEX]
+    if all(x == IGNORE_INDEX for x in labels):
+        raise BadSample(f"no answer token fits in data.seq_len = {seq_len}")
+    return ids, labels
+
+
+def decode_image(data: bytes, size: int) -> np.ndarray:
+    """Encoded image bytes -> float32 CHW in [-1, 1] at `size` x `size`. Raises BadSample."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            rgb = img.convert("RGB").resize((size, size), Image.BICUBIC)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise BadSample(f"the image does not decode ({type(e).__name__}: {e})") from e
+    return (np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) / 127.5) - 1.0
+
+
+def resolve_image_path(base: Path, name: str) -> Path:
+    p = Path(name)
+    return p if p.is_absolute() else base / p

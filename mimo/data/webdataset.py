@@ -1,0 +1,100 @@
+"""WebDataset-style tar shards: samples are runs of tar members sharing a key, `key.<ext>`.
+
+A sample holds one image (`.jpg`, `.png`, ...) and its text: `key.txt` (a caption) or `key.json`
+(`{"caption": ...}`, LLaVA `{"conversations": [...]}` or chat `{"messages": [...]}`). Indexing
+reads tar headers and the small text members only; images stay in the shard and are read later by
+offset, so any sample can be fetched directly (a deterministic, resumable order needs no streaming).
+A shard that is cut short keeps the samples before the damage; the damage is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+
+from mimo.data.samples import IMAGE_EXTS, ImageRef, Record, record_from_json
+
+_BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def shard_paths(spec: str) -> list[Path]:
+    """The shards `spec` names: one .tar file, a folder of them (sorted), or a brace range such as
+    `data/shard-{000000..000009}.tar`."""
+    m = _BRACES.search(spec)
+    if m:
+        lo, hi = m.group(1), m.group(2)
+        paths = [Path(spec[: m.start()] + str(i).zfill(len(lo)) + spec[m.end():]) for i in range(int(lo), int(hi) + 1)]
+    else:
+        p = Path(spec)
+        paths = sorted(p.glob("*.tar")) if p.is_dir() else [p]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if not paths or missing:
+        raise FileNotFoundError(f"data.path = '{spec}' names no tar shard{'s ' + str(missing[:3]) if missing else ''}; "
+                                "give a .tar file, a folder of .tar files or a brace range like shard-{000..009}.tar")
+    return paths
+
+
+def _split(name: str) -> tuple[str, str]:
+    """Tar member name -> (sample key, extension): the extension starts at the first dot of the basename."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), (dot + ext).lower()
+
+
+def _ends_cleanly(path: Path, end: int) -> bool:
+    """A tar ends with at least two zero blocks after its last member; a cut-off one does not."""
+    with path.open("rb") as f:
+        f.seek(end)
+        tail = f.read()
+    return len(tail) >= 2 * tarfile.BLOCKSIZE and not tail.strip(b"\0")
+
+
+def read_shard(path: Path) -> tuple[list[Record], str]:
+    """(records of one shard in member order, a problem description or "")."""
+    groups: dict[str, dict[str, tarfile.TarInfo]] = {}
+    texts: dict[str, dict[str, bytes]] = {}
+    end = 0
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                end = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                if not member.isfile():
+                    continue
+                key, ext = _split(member.name)
+                groups.setdefault(key, {})[ext] = member
+                if ext in (".txt", ".json"):
+                    f = tar.extractfile(member)
+                    texts.setdefault(key, {})[ext] = f.read() if f else b""
+        clean = _ends_cleanly(path, end)
+        problem = "" if clean else f"shard '{path}' is cut short or damaged after {len(groups)} samples"
+    except (tarfile.TarError, OSError, EOFError) as e:
+        problem = f"shard '{path}' is damaged after {len(groups)} samples ({e})"
+    return [_record(str(path), key, members, texts.get(key, {})) for key, members in groups.items()], problem
+
+
+def _record(path: str, key: str, members: dict[str, tarfile.TarInfo], texts: dict[str, bytes]) -> Record:
+    images = [m for ext, m in members.items() if ext in IMAGE_EXTS]
+    image = ImageRef(path, images[0].offset_data, images[0].size) if images else None
+    if image is None:
+        return Record(key, problem=f"sample '{key}' in '{path}' has no image member")
+    try:
+        if ".json" in texts:
+            return record_from_json(key, json.loads(texts[".json"].decode("utf-8")), image)
+        if ".txt" in texts:
+            return Record(key, image, caption=texts[".txt"].decode("utf-8").strip())
+    except (UnicodeDecodeError, ValueError) as e:
+        return Record(key, image, problem=f"sample '{key}' in '{path}' has unreadable text ({e})")
+    return Record(key, image, problem=f"sample '{key}' in '{path}' has no .txt or .json member")
+
+
+def read_webdataset(spec: str) -> tuple[list[Record], list[str]]:
+    """All records of the shards `spec` names, in shard then member order, and the shard problems."""
+    records, problems = [], []
+    for path in shard_paths(spec):
+        recs, problem = read_shard(path)
+        records.extend(recs)
+        if problem:
+            problems.append(problem)
+    return records, problems

@@ -1,0 +1,69 @@
+"""Config-driven assembly of a MimoModel from Hugging Face directories (`hf_path` fields of the config).
+
+The directories are the truth for architecture: their config.json overwrites the LM's and each vision
+tower's architecture fields in the run's config (so the saved config.toml records the real shapes), the
+model is built, and the weights stream in. Projectors (and anything without an hf_path) keep their random
+initialisation: the LLaVA recipe of training the projector first.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from mimo.config import ConfigError, ModelConfig
+from mimo.interop.hf_config import llm_config_from_hf, vit_config_from_hf
+from mimo.interop.hf_files import DirectorySource
+from mimo.interop.hf_import import load_llm_weights, load_vit_weights
+from mimo.interop.hf_weights import ShardFn
+from mimo.mimo_model import MimoModel
+
+
+def _config_of(path: str, field: str) -> dict:
+    try:
+        return DirectorySource(path).config()
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{field} = '{path}': {e}") from e
+
+
+def resolve_hf_architecture(cfg: ModelConfig) -> None:
+    """Overwrite architecture fields in `cfg` from the config.json of every hf_path; check placeholder ids."""
+    if cfg.llm.hf_path:
+        d = _config_of(cfg.llm.hf_path, "model.llm.hf_path")
+        d = d.get("text_config", d) if d.get("model_type") == "llava" else d
+        cfg.llm = llm_config_from_hf(d, f"model.llm.hf_path '{cfg.llm.hf_path}'", base=cfg.llm)
+    for name, m in cfg.modalities.items():
+        field = f"model.modalities.{name}.hf_path"
+        if m.hf_path:
+            if m.kind != "vision":
+                raise ConfigError(f"{field} is set but kind = '{m.kind}'; Hugging Face towers load for vision only")
+            d = _config_of(m.hf_path, field)
+            d = d["vision_config"] if d.get("model_type") == "llava" else d
+            m.vit = vit_config_from_hf(d, f"{field} '{m.hf_path}'", m.hf_feature_layer, base=m.vit)
+        if not 0 <= m.token_id < cfg.llm.vocab:
+            raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) must lie in [0, {cfg.llm.vocab}), "
+                              "the vocabulary of model.llm.hf_path")
+
+
+def load_hf_weights_into(model: MimoModel, cfg: ModelConfig, shard_fn: ShardFn | None = None) -> None:
+    """Stream the weights of every hf_path into the built model (under TP, pass a `shard_fn`)."""
+    if cfg.llm.hf_path:
+        with DirectorySource(cfg.llm.hf_path) as src:
+            load_llm_weights(model.language_model, src, shard_fn)
+    for name, m in cfg.modalities.items():
+        if m.hf_path:
+            with DirectorySource(m.hf_path) as src:
+                load_vit_weights(model.modality_submodules[name].encoders["vit"], src, shard_fn)
+
+
+def build_hf_model(cfg: ModelConfig) -> MimoModel:
+    """`build_model` for a config with hf_path fields: resolve `cfg` in place, build, load the weights."""
+    from mimo.mimo_model import build_model
+
+    resolve_hf_architecture(cfg)
+    plain = copy.deepcopy(cfg)
+    plain.llm.hf_path = ""
+    for m in plain.modalities.values():
+        m.hf_path = ""
+    model = build_model(plain)
+    load_hf_weights_into(model, cfg)
+    return model

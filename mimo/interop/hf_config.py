@@ -1,0 +1,118 @@
+"""Translate Hugging Face config.json dictionaries into mimo's config dataclasses.
+
+Plain dictionaries in, so importing needs no `transformers`. Anything mimo's modules cannot reproduce
+(sliding-window attention, an MLP bias, an unknown RoPE type, ...) is refused here, naming the field, rather
+than imported into a model that would silently compute something else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mimo.config import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
+from mimo.models.layers import LLAMA3_ROPE_KEYS
+
+LLM_TYPES = ("qwen2", "qwen3", "llama")
+VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip"}
+HF_TO_MIMO_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+                  "silu": "silu", "relu": "relu"}
+
+
+def _act(name: str, where: str) -> str:
+    if name not in HF_TO_MIMO_ACT:
+        raise ValueError(f"{where} = '{name}' is not an activation mimo has; supported: {list(HF_TO_MIMO_ACT)}")
+    return HF_TO_MIMO_ACT[name]
+
+
+def _refuse(d: dict[str, Any], key: str, ok: Any, where: str, why: str) -> None:
+    if d.get(key, ok) not in (ok, None):
+        raise ValueError(f"{where}: {key} = {d[key]!r} is not supported ({why})")
+
+
+def model_type(d: dict[str, Any], expected: tuple[str, ...] | dict[str, str], where: str) -> str:
+    mt = d.get("model_type")
+    if mt not in expected:
+        raise ValueError(f"{where} describes model_type '{mt}' (architectures {d.get('architectures')}); "
+                         f"expected one of {list(expected)}")
+    return mt
+
+
+def _rope(d: dict[str, Any], where: str) -> tuple[float, dict[str, float]]:
+    """(theta, Llama 3 scaling) from either the 5.x `rope_parameters` or the 4.x `rope_theta`/`rope_scaling`."""
+    params = dict(d.get("rope_parameters") or {})
+    legacy = d.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+    merged = {**legacy, **params}
+    kind = merged.get("rope_type", merged.get("type", "default"))
+    if kind == "default":
+        return theta, {}
+    if kind == "llama3":
+        return theta, {k: float(merged[k]) for k in LLAMA3_ROPE_KEYS}
+    raise ValueError(f"{where}: rope type '{kind}' is not supported; mimo has plain RoPE and Llama 3 scaling")
+
+
+def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMConfig | None = None) -> LLMConfig:
+    """A Qwen2/Qwen3/Llama config. `base` supplies the non-architecture fields (init_std, hf_path)."""
+    mt = model_type(d, LLM_TYPES, where)
+    _refuse(d, "hidden_act", "silu", where, "mimo's MLP is SwiGLU with SiLU")
+    _refuse(d, "mlp_bias", False, where, "mimo's MLP has no biases")
+    _refuse(d, "use_sliding_window", False, where, "mimo has no sliding-window attention")
+    if mt != "qwen2":
+        _refuse(d, "attention_bias", False, where, "an output-projection bias mimo's attention does not have")
+    heads = d["num_attention_heads"]
+    head_dim = d.get("head_dim") or d["hidden_size"] // heads
+    theta, scaling = _rope(d, where)
+    base = base or LLMConfig()
+    return LLMConfig(vocab=d["vocab_size"], hidden=d["hidden_size"], layers=d["num_hidden_layers"], heads=heads,
+                     kv_heads=d.get("num_key_value_heads") or heads, mlp=d["intermediate_size"],
+                     qkv_bias=mt == "qwen2", tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+                     rope_theta=theta, norm_eps=d.get("rms_norm_eps", 1e-6),
+                     max_seq=d.get("max_position_embeddings", base.max_seq), init_std=base.init_std,
+                     qk_norm=mt == "qwen3", head_dim=0 if head_dim * heads == d["hidden_size"] else head_dim,
+                     rope_scaling=scaling, hf_path=base.hf_path)
+
+
+def vision_family(d: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
+    """("clip" | "siglip", the vision sub-config) of a vision-tower or full CLIP/SigLIP config."""
+    mt = model_type(d, VISION_TYPES, where)
+    return VISION_TYPES[mt], (d["vision_config"] if mt in ("clip", "siglip") else d)
+
+
+def layers_for_feature_layer(total: int, feature_layer: int, where: str) -> int:
+    """How many blocks produce LLaVA's `hidden_states[feature_layer]` (index 0 is the embedding output)."""
+    used = total + 1 + feature_layer if feature_layer < 0 else feature_layer
+    if not 1 <= used <= total:
+        raise ValueError(f"{where}: vision feature layer {feature_layer} selects no block of a {total}-layer tower")
+    return used
+
+
+def vit_config_from_hf(d: dict[str, Any], where: str = "config.json", feature_layer: int = -1,
+                       post_norm: bool = False, base: ViTConfig | None = None) -> ViTConfig:
+    """A CLIP or SigLIP vision config; `feature_layer` trims the blocks LLaVA-style. `base` supplies
+    drop_class_token and init_std."""
+    family, v = vision_family(d, where)
+    siglip = family == "siglip"
+    base = base or ViTConfig()
+    layers = layers_for_feature_layer(v["num_hidden_layers"], feature_layer, where)
+    return ViTConfig(image=v["image_size"], patch=v["patch_size"], channels=v.get("num_channels", 3),
+                     hidden=v["hidden_size"], layers=layers, heads=v["num_attention_heads"],
+                     mlp=v["intermediate_size"], act=_act(v.get("hidden_act", "quick_gelu"), f"{where} hidden_act"),
+                     norm_eps=v.get("layer_norm_eps", 1e-6 if siglip else 1e-5),
+                     drop_class_token=base.drop_class_token, init_std=base.init_std, class_token=not siglip,
+                     pre_norm=not siglip, patch_bias=siglip, post_norm=post_norm)
+
+
+def audio_config_from_hf(d: dict[str, Any], where: str = "config.json") -> AudioConfig:
+    """The encoder half of a Whisper config."""
+    model_type(d, ("whisper",), where)
+    _refuse(d, "scale_embedding", False, where, "mimo's audio encoder does not scale its inputs")
+    return AudioConfig(n_mels=d["num_mel_bins"], hidden=d["d_model"], layers=d["encoder_layers"],
+                       heads=d["encoder_attention_heads"], mlp=d["encoder_ffn_dim"],
+                       max_positions=d["max_source_positions"],
+                       act=_act(d.get("activation_function", "gelu"), f"{where} activation_function"))
+
+
+def projector_config_from_hf(d: dict[str, Any], where: str) -> ProjectorConfig:
+    """LLaVA's projector settings."""
+    return ProjectorConfig(act=_act(d.get("projector_hidden_act", "gelu"), f"{where} projector_hidden_act"),
+                           bias=bool(d.get("multimodal_projector_bias", True)))

@@ -1,0 +1,77 @@
+"""Translate mimo's config dataclasses into `transformers` config objects for export.
+
+The LM becomes Qwen3 (qk-norm), Qwen2 (qkv bias) or Llama (neither); the vision tower becomes CLIP
+(class token, pre-LayerNorm) or SigLIP (neither, patch bias). Combinations no `transformers` class
+computes identically are refused, naming the mimo fields to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mimo.config import LLMConfig, ViTConfig
+
+MIMO_TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "quick_gelu": "quick_gelu", "silu": "silu",
+                  "relu": "relu"}
+
+
+def require_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as e:
+        raise RuntimeError("exporting to Hugging Face needs `transformers`; install the extra: "
+                           "pip install -e '.[hf]'") from e
+    return transformers
+
+
+def hf_act(name: str, field: str) -> str:
+    if name not in MIMO_TO_HF_ACT:
+        raise ValueError(f"{field} = '{name}' has no Hugging Face equivalent; use one of {list(MIMO_TO_HF_ACT)}")
+    return MIMO_TO_HF_ACT[name]
+
+
+def text_architecture(cfg: LLMConfig) -> str:
+    """'qwen3', 'qwen2' or 'llama': the `transformers` family that computes exactly what this LM does."""
+    if cfg.qk_norm:
+        if cfg.qkv_bias:
+            raise ValueError("model.llm.qk_norm with model.llm.qkv_bias has no Hugging Face counterpart (Qwen3's "
+                             "attention_bias also adds an output bias); set one of them to false")
+        return "qwen3"
+    return "qwen2" if cfg.qkv_bias else "llama"
+
+
+def hf_text_config(cfg: LLMConfig, dtype: str) -> Any:
+    tf = require_transformers()
+    arch = text_architecture(cfg)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling:
+        rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta, **cfg.rope_scaling,
+                "original_max_position_embeddings": int(cfg.rope_scaling["original_max_position_embeddings"])}
+    cls = {"qwen3": tf.Qwen3Config, "qwen2": tf.Qwen2Config, "llama": tf.LlamaConfig}[arch]
+    out = cls(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
+              num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+              head_dim=cfg.head_dim or cfg.hidden // cfg.heads, max_position_embeddings=cfg.max_seq,
+              rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, rope_parameters=rope, dtype=dtype)
+    out.architectures = [{"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                          "llama": "LlamaForCausalLM"}[arch]]
+    return out
+
+
+def vision_family_of(cfg: ViTConfig, field: str) -> str:
+    if cfg.class_token and cfg.pre_norm and not cfg.patch_bias:
+        return "clip"
+    if not cfg.class_token and not cfg.pre_norm and cfg.patch_bias:
+        return "siglip"
+    raise ValueError(f"{field}: class_token={cfg.class_token}, pre_norm={cfg.pre_norm}, patch_bias={cfg.patch_bias} "
+                     "is neither CLIP (true, true, false) nor SigLIP (false, false, true); no Hugging Face vision "
+                     "tower computes it")
+
+
+def hf_vision_config(cfg: ViTConfig, field: str, dtype: str) -> Any:
+    tf = require_transformers()
+    kw = dict(hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
+              num_attention_heads=cfg.heads, num_channels=cfg.channels, image_size=cfg.image, patch_size=cfg.patch,
+              hidden_act=hf_act(cfg.act, f"{field}.act"), layer_norm_eps=cfg.norm_eps, dtype=dtype)
+    if vision_family_of(cfg, field) == "clip":
+        return tf.CLIPVisionConfig(**kw)
+    return tf.SiglipVisionConfig(vision_use_head=False, **kw)

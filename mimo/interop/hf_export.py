@@ -1,0 +1,162 @@
+"""Write a MimoModel as a Hugging Face directory: LLaVA (vision tower + projector + LM) or the LM alone.
+
+Weights are written straight from the model's tensors under Hugging Face names (sharded above 5 GB, with
+the standard index), and config.json comes from the `transformers` config classes, so the result loads
+with `LlavaForConditionalGeneration` / `AutoModelForCausalLM.from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from mimo.interop.hf_config_out import hf_act, hf_text_config, hf_vision_config, require_transformers
+from mimo.interop.hf_files import INDEX
+from mimo.interop.hf_mapping import llm_names, projector_names, vit_names, with_prefix
+from mimo.mimo_model import MimoModel
+from mimo.models.layers import ACTIVATIONS, MLP
+from mimo.models.llm import DecoderLM
+from mimo.models.vit import VisionTransformer
+
+MAX_SHARD_BYTES = 5 * 2**30
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+
+
+def _prepare_dir(directory: str | Path) -> Path:
+    out = Path(directory)
+    if out.exists() and ((out / "config.json").exists() or any(out.glob("*.safetensors"))):
+        raise FileExistsError(f"'{out}' already holds a model; export into a new or empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _gather(module: nn.Module, names: dict[str, str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    state = module.state_dict()
+    return {hf: (state[ours].to(dtype) if dtype else state[ours]).contiguous() for ours, hf in names.items()}
+
+
+def save_hf_weights(tensors: dict[str, torch.Tensor], directory: Path, max_shard_bytes: int | None = None) -> None:
+    """model.safetensors, or model-0000k-of-0000n.safetensors shards (each at most `max_shard_bytes`, default
+    MAX_SHARD_BYTES, unless one tensor is larger) plus model.safetensors.index.json."""
+    limit = max_shard_bytes or MAX_SHARD_BYTES
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (directory / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def copy_tokenizer(source: str | Path, directory: Path) -> None:
+    """Copy the tokenizer files of a Hugging Face directory, so the export is self-contained."""
+    src = Path(source)
+    if not src.is_dir():
+        raise FileNotFoundError(f"tokenizer directory '{src}' does not exist; pass a folder holding tokenizer.json")
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, directory / name)
+
+
+def _dtype_name(model: nn.Module, dtype: torch.dtype | None) -> str:
+    return str(dtype or next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def export_causal_lm(lm: DecoderLM, directory: str | Path, dtype: torch.dtype | None = None,
+                     tokenizer_dir: str | Path | None = None) -> Path:
+    """The LM alone as a Qwen3/Qwen2/Llama ForCausalLM directory."""
+    if lm.embed_tokens is None or lm.norm is None:
+        raise ValueError("export_causal_lm needs the whole LM; this one is a pipeline stage without its "
+                         "embedding or final norm")
+    config = hf_text_config(lm.cfg, _dtype_name(lm, dtype))
+    out = _prepare_dir(directory)
+    save_hf_weights(_gather(lm, llm_names(lm), dtype), out)
+    config.save_pretrained(out)
+    if tokenizer_dir:
+        copy_tokenizer(tokenizer_dir, out)
+    return out
+
+
+def _act_name(fn: object) -> str:
+    return next((k for k, v in ACTIVATIONS.items() if v is fn), repr(fn))
+
+
+def _llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
+    """The one vision modality a LLaVA directory can hold: a ViT encoder and one MLP projector."""
+    fix = "export the LM alone instead (export_causal_lm / mimo export --lm-only)"
+    if len(model.modality_submodules) != 1:
+        raise ValueError(f"LLaVA holds exactly one image modality; this model has {list(model.modality_submodules)}"
+                         f"; {fix}")
+    (name, sub), = model.modality_submodules.items()
+    encoders, projs = list(sub.encoders.values()), list(sub.input_projections)
+    if (len(encoders) != 1 or not isinstance(encoders[0], VisionTransformer) or len(projs) != 1
+            or not isinstance(projs[0], MLP) or len(sub.output_projections) or len(sub.decoders)):
+        raise ValueError(f"modality '{name}' must be one VisionTransformer encoder plus one MLP projector (no "
+                         f"output path) to become LLaVA; {fix}")
+    vit = encoders[0]
+    if vit.post_layernorm is not None:
+        raise ValueError(f"model.modalities.{name}.vit.post_norm = true: LLaVA feeds the projector hidden states "
+                         "without the tower's final LayerNorm; train with post_norm = false or use --lm-only")
+    return name, vit, projs[0]
+
+
+def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
+                 tokenizer_dir: str | Path | None = None) -> Path:
+    """Vision tower + projector + LM as a `LlavaForConditionalGeneration` directory."""
+    tf = require_transformers()
+    name, vit, proj = _llava_parts(model)
+    lm = model.language_model
+    dt = _dtype_name(model, dtype)
+    vcfg = vit.cfg
+    config = tf.LlavaConfig(
+        vision_config=hf_vision_config(vcfg, f"model.modalities.{name}.vit", dt).to_dict(),
+        text_config=hf_text_config(lm.cfg, dt).to_dict(), image_token_index=model.special_token_ids[name],
+        image_seq_length=vit.tokens_per_image, vision_feature_layer=-1,
+        vision_feature_select_strategy="default" if vcfg.class_token and vcfg.drop_class_token else "full",
+        projector_hidden_act=hf_act(_act_name(proj.act), f"model.modalities.{name}.projector.act"),
+        multimodal_projector_bias=proj.fc1.bias is not None, tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
+    config.architectures = ["LlavaForConditionalGeneration"]
+    tensors = _gather(lm, llm_names(lm, "language_model.model.", "language_model."), dtype)
+    tensors.update(_gather(vit, with_prefix(vit_names(vit), "vision_tower."), dtype))
+    # The tower's final LayerNorm is unused by LLaVA but expected by the class: store it as the identity.
+    like = vit.position_embedding.weight
+    tensors["vision_tower.post_layernorm.weight"] = torch.ones(vcfg.hidden, dtype=dtype or like.dtype)
+    tensors["vision_tower.post_layernorm.bias"] = torch.zeros(vcfg.hidden, dtype=dtype or like.dtype)
+    tensors.update(_gather(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype))
+    out = _prepare_dir(directory)
+    save_hf_weights(tensors, out)
+    config.save_pretrained(out)
+    if tokenizer_dir:
+        copy_tokenizer(tokenizer_dir, out)
+    return out
+
+
+def export_run(run_dir: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None) -> Path:
+    """`mimo export`: a finished run's weights as a LLaVA directory, or with `lm_only` the LM as a causal LM."""
+    from mimo.train.checkpoint import load_run
+
+    cfg, model = load_run(run_dir)
+    # The tokenizer travels with the export: data.tokenizer when it is a directory, else the LM's own.
+    tok = cfg.data.tokenizer if Path(cfg.data.tokenizer).is_dir() else cfg.model.llm.hf_path or None
+    if lm_only:
+        return export_causal_lm(model.language_model, to, dtype, tok)
+    return export_llava(model, to, dtype, tok)
+

@@ -1,0 +1,162 @@
+"""Read-only views of Hugging Face weights: a model directory (safetensors, single or sharded) or a live
+`transformers` model. Tensors are read one at a time, and only the requested slice of each, so importing
+never holds a second full copy of a model and a tensor-parallel rank reads only its shard.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+
+
+class TensorSlice(Protocol):
+    """What safetensors' `get_slice` returns: a shape and lazy indexing (`sl[a:b]`, `sl[:, a:b]`, `sl[:]`)."""
+
+    def get_shape(self) -> list[int]: ...
+
+    def __getitem__(self, index: Any) -> torch.Tensor: ...
+
+
+class InMemorySlice:
+    """A `TensorSlice` over a tensor that is already loaded (the live-model source)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def get_shape(self) -> list[int]:
+        return list(self.tensor.shape)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        return self.tensor[index].detach()
+
+
+class WeightSource(ABC):
+    """Names, lazy slices and config of one set of HF weights; `where(name)` says which file holds a tensor."""
+
+    label: str
+    config_label: str
+
+    @abstractmethod
+    def keys(self) -> list[str]: ...
+
+    @abstractmethod
+    def where(self, name: str) -> str: ...
+
+    @abstractmethod
+    def get_slice(self, name: str) -> TensorSlice: ...
+
+    @abstractmethod
+    def config(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release open files."""
+
+    def __enter__(self) -> WeightSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DirectorySource(WeightSource):
+    """A model directory: config.json plus model.safetensors, or shards listed in model.safetensors.index.json."""
+
+    def __init__(self, directory: str | Path):
+        self.root = Path(directory)
+        self.label = str(self.root)
+        self.config_label = str(self.root / CONFIG)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"Hugging Face model directory '{self.root}' does not exist; pass a folder "
+                                    "holding config.json and *.safetensors")
+        self.files: dict[str, Path] = {}
+        index = self.root / INDEX
+        if index.is_file():
+            for name, file in json.loads(index.read_text())["weight_map"].items():
+                self.files[name] = self.root / file
+        else:
+            shards = sorted(self.root.glob("*.safetensors"))
+            if not shards:
+                hint = (" (it has only pickled PyTorch weights, which mimo never loads: re-save the model with "
+                        "save_pretrained(..., safe_serialization=True))") if any(self.root.glob("*.bin")) else ""
+                raise FileNotFoundError(f"no *.safetensors weights in '{self.root}'{hint}")
+            for shard in shards:
+                with safe_open(str(shard), framework="pt") as f:
+                    for name in f.keys():
+                        self.files[name] = shard
+        self._open: dict[Path, Any] = {}
+
+    def keys(self) -> list[str]:
+        return list(self.files)
+
+    def where(self, name: str) -> str:
+        return str(self.files.get(name, self.root))
+
+    def get_slice(self, name: str) -> TensorSlice:
+        if name not in self.files:
+            raise ValueError(f"tensor '{name}' is not in the weights of '{self.root}'; the directory does not "
+                             "hold the architecture the config describes")
+        file = self.files[name]
+        if file not in self._open:
+            if not file.is_file():
+                raise FileNotFoundError(f"tensor '{name}' should be in '{file}', which is missing; copy the "
+                                        f"complete checkpoint (every shard named in {INDEX})")
+            self._open[file] = safe_open(str(file), framework="pt")
+        return self._open[file].get_slice(name)
+
+    def config(self) -> dict[str, Any]:
+        path = self.root / CONFIG
+        if not path.is_file():
+            raise FileNotFoundError(f"'{path}' is missing; a Hugging Face model directory needs its config.json")
+        return json.loads(path.read_text())
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+class ModelSource(WeightSource):
+    """A live `transformers` model: its state dict and its config."""
+
+    def __init__(self, model: nn.Module):
+        if not hasattr(model, "config"):
+            raise ValueError(f"{type(model).__name__} has no .config; pass a transformers model or a directory")
+        self.model = model
+        self.label = f"<{type(model).__name__} object>"
+        self.config_label = f"the config of {self.label}"
+        self.state = model.state_dict()
+
+    def keys(self) -> list[str]:
+        return list(self.state)
+
+    def where(self, name: str) -> str:
+        return self.label
+
+    def get_slice(self, name: str) -> TensorSlice:
+        if name not in self.state:
+            raise ValueError(f"tensor '{name}' is not in {self.label}; the model does not hold the architecture "
+                             "the config describes")
+        return InMemorySlice(self.state[name])
+
+    def config(self) -> dict[str, Any]:
+        return self.model.config.to_dict()
+
+    def close(self) -> None:
+        """Nothing to release: the model owns its tensors."""
+
+
+def open_source(source: str | Path | nn.Module | WeightSource) -> WeightSource:
+    """A directory path, a `transformers` model object or an already open source."""
+    if isinstance(source, WeightSource):
+        return source
+    if isinstance(source, nn.Module):
+        return ModelSource(source)
+    return DirectorySource(source)

@@ -1,0 +1,119 @@
+"""Build mimo modules from Hugging Face checkpoints: a model directory or a live `transformers` model.
+
+Each importer reads the config, builds the mimo module with the matching options, finds where the
+checkpoint keeps the component (the key prefix) and streams the weights in with `load_hf_weights`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from mimo.config import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.interop.hf_config import (
+    audio_config_from_hf,
+    llm_config_from_hf,
+    model_type,
+    projector_config_from_hf,
+    vit_config_from_hf,
+)
+from mimo.interop.hf_files import WeightSource, open_source
+from mimo.interop.hf_mapping import audio_names, llm_names, projector_names, vit_names, with_prefix
+from mimo.interop.hf_weights import ShardFn, find_prefix, load_hf_weights
+from mimo.mimo_model import MimoModel, ModalitySubmodules
+from mimo.models.audio import AudioEncoder
+from mimo.models.llm import DecoderLM
+from mimo.models.projector import MLPProjector
+from mimo.models.vit import VisionTransformer
+
+Source = str | Path | nn.Module | WeightSource
+IMAGES = "images"
+
+
+def _where(src: WeightSource) -> str:
+    return f"'{src.config_label}'"
+
+
+def load_llm_weights(lm: DecoderLM, src: WeightSource, shard_fn: ShardFn | None = None,
+                     prefix: str | None = None) -> None:
+    """Stream a Qwen2/Qwen3/Llama checkpoint into `lm` (which may be a pipeline stage or TP-sharded)."""
+    body = find_prefix(src, "embed_tokens.weight", "language model") if prefix is None else prefix
+    head = ""
+    if lm.lm_head is not None:
+        head = find_prefix(src, "lm_head.weight", "language-model head")
+    load_hf_weights(lm, src, llm_names(lm, body, head), shard_fn)
+
+
+def import_llm(source: Source, shard_fn: ShardFn | None = None, base: LLMConfig | None = None) -> DecoderLM:
+    """A Qwen2, Qwen3 or Llama causal LM (or the language model inside a LLaVA checkpoint)."""
+    with open_source(source) as src:
+        d = src.config()
+        d = d.get("text_config", d) if d.get("model_type") == "llava" else d
+        lm = DecoderLM(llm_config_from_hf(d, _where(src), base))
+        load_llm_weights(lm, src, shard_fn)
+    return lm.eval()
+
+
+def load_vit_weights(vit: VisionTransformer, src: WeightSource, shard_fn: ShardFn | None = None) -> None:
+    """Stream a CLIP/SigLIP vision tower into `vit`; blocks beyond `vit`'s layer count are not read."""
+    prefix = find_prefix(src, "embeddings.patch_embedding.weight", "vision tower")
+    load_hf_weights(vit, src, with_prefix(vit_names(vit), prefix), shard_fn)
+
+
+def import_vision(source: Source, feature_layer: int = -1, post_norm: bool = False, drop_class_token: bool = False,
+                  shard_fn: ShardFn | None = None) -> VisionTransformer:
+    """A CLIP or SigLIP vision tower (vision model, full CLIP/SigLIP model, or LLaVA checkpoint).
+
+    `feature_layer` keeps the blocks up to LLaVA's `hidden_states[feature_layer]`. `post_norm=True` applies
+    the tower's final LayerNorm to every token, as SigLIP's `last_hidden_state` does; CLIP's
+    `last_hidden_state` has no final norm.
+    """
+    with open_source(source) as src:
+        d = src.config()
+        d = d["vision_config"] if d.get("model_type") == "llava" else d
+        vit = VisionTransformer(vit_config_from_hf(d, _where(src), feature_layer, post_norm,
+                                                   ViTConfig(drop_class_token=drop_class_token)))
+        load_vit_weights(vit, src, shard_fn)
+    return vit.eval()
+
+
+def import_audio_encoder(source: Source, shard_fn: ShardFn | None = None) -> AudioEncoder:
+    """The encoder of a Whisper checkpoint (WhisperModel or WhisperForConditionalGeneration)."""
+    with open_source(source) as src:
+        enc = AudioEncoder(audio_config_from_hf(src.config(), _where(src)))
+        prefix = find_prefix(src, "conv1.weight", "Whisper encoder")
+        load_hf_weights(enc, src, with_prefix(audio_names(enc), prefix), shard_fn)
+    return enc.eval()
+
+
+def llava_model_config(d: dict, where: str) -> ModelConfig:
+    """mimo's ModelConfig for a LLaVA config: one `images` modality whose placeholder is the image token."""
+    model_type(d, ("llava",), where)
+    layer = d.get("vision_feature_layer", -2)
+    if not isinstance(layer, int):
+        raise ValueError(f"{where}: vision_feature_layer = {layer} concatenates several layers, which mimo's "
+                         "vision tower does not do; use a checkpoint with a single feature layer")
+    strategy = d.get("vision_feature_select_strategy", "default")
+    vit = vit_config_from_hf(d["vision_config"], where, layer, base=ViTConfig(drop_class_token=strategy == "default"))
+    token = d.get("image_token_id", d.get("image_token_index", 32000))
+    images = ModalityConfig(kind="vision", token_id=token, vit=vit, projector=projector_config_from_hf(d, where))
+    return ModelConfig(llm=llm_config_from_hf(d["text_config"], where), modalities={IMAGES: images})
+
+
+def import_llava(source: Source, shard_fn: ShardFn | None = None) -> tuple[ModelConfig, MimoModel]:
+    """A `LlavaForConditionalGeneration` checkpoint as a MimoModel (modality `images`, encoder `vit`)."""
+    with open_source(source) as src:
+        cfg = llava_model_config(src.config(), _where(src))
+        images = cfg.modalities[IMAGES]
+        lm = DecoderLM(cfg.llm)
+        vit = VisionTransformer(images.vit)
+        proj = MLPProjector(images.vit.hidden, cfg.llm.hidden, images.projector)
+        load_llm_weights(lm, src, shard_fn)
+        load_vit_weights(vit, src, shard_fn)
+        proj_prefix = find_prefix(src, "multi_modal_projector.linear_1.weight", "LLaVA projector")
+        load_hf_weights(proj, src, with_prefix(projector_names(proj), proj_prefix + "multi_modal_projector."),
+                        shard_fn)
+    sub = ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])
+    return cfg, MimoModel(lm, {IMAGES: sub}, {IMAGES: images.token_id}).eval()
+

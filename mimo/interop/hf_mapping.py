@@ -1,0 +1,54 @@
+"""Parameter-name maps between mimo's modules and Hugging Face checkpoints, family by family.
+
+Maps are built from the module's own state-dict names, so they follow whatever the module holds: a
+pipeline stage with layers 4..7, an untied head or not, optional biases and norms, tensor-parallel shards
+(which keep their names). Each function returns {mimo name: HF name without the checkpoint's prefix}.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from mimo.models.audio import AudioEncoder
+from mimo.models.llm import DecoderLM
+from mimo.models.vit import VisionTransformer
+
+
+def _names(module: nn.Module) -> list[str]:
+    return list(module.state_dict(keep_vars=True))
+
+
+def llm_names(lm: DecoderLM, body: str = "model.", head: str = "") -> dict[str, str]:
+    """Qwen2/Qwen3/Llama: identical names under `body` ("model."); the untied head is `head` + lm_head.weight."""
+    return {n: (head + n if n == "lm_head.weight" else body + n) for n in _names(lm)}
+
+
+_VIT_EMBEDDINGS = ("class_embedding", "patch_embedding.", "position_embedding.")
+
+
+def vit_names(vit: VisionTransformer) -> dict[str, str]:
+    """CLIP/SigLIP vision towers: embeddings.* and encoder.layers.*; attention output is `out_proj`."""
+    out = {}
+    for n in _names(vit):
+        if n.startswith(_VIT_EMBEDDINGS):
+            out[n] = "embeddings." + n
+        elif n.startswith("layers."):
+            out[n] = "encoder." + n.replace(".self_attn.o_proj.", ".self_attn.out_proj.")
+        else:
+            out[n] = n
+    return out
+
+
+def audio_names(enc: AudioEncoder) -> dict[str, str]:
+    """Whisper encoder: same names, except `out_proj` and fc1/fc2 directly on the layer."""
+    return {n: n.replace(".self_attn.o_proj.", ".self_attn.out_proj.").replace(".mlp.fc", ".fc")
+            for n in _names(enc)}
+
+
+def projector_names(projector: nn.Module) -> dict[str, str]:
+    """LLaVA's multi_modal_projector: linear_1, act, linear_2."""
+    return {n: n.replace("fc1.", "linear_1.").replace("fc2.", "linear_2.") for n in _names(projector)}
+
+
+def with_prefix(names: dict[str, str], prefix: str) -> dict[str, str]:
+    return {k: prefix + v for k, v in names.items()}

@@ -1,0 +1,50 @@
+"""Running an encoder on inputs of different lengths, or on none, and turning padded tensors into rows.
+
+Variable length: a modality's encoder kwargs may carry `output_lengths` (`[n]` integers, one per
+input): the inputs are padded to one length, and input i's encoder output `[s, h]` keeps only its
+first `output_lengths[i]` rows, so audio clips of different durations give different numbers of
+placeholder tokens. Pad every batch to the same length (a data-set constant, as Whisper pads to
+30 s): the encoder attends over the padding too, so a length that depended on the batch would make
+the result depend on how samples were split.
+
+No input: a microbatch or data lane may hold none of a modality's inputs (zero rows). The encoder
+then runs on one all-zero stand-in input and keeps none of its rows, so every data-parallel rank
+makes the same collectives and the encoder's gradient is exactly zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+OUTPUT_LENGTHS = "output_lengths"
+
+
+def leading_rows(x: torch.Tensor, counts: torch.Tensor, what: str) -> torch.Tensor:
+    """Rows `x[i, :counts[i]]` of a `[n, K, ...]` tensor, concatenated in order into `[sum(counts), ...]`."""
+    if x.dim() < 3 or counts.dim() != 1 or x.shape[0] != counts.shape[0]:
+        raise ValueError(f"{what} must be [n, K, ...] with one count per entry; got shape {tuple(x.shape)} and "
+                         f"{tuple(counts.shape)} counts")
+    if counts.numel() and int(counts.max()) > x.shape[1]:
+        raise ValueError(f"{what}: an entry needs {int(counts.max())} rows but only {x.shape[1]} are given; pad "
+                         "every entry to the longest one")
+    keep = torch.arange(x.shape[1], device=x.device)[None, :] < counts.to(x.device)[:, None]
+    return x[keep]
+
+
+def run_encoder(encoder: nn.Module, kwargs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The encoder's output (first element if it returns a tuple), trimmed to `output_lengths` if given."""
+    lengths = kwargs.get(OUTPUT_LENGTHS)
+    inputs = {k: v for k, v in kwargs.items() if k != OUTPUT_LENGTHS}
+    sizes = {v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor)}
+    empty = sizes == {0}
+    if empty:
+        inputs = {k: v.new_zeros(1, *v.shape[1:]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    out = encoder(**inputs)
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if empty:
+        return out[:0]
+    if lengths is not None:
+        out = leading_rows(out, lengths, f"encoder '{name}' output ({OUTPUT_LENGTHS} given)")
+    return out

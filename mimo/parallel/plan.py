@@ -1,0 +1,234 @@
+"""A rank's parallel plan: the validated layout, its process groups, and what the trainer asks of it.
+
+Built identically on every rank. All validation happens in the constructor before the first
+collective, so a bad layout fails with the same message everywhere instead of hanging.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mimo.config import Config, ConfigError, ModelConfig
+from mimo.data.batching import split_microbatches
+from mimo.mimo_model import MimoModel, build_model
+from mimo.parallel.bridge import ColocatedBridge
+from mimo.parallel.context import ContextParallel
+from mimo.parallel.data import GradReducer, apply_fsdp, norm_sq_reducer
+from mimo.parallel.grid import Grid, GridGroups
+from mimo.parallel.layout import Layout, check_heads_divisible
+from mimo.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    mark_tp_replicated,
+    parallelize_lm,
+    parallelize_vit,
+    sequence_shard,
+    sync_sequence_parallel_grads,
+    tp_lm_logits,
+    tp_lm_loss,
+)
+
+LANGUAGE = "language"
+
+
+def validate_plan(cfg: Config, layout: Layout) -> None:
+    """Every config/layout mismatch that would otherwise surface inside a collective (pure)."""
+    if not layout.colocated and len(layout.grids) > 1:
+        raise ConfigError("modules on disjoint ranks need the pipeline schedule, which this build does not "
+                          "provide yet; give every module the same ranks (offset 0, size = world size)")
+    llm = cfg.model.llm
+    lm = layout.grids[LANGUAGE]
+    check_heads_divisible(LANGUAGE, llm.heads, llm.kv_heads, lm.tp)
+    for what, n in (("vocab", llm.vocab), ("mlp", llm.mlp)):
+        if n % lm.tp:
+            raise ConfigError(f"model.llm.{what} ({n}) must be divisible by the LM's tp ({lm.tp})")
+    micro = cfg.parallel.microbatches
+    for name, grid in layout.grids.items():
+        if cfg.data.global_batch % (micro * grid.dp):
+            raise ConfigError(f"data.global_batch ({cfg.data.global_batch}) must be divisible by "
+                              f"parallel.microbatches ({micro}) x the dp of '{name}' ({grid.dp})")
+        if grid.pp != 1:
+            raise ConfigError(f"parallel.modules.{name}.pp = {grid.pp}: pipeline parallelism is not available "
+                              "in this build; use pp = 1")
+        if grid.cp != 1 and name != LANGUAGE:
+            raise ConfigError(f"parallel.modules.{name}.cp = {grid.cp}: context parallelism applies to the LM only; "
+                              "use cp = 1 for modality encoders")
+    validate_context_parallel(cfg, layout)
+    for name, m in cfg.model.modalities.items():
+        tp = layout.grids[name].tp
+        check_heads_divisible(name, m.vit.heads, m.vit.heads, tp)
+        if m.vit.mlp % tp:
+            raise ConfigError(f"model.modalities.{name}.vit.mlp ({m.vit.mlp}) must be divisible by its tp ({tp})")
+
+
+def validate_context_parallel(cfg: Config, layout: Layout) -> None:
+    """CP/SP constraints known from the config alone (pure); sequence lengths are checked per batch."""
+    lm = layout.grids[LANGUAGE]
+    if lm.cp > 1:
+        outs = [n for n, m in cfg.model.modalities.items() if m.output_token_id >= 0]
+        if outs:
+            raise ConfigError(f"parallel.modules.language.cp = {lm.cp}: the Out path of {outs} decodes the LM's whole "
+                              "sequence and does not run under context parallel; use cp = 1 or set "
+                              "model.modalities.<name>.output_token_id = -1")
+    module = cfg.parallel.modules.get(LANGUAGE)
+    sp_tp = lm.tp if module is not None and module.sequence_parallel else 1
+    factor = (2 * lm.cp if lm.cp > 1 else 1) * sp_tp
+    if cfg.data.packing and cfg.data.pack_length % factor:
+        raise ConfigError(f"data.pack_length ({cfg.data.pack_length}) must be a multiple of {factor} (2 x cp x tp "
+                          "with sequence parallel, 2 x cp without) for the LM's layout; round it up")
+
+
+class ParallelPlan:
+    """Grids and groups of every module, and the per-step services the trainer needs."""
+
+    def __init__(self, cfg: Config, rank: int, world: int):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        names = [LANGUAGE, *cfg.model.modalities]
+        self.layout = Layout.from_config(cfg.parallel.modules, names, world)
+        validate_plan(cfg, self.layout)
+        self.module_cfg = {n: cfg.parallel.modules.get(n) for n in names}
+        built: dict[Grid, GridGroups] = {}
+        self.groups: dict[str, GridGroups] = {}
+        for name, grid in self.layout.grids.items():
+            if grid not in built:
+                built[grid] = grid.build(name)
+            self.groups[name] = built[grid]
+        self.bridges = {n: ColocatedBridge(self.layout.grids[n], self.layout.grids[LANGUAGE])
+                        for n in cfg.model.modalities}
+        self.reducers: dict[str, GradReducer] = {}
+        self.norm_sq_reduce = norm_sq_reducer(names)
+        lm = self.layout.grids[LANGUAGE]
+        sp_tp = lm.tp if self._flag(LANGUAGE, "sequence_parallel") else 1
+        self.context = ContextParallel(self.groups[LANGUAGE].group("cp"), sp_tp) if lm.cp > 1 else None
+
+    def _flag(self, name: str, field: str) -> bool:
+        m = self.module_cfg[name]
+        return bool(m is not None and getattr(m, field))
+
+    def modules(self, model: MimoModel) -> dict[str, nn.Module]:
+        return {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}
+
+    def parallelize(self, model: MimoModel) -> None:
+        """Lay the full seeded model out in place: TP (+SP) per module, the bridges, then DP per module.
+
+        Not collective except FSDP's construction; build the optimizer afterwards.
+        """
+        lm_tp = self.groups[LANGUAGE].group("tp")
+        sp = self._flag(LANGUAGE, "sequence_parallel")
+        if self.layout.grids[LANGUAGE].tp > 1:
+            parallelize_lm(model.language_model, lm_tp, sp)
+            model.loss_fn = tp_lm_loss(lm_tp, sp)
+            model.logits_fn = tp_lm_logits(lm_tp, sp)
+            if sp:
+                model.shard_sequence = sequence_shard(lm_tp)
+        for name, sub in model.modality_submodules.items():
+            tp = self.layout.grids[name].tp
+            if tp > 1:
+                parallelize_vit(sub.encoders["vit"], self.groups[name].group("tp"),
+                                self._flag(name, "sequence_parallel"), name=name)
+                mark_tp_replicated(sub, tp)
+        self.install_bridges(model)
+        if self.context is not None:
+            self.context.apply(model)
+        for name, module in self.modules(model).items():
+            lanes = self.data_dims(name)
+            if self.groups[name].size_of(lanes) == 1:
+                continue
+            if self._flag(name, "fsdp"):
+                entry = ("embed", "logits") if name == LANGUAGE else ()
+                apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry)
+            else:
+                self.reducers[name] = GradReducer(module, self.groups[name].group(lanes))
+
+    def finalize_grads(self, model: MimoModel) -> None:
+        """Collective, once per step after the last backward: sequence-parallel partial gradients summed
+        over TP, then replicated modules summed over their DP lanes (FSDP already reduced its shards)."""
+        for name, module in self.modules(model).items():
+            if self.layout.grids[name].tp > 1:
+                sync_sequence_parallel_grads(module, self.groups[name].group("tp"))
+        for reducer in self.reducers.values():
+            reducer.reduce()
+
+    def gather_full(self, model: MimoModel, grads: bool = False) -> dict[str, torch.Tensor]:
+        """Collective: every parameter (or its gradient) unsharded, FSDP first then TP; full on rank 0.
+
+        Ranks other than 0 return an empty dict after taking part in the gathers. A missing gradient
+        is gathered as zeros.
+        """
+        owners = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+        out = {}
+        for pname, p in model.named_parameters():
+            t = p.detach()
+            if grads:
+                t = p.grad if p.grad is not None else torch.zeros_like(p)
+            t = t.full_tensor() if hasattr(t, "full_tensor") else t
+            name = LANGUAGE if pname.startswith("language_model.") else pname.split(".")[1]
+            dim = _shard_dim(owners[id(p)], pname)
+            tp = self.layout.grids[name].tp
+            if dim is not None and tp > 1:
+                parts = [torch.empty_like(t) for _ in range(tp)]
+                dist.all_gather(parts, t.contiguous(), group=self.groups[name].group("tp"))
+                t = torch.cat(parts, dim=dim)
+            if self.rank == 0:
+                out[pname] = t.clone()
+        return out
+
+    def gather_full_model(self, model: MimoModel, model_cfg: ModelConfig) -> MimoModel:
+        """Collective: a single-process copy of the trained model on rank 0 (others get their own model)."""
+        tensors = self.gather_full(model)
+        if self.rank != 0:
+            return model
+        full = build_model(model_cfg).to(next(iter(tensors.values())).device)
+        full.load_state_dict(tensors, strict=False)
+        return full
+
+    def data_dims(self, name: str) -> str | tuple[str, ...]:
+        """The dims over which a module's ranks hold different tokens: dp, and cp where the module has CP
+        (its ranks then hold different positions of one sequence, so their gradients are partial sums)."""
+        return ("cp", "dp") if self.layout.grids[name].cp > 1 else "dp"
+
+    def batch_multiple(self) -> int:
+        """Rows of a global batch must be a multiple of this: microbatches x every module's DP degree."""
+        return self.cfg.parallel.microbatches * math.lcm(*(g.dp for g in self.layout.grids.values()))
+
+    def dp_rank(self, name: str) -> int:
+        return self.groups[name].rank_in("dp")
+
+    def dp(self, name: str) -> int:
+        return self.layout.grids[name].dp
+
+    def install_bridges(self, model: MimoModel) -> None:
+        for name, bridge in self.bridges.items():
+            if bridge.direction != "equal":
+                model.bridges[name] = bridge
+
+    def microbatches(self, batch: dict) -> list[dict]:
+        """This rank's model inputs for each microbatch: text from the LM's DP lane, each modality's
+        inputs from that modality's lane (see mimo.data.batching). Under context parallel the per-token
+        entries then keep this rank's positions (`ContextParallel.shard_batch`)."""
+        lanes = {name: (self.dp_rank(name), self.dp(name)) for name in self.layout.grids}
+        micro = split_microbatches(batch, self.cfg.parallel.microbatches, lanes)
+        if self.context is not None:
+            micro = [self.context.shard_batch(mb) for mb in micro]
+        return micro
+
+    def all_reduce_lm_data(self, t: torch.Tensor) -> torch.Tensor:
+        """Collective over the LM's data lanes and CP ranks: sums a per-lane quantity (token counts, loss
+        sums); CP ranks of one lane hold different label positions, so they add up too."""
+        lanes = self.data_dims(LANGUAGE)
+        if self.groups[LANGUAGE].size_of(lanes) > 1:
+            dist.all_reduce(t, group=self.groups[LANGUAGE].group(lanes))
+        return t
+
+def _shard_dim(owner: nn.Module, pname: str) -> int | None:
+    """The dim along which tensor parallelism split this parameter, or None if it is TP-replicated."""
+    if isinstance(owner, (ColumnParallelLinear, VocabParallelEmbedding)):
+        return 0
+    if isinstance(owner, RowParallelLinear) and pname.endswith("weight"):
+        return 1
+    return None

@@ -1,0 +1,37 @@
+"""Joining the process group that `torchrun` (or `mimo train --nproc N`) describes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def launched_distributed() -> bool:
+    """True when this process was started by torchrun with more than one rank."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_distributed(device_type: str) -> tuple[int, int]:
+    """Join the default process group (NCCL on GPUs, gloo on CPUs); returns (rank, world size)."""
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if not launched_distributed():
+        return 0, 1
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def launch_local(nproc: int, argv: list[str]) -> int:
+    """Run `python -m mimo <argv>` on `nproc` local processes through torchrun; returns its exit code."""
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "mimo", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.call(cmd, env=env)

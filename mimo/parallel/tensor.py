@@ -1,0 +1,370 @@
+"""Tensor parallelism (optionally with sequence parallelism) for the decoder LM and the ViT.
+
+Parallelism is applied from outside: every rank builds the full seeded model, then
+`parallelize_lm` / `parallelize_vit` replace its linears by explicit sharded layers that slice the
+full weights for this TP rank, so initialisation does not depend on the layout. Attention reads its
+local head count from the projection shapes, so sharded q/k/v need no change to the model code.
+
+Why explicit layers and not DTensor: every communication is one visible call of `parallel/comm.py`
+(one per attention or MLP block entry and exit, a few in the loss), which keeps what communicates
+and its adjoint easy to check; sequence parallelism must shard the *combined* multimodal sequence
+that `MimoModel` assembles after alignment, a placement we control through `MimoModel.shard_sequence`
+rather than through the LM's embedding; and the same code runs on gloo (CPU tests) and NCCL.
+
+Communication per block: the input enters the TP region once (`copy_to_tp`, or with sequence parallel
+`gather_from_sp`), installed as a forward pre-hook on the attention / MLP module so that q, k and v
+(gate and up) share it; the row-parallel output projection leaves it (`reduce_from_tp` or
+`reduce_scatter_to_sp`). Parameter names stay those of the single-device model.
+
+Parameter attributes: `REPLICAS` (mimo.train.optim) is tp on TP-replicated parameters and 1 on
+sharded ones. `TP_PARTIAL_GRAD` marks replicated parameters whose local gradient is only this rank's
+part (norms and row-linear biases under sequence parallel, q/k norms always): call
+`sync_sequence_parallel_grads` once after backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.distributed import ProcessGroup
+
+from mimo.mimo_model import LossFn
+from mimo.models.llm import DecoderLM
+from mimo.models.vit import VisionTransformer
+from mimo.parallel.comm import (
+    copy_to_tp,
+    gather_from_sp,
+    gather_from_tp,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+    split_to_tp,
+)
+from mimo.parallel.layout import check_heads_divisible
+from mimo.train.loss import IGNORE_INDEX, loss_weights
+from mimo.train.optim import REPLICAS
+
+SEQ_DIM = 1
+"""Hidden states are `[B, S, H]`; sequence parallelism shards dim 1."""
+
+TP_PARTIAL_GRAD = "_mimo_tp_partial_grad"
+"""Parameter attribute: True where each TP rank's gradient is a partial sum to be all-reduced."""
+
+
+def _shard(t: torch.Tensor, group: ProcessGroup, dim: int) -> nn.Parameter:
+    """This rank's contiguous chunk of a full parameter, as a fresh parameter counted once (REPLICAS 1)."""
+    tp = dist.get_world_size(group)
+    if t.shape[dim] % tp:
+        raise ValueError(f"cannot shard a parameter of shape {tuple(t.shape)} along dim {dim} over tp={tp}; that "
+                         f"size must be a multiple of {tp}")
+    chunk = t.detach().chunk(tp, dim)[dist.get_rank(group)]
+    p = nn.Parameter(chunk.clone(), requires_grad=t.requires_grad)
+    setattr(p, REPLICAS, 1)
+    return p
+
+
+def _check_divisible(name: str, field: str, value: int, tp: int, fix: str) -> None:
+    if value % tp:
+        raise ValueError(f"module '{name}': {field} ({value}) is not divisible by tp ({tp}); {fix}")
+
+
+class ColumnParallelLinear(nn.Module):
+    """A linear whose output features are split over the TP group (rank r keeps the r-th chunk).
+
+    Does no communication itself: its input must already be in the TP region (replicated, entered
+    through `copy_to_tp` or `gather_from_sp`), so that several column linears reading one input
+    share one entry.
+    """
+
+    def __init__(self, full: nn.Linear, group: ProcessGroup):
+        super().__init__()
+        self.in_features = full.in_features
+        self.out_features = full.out_features // dist.get_world_size(group)
+        self.weight = _shard(full.weight, group, 0)
+        self.bias = _shard(full.bias, group, 0) if full.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """A linear whose input features are split over the TP group; sums the partial outputs.
+
+    Collective. Without sequence parallel the sum is an all-reduce; with it, a reduce-scatter along
+    the sequence so each rank keeps its sequence shard. The bias is replicated and added after the
+    sum; under sequence parallel its gradient covers only this rank's shard (marked TP_PARTIAL_GRAD).
+    """
+
+    def __init__(self, full: nn.Linear, group: ProcessGroup, sequence_parallel: bool):
+        super().__init__()
+        self.group = group
+        self.sequence_parallel = sequence_parallel
+        self.in_features = full.in_features // dist.get_world_size(group)
+        self.out_features = full.out_features
+        self.weight = _shard(full.weight, group, 1)
+        self.bias = None
+        if full.bias is not None:
+            self.bias = nn.Parameter(full.bias.detach().clone(), requires_grad=full.bias.requires_grad)
+            setattr(self.bias, REPLICAS, dist.get_world_size(group))
+            if sequence_parallel:
+                setattr(self.bias, TP_PARTIAL_GRAD, True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sp(y, self.group, SEQ_DIM)
+        else:
+            y = reduce_from_tp(y, self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split over the TP group by vocabulary range; a collective lookup.
+
+    Each rank looks up the ids it owns, writes zeros for the others, and the all-reduce assembles the
+    full, replicated embeddings. `weight` is this rank's vocab shard, which a tied LM head reuses.
+    """
+
+    def __init__(self, full: nn.Embedding, group: ProcessGroup):
+        super().__init__()
+        self.group = group
+        self.num_embeddings = full.num_embeddings // dist.get_world_size(group)
+        self.vocab_start = dist.get_rank(group) * self.num_embeddings
+        self.weight = _shard(full.weight, group, 0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.num_embeddings)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return reduce_from_tp(out.masked_fill(outside[..., None], 0.0), self.group)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token cross entropy over vocab-sharded logits, never materialising the full vocabulary."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, group: ProcessGroup,
+                ignore_index: int) -> torch.Tensor:
+        x = logits.float()
+        n_local = x.shape[-1]
+        top = x.max(dim=-1, keepdim=True).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        x = x - top
+        local = labels - dist.get_rank(group) * n_local
+        owned = (local >= 0) & (local < n_local)
+        index = local.masked_fill(~owned, 0)[..., None]
+        exp = x.exp()
+        stats = torch.stack([exp.sum(-1), x.gather(-1, index).squeeze(-1) * owned])
+        dist.all_reduce(stats, group=group)
+        sum_exp, target = stats.unbind(0)
+        ignored = labels == ignore_index
+        loss = (sum_exp.log() - target).masked_fill(ignored, 0.0)
+        ctx.save_for_backward(exp.div_(sum_exp[..., None]), index, owned, ignored)
+        ctx.dtype = logits.dtype
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        softmax, index, owned, ignored = ctx.saved_tensors
+        g = softmax.scatter_add(-1, index, -owned[..., None].to(softmax.dtype))
+        g.mul_(grad.masked_fill(ignored, 0.0)[..., None])
+        return g.to(ctx.dtype), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, labels: torch.Tensor, group: ProcessGroup,
+                                 ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Collective. Per-token losses (shape of `labels`, 0 where ignored) from logits `[..., V/tp]` that
+    hold rank r's contiguous vocab shard; equals `F.cross_entropy(full, labels, reduction="none")`.
+
+    Three small all-reduces (max, then sum-exp with the target logit); backward is local: softmax
+    minus the one-hot of the target on the owned slice.
+    """
+    if logits_shard.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits_shard.shape)} and labels {tuple(labels.shape)} must agree on "
+                         "every dim but the last (vocab)")
+    return _VocabParallelCrossEntropy.apply(logits_shard, labels, group, ignore_index)
+
+
+class _EnterTPRegion:
+    """Forward pre-hook: route a block's input into the TP region once for all its column linears."""
+
+    def __init__(self, group: ProcessGroup, sequence_parallel: bool):
+        self.group = group
+        self.sequence_parallel = sequence_parallel
+
+    def __call__(self, module: nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        x = gather_from_sp(x, self.group, SEQ_DIM) if self.sequence_parallel else copy_to_tp(x, self.group)
+        return (x, *args[1:])
+
+
+class _SplitOutput:
+    """Forward hook: keep this rank's sequence shard of a module's replicated output."""
+
+    def __init__(self, group: ProcessGroup):
+        self.group = group
+
+    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return split_to_tp(out, self.group, SEQ_DIM)
+
+
+class _GatherOutput:
+    """Forward hook: reassemble the full sequence from every rank's shard of a module's output."""
+
+    def __init__(self, group: ProcessGroup):
+        self.group = group
+
+    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return gather_from_tp(out, self.group, SEQ_DIM)
+
+
+def _mark_partial(module: nn.Module) -> None:
+    for p in module.parameters():
+        setattr(p, TP_PARTIAL_GRAD, True)
+
+
+def mark_tp_replicated(module: nn.Module, tp: int) -> None:
+    """Set REPLICAS = tp on every parameter that has no REPLICAS yet (TP-replicated copies)."""
+    for p in module.parameters():
+        if not hasattr(p, REPLICAS):
+            setattr(p, REPLICAS, tp)
+
+
+def _parallelize_block(attn: nn.Module, mlp: nn.Module, columns: tuple[str, ...], rows: tuple[str, ...],
+                       group: ProcessGroup, sequence_parallel: bool) -> None:
+    """Shard one transformer block's attention (q/k/v -> o) and MLP (`columns` -> `rows`)."""
+    for name in ("q_proj", "k_proj", "v_proj"):
+        setattr(attn, name, ColumnParallelLinear(getattr(attn, name), group))
+    attn.o_proj = RowParallelLinear(attn.o_proj, group, sequence_parallel)
+    for name in columns:
+        setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), group))
+    for name in rows:
+        setattr(mlp, name, RowParallelLinear(getattr(mlp, name), group, sequence_parallel))
+    for block in (attn, mlp):
+        block.register_forward_pre_hook(_EnterTPRegion(group, sequence_parallel))
+    for norm in (attn.q_norm, attn.k_norm):
+        if norm is not None:
+            _mark_partial(norm)
+
+
+def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: bool, name: str = "language") -> None:
+    """Shard `lm` in place over `tp_group`: q/k/v/gate/up column-parallel, o/down row-parallel, the
+    embedding (and an untied head) split by vocabulary. Not collective.
+
+    With sequence parallel the LM runs on this rank's sequence shard: set `MimoModel.shard_sequence`
+    to `sequence_shard(tp_group)`. Either way set `MimoModel.loss_fn` to `tp_lm_loss(...)` and
+    `MimoModel.logits_fn` to `tp_lm_logits(...)`. `name` is the module's name in `parallel.modules`.
+    """
+    cfg, tp = lm.cfg, dist.get_world_size(tp_group)
+    check_heads_divisible(name, cfg.heads, cfg.kv_heads, tp)
+    _check_divisible(name, "vocab", cfg.vocab, tp, f"pad the vocabulary to a multiple of {tp} (model.llm.vocab)")
+    _check_divisible(name, "mlp", cfg.mlp, tp, f"set model.llm.mlp to a multiple of {tp}")
+    if lm.embed_tokens is not None:
+        lm.embed_tokens = VocabParallelEmbedding(lm.embed_tokens, tp_group)
+    if lm.lm_head is not None:
+        lm.lm_head = ColumnParallelLinear(lm.lm_head, tp_group)
+    for layer in lm.layers.values():
+        _parallelize_block(layer.self_attn, layer.mlp, ("gate_proj", "up_proj"), ("down_proj",), tp_group,
+                           sequence_parallel)
+        if sequence_parallel:
+            _mark_partial(layer.input_layernorm)
+            _mark_partial(layer.post_attention_layernorm)
+    if sequence_parallel and lm.norm is not None:
+        _mark_partial(lm.norm)
+    mark_tp_replicated(lm, tp)
+
+
+def parallelize_vit(vit: VisionTransformer, tp_group: ProcessGroup, sequence_parallel: bool,
+                    name: str = "images") -> None:
+    """Shard `vit` in place over `tp_group` (q/k/v/fc1 column-parallel, o/fc2 row-parallel). Not collective.
+
+    With sequence parallel the token sequence (patches and class token) is split after the pre-LN and
+    gathered after the last block (before a post-LN), so the output stays full and TP-replicated.
+    `name` is the modality's name in `parallel.modules`.
+    """
+    cfg, tp = vit.cfg, dist.get_world_size(tp_group)
+    check_heads_divisible(name, cfg.heads, cfg.heads, tp)
+    _check_divisible(name, "mlp", cfg.mlp, tp, f"set model.modalities.{name}.vit.mlp to a multiple of {tp}")
+    tokens = vit.position_embedding.num_embeddings
+    if sequence_parallel and tokens % tp:
+        raise ValueError(f"module '{name}': sequence parallel splits the ViT's {tokens} tokens (patches and class "
+                         f"token, if any) over tp={tp}, which does not divide them; choose a tp that divides "
+                         f"{tokens} or set parallel.modules.{name}.sequence_parallel = false")
+    for block in vit.layers.values():
+        _parallelize_block(block.self_attn, block.mlp, ("fc1",), ("fc2",), tp_group, sequence_parallel)
+        if sequence_parallel:
+            _mark_partial(block.layer_norm1)
+            _mark_partial(block.layer_norm2)
+    if sequence_parallel and len(vit.layers):
+        vit.pre_layrnorm.register_forward_hook(_SplitOutput(tp_group))
+        list(vit.layers.values())[-1].register_forward_hook(_GatherOutput(tp_group))
+    mark_tp_replicated(vit, tp)
+
+
+def sequence_shard(tp_group: ProcessGroup) -> Callable[[torch.Tensor], torch.Tensor]:
+    """For `MimoModel.shard_sequence`: keep this TP rank's contiguous chunk of the combined `[B, S, H]`
+    sequence (backward all-gathers). Collective in backward."""
+    tp = dist.get_world_size(tp_group)
+
+    def shard(embeds: torch.Tensor) -> torch.Tensor:
+        s = embeds.shape[SEQ_DIM]
+        if s % tp:
+            raise ValueError(f"sequence length S={s} must be divisible by tp={tp} for sequence parallel; pad "
+                             f"the batch to a multiple of {tp} tokens or turn sequence_parallel off")
+        return split_to_tp(embeds, tp_group, SEQ_DIM)
+
+    return shard
+
+
+def _enter_head(hidden: torch.Tensor, group: ProcessGroup, sequence_parallel: bool) -> torch.Tensor:
+    """The LM head is column-parallel over the vocabulary: its input enters the TP region full-length."""
+    return gather_from_sp(hidden, group, SEQ_DIM) if sequence_parallel else copy_to_tp(hidden, group)
+
+
+def tp_lm_loss(tp_group: ProcessGroup, sequence_parallel: bool) -> LossFn:
+    """For `MimoModel.loss_fn`: (loss sum, token count) through the vocab-parallel head and cross
+    entropy, never gathering full logits. Collective; both results are replicated over the TP group."""
+
+    def loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
+             loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = lm.logits(_enter_head(hidden, tp_group, sequence_parallel))
+        per_token = vocab_parallel_cross_entropy(logits, labels, tp_group)
+        w = loss_weights(labels, loss_mask)
+        return (per_token * w).sum(), w.sum()
+
+    return loss
+
+
+def tp_lm_logits(tp_group: ProcessGroup,
+                 sequence_parallel: bool) -> Callable[[torch.Tensor, DecoderLM], torch.Tensor]:
+    """For `MimoModel.logits_fn`: full `[B, S, V]` logits on every TP rank (inference). Collective."""
+
+    def logits(hidden: torch.Tensor, lm: DecoderLM) -> torch.Tensor:
+        local = lm.logits(_enter_head(hidden, tp_group, sequence_parallel))
+        return gather_from_tp(local, tp_group, -1)
+
+    return logits
+
+
+def sync_sequence_parallel_grads(module: nn.Module, tp_group: ProcessGroup) -> None:
+    """Collective. Sum over `tp_group` the gradients of parameters marked TP_PARTIAL_GRAD, so every
+    TP rank holds the full gradient. Call once per step after the last backward, before the DP
+    reduction and the optimizer; a no-op where nothing is marked (TP without sequence parallel and
+    without q/k norms) or tp = 1."""
+    if dist.get_world_size(tp_group) == 1:
+        return
+    buckets: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in module.parameters():
+        if getattr(p, TP_PARTIAL_GRAD, False) and p.grad is not None:
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            buckets.setdefault(g.dtype, []).append(g)
+    for grads in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=tp_group)
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))

@@ -1,0 +1,239 @@
+"""Saving a run's complete state every N steps and on a stop, and resuming from it exactly.
+
+A checkpoint `checkpoints/step_N` holds the state after N completed steps:
+- DCP files: per module, its weights and its optimizer's per-parameter state (see checkpoint.py);
+- `state.json`: the next step (which fixes the LR schedule position and, because the sample order is
+  a pure function of (step, global batch, seed), the data position, stored explicitly too), the
+  bad-step counters, the data reader's counters and the layout it was written with;
+- `rng/rank_XXXXX.json`: each rank's torch / CUDA / numpy / Python RNG states.
+Resuming loads all of it, so the resumed run's losses match the uninterrupted run's bit for bit on
+the CPU. Every function named "collective" must be called by every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+
+from mimo.config import Config, to_dict
+from mimo.train.checkpoint import load_training_state, save_training_state, training_state
+from mimo.train.checkpoint_store import CheckpointStore, Found, crc32, validate, verify_share
+from mimo.train.faults import RunAborted, StepGuard
+from mimo.train.optim import MimoOptimizer
+from mimo.train.reshard import full_shapes, globalize
+from mimo.train.rng import capture_rng, restore_rng
+from mimo.train.safe_dcp import CorruptCheckpointError
+
+STATE = "state.json"
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rng_file(root: Path, rank: int) -> Path:
+    return root / "rng" / f"rank_{rank:05d}.json"
+
+
+def _sums_file(root: Path, rank: int) -> Path:
+    return root / "sums" / f"rank_{rank:05d}.json"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpointError(f"'{path}' is unreadable ({e})") from e
+
+
+def trim_metrics(path: Path, next_step: int) -> None:
+    """Keep only the records of steps before `next_step` (a resumed run rewrites the later ones)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) < next_step:
+                kept.append(line + "\n")
+        except ValueError:
+            continue
+    path.write_text("".join(kept))
+
+
+class RunCheckpointer:
+    """Saves and restores one trainer's state. `data` may offer `state_dict()`/`load_state_dict()`
+    (JSON-able counters of a real-data reader); `plan` a ParallelPlan, whose TP meshes let
+    tensor-parallel chunks be saved and resharded."""
+
+    def __init__(self, cfg: Config, run_dir: Path, modules: dict[str, nn.Module], optimizer: MimoOptimizer,
+                 guard: StepGuard, rank: int = 0, data: object = None, plan: Any = None):
+        self.cfg, self.run_dir, self.modules, self.optimizer = cfg, Path(run_dir), modules, optimizer
+        self.guard, self.rank, self.data = guard, rank, data
+        self.store = CheckpointStore(self.run_dir / "checkpoints", cfg.train.keep_checkpoints)
+        self.tp_meshes = {}
+        if plan is not None:
+            self.tp_meshes = {n: plan.groups[n].device_mesh("tp") for n in modules
+                              if plan.layout.grids[n].tp > 1 and plan.groups[n].member}
+        self.shapes = full_shapes(cfg.model) if self.tp_meshes else {}
+        self.resumed_from: str | None = None
+        self.ignored: list[str] = []
+
+    def report(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"mimo: checkpoint: {message}", file=sys.stderr, flush=True)
+
+    def _to_dcp(self, tree: dict) -> dict:
+        return globalize(tree, self.shapes, self.tp_meshes) if self.tp_meshes else tree
+
+    # Saving ----------------------------------------------------------------------------------------
+    def save(self, next_step: int, reason: str) -> Path:
+        """Collective: write the state after `next_step` completed steps and publish it atomically."""
+        if self.rank == 0:
+            self.store.prepare(next_step)
+        _barrier()
+        tmp = self.store.staging(next_step)
+        rng = _rng_file(tmp, self.rank)
+        rng.parent.mkdir(parents=True, exist_ok=True)
+        rng.write_text(json.dumps(capture_rng()))
+        save_training_state(tmp, self._to_dcp(training_state(self.modules, self.optimizer.optimizers)))
+        mine = [rng, *tmp.glob(f"__{self.rank}_*")]
+        sums = _sums_file(tmp, self.rank)
+        sums.parent.mkdir(exist_ok=True)
+        sums.write_text(json.dumps({str(f.relative_to(tmp)): crc32(f) for f in mine}))
+        _barrier()
+        if self.rank == 0:
+            (tmp / STATE).write_text(json.dumps(self._state(next_step, reason), indent=1))
+            checksums = {k: v for f in sorted(sums.parent.iterdir()) for k, v in _read_json(f).items()}
+            self.store.publish(next_step, {"reason": reason}, checksums)
+        _barrier()
+        return self.store.path(next_step)
+
+    def _state(self, next_step: int, reason: str) -> dict:
+        d = self.cfg.data
+        return {
+            "next_step": next_step,
+            "reason": reason,
+            "schedule": {"step": next_step, "total_steps": self.optimizer.total_steps},
+            "data": {"name": d.name, "next_step": next_step, "consumed_samples": next_step * d.global_batch,
+                     "global_batch": d.global_batch, "seed": d.seed,
+                     "reader": self.data.state_dict() if hasattr(self.data, "state_dict") else {}},
+            "bad_steps": {"consecutive": self.guard.consecutive_bad, "total": self.guard.total_bad},
+            "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+            "parallel": to_dict(self.cfg)["parallel"],
+        }
+
+    # Resuming --------------------------------------------------------------------------------------
+    def _candidates(self) -> list[Found]:
+        mode = self.cfg.train.resume
+        if mode is True or mode == "auto":
+            good, bad = self.store.scan()
+            for f in bad:
+                self.ignored.append(f"{f.path}: {f.problem}")
+                self.report(f"ignoring '{f.path}': {f.problem}")
+            return good
+        path = Path(str(mode))
+        problem = validate(path) if path.is_dir() else "no such folder"
+        if problem:
+            raise ValueError(f"train.resume = '{mode}' is not a loadable checkpoint ({problem}); pass a "
+                             f"checkpoints/step_* folder of a run, or true for the newest complete one")
+        return [Found(path, _read_json(path / STATE)["next_step"])]
+
+    def resume(self) -> int:
+        """Collective: load the newest usable checkpoint that train.resume allows; returns the step to
+        start from (0 when there is none). Corrupt checkpoints are reported and skipped."""
+        mode = self.cfg.train.resume
+        if mode is False or mode == "never":
+            return 0
+        candidates = self._candidates()
+        self._agree([f.step for f in candidates])
+        for found in candidates:
+            try:
+                step = self._load(found.path)
+            except (CorruptCheckpointError, CheckpointException) as e:
+                self.ignored.append(f"{found.path}: {e}")
+                self.report(f"ignoring '{found.path}': it failed to load ({e})")
+                continue
+            self.resumed_from = str(found.path)
+            self.report(f"resumed from '{found.path}' at step {step}")
+            if self.rank == 0:
+                trim_metrics(self.run_dir / "metrics.jsonl", step)
+            return step
+        self.report("no complete checkpoint to resume from; starting at step 0")
+        if self.rank == 0:
+            trim_metrics(self.run_dir / "metrics.jsonl", 0)
+        return 0
+
+    def _agree(self, steps: list[int]) -> None:
+        """Collective: every rank must have found the same checkpoints (a shared file system)."""
+        if not dist.is_initialized():
+            return
+        mine = torch.tensor([len(steps), *(steps[:1] or [-1])], dtype=torch.float64, device=self.guard.device)
+        lo, hi = mine.clone(), mine.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        if not torch.equal(lo, hi):
+            raise RuntimeError(f"ranks see different checkpoints under '{self.store.root}'; every rank needs the "
+                               "same file system for run.out_dir")
+
+    def _verify(self, path: Path) -> None:
+        """Collective: the ranks CRC-check the checkpoint's files between them and agree on the verdict."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        changed = verify_share(path, self.rank, world)
+        if changed:
+            self.report(f"'{path}': contents of {changed[:3]} differ from when they were written")
+        bad = torch.tensor([float(len(changed))], device=self.guard.device)
+        if world > 1:
+            dist.all_reduce(bad)
+        if bad.item():
+            raise CorruptCheckpointError(f"{int(bad.item())} file(s) of '{path}' changed since they were written")
+
+    def _load(self, path: Path) -> int:
+        """Collective: read state.json and this rank's RNG file, check they fit, then load everything."""
+        state = _read_json(path / STATE)
+        d, saved = self.cfg.data, state.get("data", {})
+        for key in ("global_batch", "seed"):
+            if saved.get(key) != getattr(d, key):
+                raise ValueError(f"checkpoint '{path}' was written with data.{key} = {saved.get(key)}, this run has "
+                                 f"{getattr(d, key)}; resume with the same value (the sample order depends on it)")
+        self._verify(path)
+        rng_path = _rng_file(path, self.rank)
+        rng = _read_json(rng_path) if rng_path.is_file() else None
+        load_training_state(path, self.modules, self.optimizer.optimizers, self._to_dcp)
+        if rng is None:
+            self.report(f"'{path}' has no RNG state for rank {self.rank} (written by fewer ranks); keeping this "
+                        "rank's seeded state")
+        else:
+            restore_rng(rng)
+        self.guard.consecutive_bad = state["bad_steps"]["consecutive"]
+        self.guard.total_bad = state["bad_steps"]["total"]
+        if hasattr(self.data, "load_state_dict"):
+            self.data.load_state_dict(saved.get("reader", {}))
+        return int(state["next_step"])
+
+    # The loop's hook ---------------------------------------------------------------------------------
+    def after_step(self, step: int) -> bool:
+        """Collective: save when due; True when the run must stop now (SIGTERM, agreed by all ranks).
+        Raises RunAborted, after saving, once train.max_bad_steps consecutive steps were skipped."""
+        done = step + 1
+        if self.guard.exhausted:
+            path = self.save(done, "bad_steps")
+            raise RunAborted(f"stopped after step {step}: the last {self.guard.consecutive_bad} steps "
+                             f"(train.max_bad_steps = {self.cfg.train.max_bad_steps}) had a non-finite loss or "
+                             f"gradient norm and were skipped; saved '{path}'. Lower optim.lr, check the data, "
+                             "or raise train.max_bad_steps, then resume with --train.resume=true")
+        if self.guard.stop_requested:
+            path = self.save(done, "sigterm")
+            self.report(f"SIGTERM: saved '{path}' after step {step}; resume with --train.resume=true")
+            return True
+        every = self.cfg.train.save_every
+        if every and (done % every == 0 or done == self.cfg.train.steps):
+            self.save(done, "periodic")
+        return False

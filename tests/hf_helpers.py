@@ -1,0 +1,66 @@
+"""Tiny random `transformers` models saved to disk, and the parity measure the HF interop tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared CPU: one intra-op thread is ~20x faster than oversubscribed threads.
+    Test modules import this fixture to apply it to their tests only."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def rel_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |ours - ref| / max |ref|: the acceptance measure (must be <= 1e-5 in fp32)."""
+    return float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def save(model: torch.nn.Module, directory: Path) -> Path:
+    model.save_pretrained(directory)
+    return directory
+
+
+def tiny_text_config(family: str, **extra):
+    """A two-layer Qwen2/Qwen3/Llama config with GQA and a head_dim that differs from hidden/heads for Qwen3."""
+    common = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.2, max_position_embeddings=128)
+    cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig}
+    if family == "qwen3":
+        common["head_dim"] = 16
+    return cls[family](**{**common, **extra})
+
+
+def tiny_causal_lm(family: str, **extra):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_text_config(family, **extra))
+    return model.float().eval()
+
+
+def tiny_vision_config(family: str, **extra):
+    common = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=16,
+                  patch_size=4, initializer_range=0.2)
+    if family == "clip":
+        return transformers.CLIPVisionConfig(**{**common, **extra})
+    return transformers.SiglipVisionConfig(**{**common, **extra})
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
+    """HF initialises biases to zero and norms to the identity; noise on every parameter makes the parity
+    tests see each of them."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return model

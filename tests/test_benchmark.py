@@ -1,0 +1,145 @@
+"""The GPU benchmark's pieces on the CPU: the fast path computes what plain mimo computes, and the whole
+benchmark (mimo and, where transformers is installed, the Hugging Face baseline) runs on preset `tiny`."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from benchmarks.runner import Options, Run
+from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, make_batches, train_flops_per_sample
+from mimo.config import LLMConfig
+from mimo.models.layers import rope_cos_sin
+from mimo.models.llm import DecoderLayer
+from mimo.perf import MasterAdamW, checkpoint_blocks, linear_cross_entropy
+from mimo.train.loss import IGNORE_INDEX, cross_entropy_sum
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "bench"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is not on this machine; nothing to compare the copy with")
+def test_baseline_copies_are_byte_identical():
+    for name in ("hf_vlm_baseline.py", "presets.json"):
+        assert (BASELINE_DIR / name).read_bytes() == (SHARED / name).read_bytes(), name
+
+
+def test_flops_formula_is_the_baselines():
+    assert train_flops_per_sample is not None
+    p = load_preset("small")
+    assert train_flops_per_sample(p) == baseline_module().train_flops_per_sample(p)
+    assert round(train_flops_per_sample(p) * p["micro_batch"] / 1e12, 2) == 169.67
+
+
+def test_batches_match_the_baselines_data():
+    p = load_preset("tiny")
+    gen = torch.Generator().manual_seed(1)
+    pixels, ids, labels = baseline_module().make_batch(p, p["llm"]["vocab"] - 1, "cpu", gen)
+    b = make_batches(p, torch.device("cpu"), count=1)[0]
+    assert torch.equal(b.pixels, pixels) and torch.equal(b.input_ids, ids)
+    # HF shifts inside the loss; mimo's labels are already aligned with the predicting position.
+    assert torch.equal(b.labels[:, :-1], labels[:, 1:]) and (b.labels[:, -1] == IGNORE_INDEX).all()
+    assert torch.equal(b.loss_rows, (b.labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1))
+
+
+def test_linear_cross_entropy_matches_full_logits():
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 50, (37,))
+    labels[::5] = IGNORE_INDEX
+    loss, count = linear_cross_entropy(hidden, weight, labels, chunk_rows=8)
+    # float64 throughout (mimo's cross_entropy_sum computes in fp32, too coarse to compare gradients with).
+    ref = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    assert count == cross_entropy_sum(hidden @ weight.t(), labels)[1] == 29
+    torch.testing.assert_close(loss, ref)
+    g = torch.autograd.grad(3.0 * loss, (hidden, weight))
+    g_ref = torch.autograd.grad(3.0 * ref, (hidden, weight))
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_master_adamw_matches_torch_adamw():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3, bias=False))
+    fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3, bias=False))
+    fast.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.8, 0.9), weight_decay=0.1)
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, betas=(0.8, 0.9), weight_decay=0.1, dtype=torch.float32, chunk=16)
+    for _ in range(4):
+        x = torch.randn(6, 8)
+        ref(x).square().sum().backward()
+        fast(x).square().sum().backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        opt.step()
+        opt.zero_grad()
+    for a, b in zip(ref.parameters(), fast.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_master_adamw_keeps_fp32_masters_of_bf16_weights():
+    lin = torch.nn.Linear(4, 4)
+    before = lin.weight.detach().clone()
+    opt = MasterAdamW(lin.parameters(), lr=1e-3)
+    assert lin.weight.dtype == torch.bfloat16 and lin.weight.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(opt.master_views[0], before, rtol=0, atol=0)
+    lin(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    assert torch.equal(lin.weight, opt.master_views[0].to(torch.bfloat16))
+
+
+def test_checkpointed_blocks_give_the_same_gradients():
+    torch.manual_seed(0)
+    cfg = LLMConfig(vocab=32, hidden=32, layers=1, heads=4, kv_heads=2, mlp=48)
+    plain, ckpt = DecoderLayer(cfg), DecoderLayer(cfg)
+    ckpt.load_state_dict(plain.state_dict())
+    checkpoint_blocks([ckpt])
+    x = torch.randn(2, 6, 32)
+    rope = rope_cos_sin(torch.arange(6).expand(2, 6), 8, 10000.0)
+    plain(x, rope).square().sum().backward()
+    ckpt(x, rope).square().sum().backward()
+    for a, b in zip(plain.parameters(), ckpt.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_fast_path_follows_fp32_mimo_on_tiny():
+    """bf16 weights + master AdamW + chunked loss on text rows vs plain fp32 MimoModel.forward."""
+    p, cpu = load_preset("tiny"), torch.device("cpu")
+    batches = make_batches(p, cpu)
+    reference = "precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,lr=1e-3"
+    ref = Run(p, Options.parse(reference), cpu)
+    fast = Run(p, Options.parse("compile=0,lr=1e-3"), cpu, state=ref.model.state_dict())
+    for i in range(4):
+        a, b = float(ref.step(batches[i % 2])), float(fast.step(batches[i % 2]))
+        assert abs(a - b) <= 1e-2 * a, (i, a, b)
+
+
+def test_options_are_checked():
+    assert Options.parse("sdpa=cudnn,ckpt_layers=3,compile=0") == Options(sdpa="cudnn", ckpt_layers=3, compile=False)
+    for bad in ("nope=1", "compile=maybe", "precision=fp8"):
+        with pytest.raises(ValueError):
+            Options.parse(bad)
+
+
+def test_benchmark_runs_on_tiny(tmp_path):
+    """The full command on the CPU. With transformers installed the baseline runs too and gets a ratio;
+    without it the baseline row must say that it failed (mimo's side is still measured)."""
+    cmd = [sys.executable, "-m", "benchmarks.bench_vlm", "--preset", "tiny", "--steps", "2", "--warmup", "1",
+           "--out", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = {row["label"]: row for row in map(json.loads, (tmp_path / "tiny.jsonl").read_text().splitlines())}
+    assert set(rows) == {"mimo", "hf eager"}
+    assert rows["mimo"]["tokens_per_s"] > 0 and rows["mimo"]["options"]["compile"] is False
+    table = (tmp_path / "tiny.md").read_text()
+    assert "| mimo |" in table and table in r.stdout
+    if importlib.util.find_spec("transformers") is not None:
+        assert rows["hf eager"]["tokens_per_s"] > 0 and "x hf eager" in table
+    else:
+        assert "error" in rows["hf eager"]
