@@ -4,7 +4,8 @@
 
 Every system runs in its own subprocess (clean peak-memory figures; an out-of-memory run is a table row,
 not a crash). `--mimo` takes Options fields, e.g. `--mimo ""` (all optimisations) or
-`--mimo "sdpa=cudnn,ckpt_layers=12"`; `--baseline` takes the baseline's switches, e.g. `--baseline ""`
+`--mimo "sdpa=cudnn,ckpt_layers=12"`, or fallbacks `--mimo "|ckpt_layers=12"` (the second only if the
+first failed); `--baseline` takes the baseline's switches, e.g. `--baseline ""`
 (eager) or `--baseline "grad-ckpt,compile"`. The table goes to stdout (last) and to DIR/<preset>.md, one
 JSON line per run to DIR/<preset>.jsonl, every run's output to DIR/<preset>.log.
 """
@@ -125,19 +126,23 @@ def driver(args: argparse.Namespace) -> None:
     jsonl.write_text("")
     specs = args.mimo if args.mimo is not None else [""]
     flags = args.baseline if args.baseline is not None else DEFAULT_BASELINES.get(args.preset, [""])
-    jobs = [("mimo" + (f" [{s}]" if s else ""), mimo_cmd(args, s), False) for s in specs]
-    jobs += [(baseline_label(f), baseline_cmd(args, f), True) for f in flags]
+    # A mimo spec "A|B" runs B only if A failed (e.g. "|ckpt_layers=12": checkpointing only if needed).
+    jobs = [([("mimo" + (f" [{a}]" if a else ""), mimo_cmd(args, a)) for a in s.split("|")], False) for s in specs]
+    jobs += [([(baseline_label(f), baseline_cmd(args, f))], True) for f in flags]
     rows, baselines = [], []
-    for label, cmd, is_baseline in jobs:
+    for alternatives, is_baseline in jobs:
         if is_baseline and args.fail_fast and rows and all("error" in r for r in rows):
-            print(f"skipping {label}: every mimo run failed (--fail-fast)", flush=True)
+            print(f"skipping {alternatives[0][0]}: every mimo run failed (--fail-fast)", flush=True)
             continue
-        print(f"running {label} ...", flush=True)
-        r = {**run_subprocess(cmd, label, log, args.timeout), "label": label}
-        print(json.dumps(r), flush=True)
-        with jsonl.open("a") as f:
-            f.write(json.dumps(r) + "\n")
-        (baselines if is_baseline else rows).append(r)
+        for label, cmd in alternatives:
+            print(f"running {label} ...", flush=True)
+            r = {**run_subprocess(cmd, label, log, args.timeout), "label": label}
+            print(json.dumps(r), flush=True)
+            with jsonl.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            (baselines if is_baseline else rows).append(r)
+            if "error" not in r:
+                break
     text = f"preset `{args.preset}`, {args.steps} timed steps after {args.warmup} warm-up\n\n"
     text += table(rows + baselines, baselines)
     (out / f"{args.preset}.md").write_text(text + "\n")

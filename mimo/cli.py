@@ -20,12 +20,17 @@ config give each module its ranks and tp/cp/pp degrees (dp is what remains)."""
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from mimo.parallel.runtime import launch_local, launched_distributed
+    from mimo.train.faults import RunAborted
     from mimo.train.trainer import Trainer
 
     cfg = load_config(args.config, overrides)
     if args.nproc > 1 and not launched_distributed():
         return launch_local(args.nproc, ["train", args.config, *overrides])
-    Trainer(cfg).train()
+    try:
+        Trainer(cfg).train()
+    except RunAborted as e:
+        print(f"mimo: stopped: {e}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -24,7 +24,7 @@ def greedy_generate(model: MimoModel, input_ids: torch.Tensor, modality_inputs: 
     pos = torch.arange(s, device=dev).expand(b, s)
     for t in range(max_new_tokens):
         hidden = lm(embeds, pos, cache=cache)
-        nxt = lm.logits(hidden[:, -1]).argmax(-1)
+        nxt = model.logits_fn(hidden[:, -1:], lm)[:, -1].argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
         out = torch.cat([out, nxt[:, None]], dim=1)
         done |= nxt == eos_id

@@ -11,6 +11,7 @@ and every such sample is counted and reported, never a crash or a hang.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from itertools import count
@@ -79,6 +80,12 @@ class _StepRequests(Sampler):
                    for row, i in enumerate(indices) if text is None or row in text or row in images]
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    """Workers leave SIGTERM to the training process, which saves a checkpoint and then stops them; a
+    scheduler signalling the whole process group must not kill them under a training step."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _agree_max(flags: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
@@ -108,8 +115,9 @@ class ImageTextData(SeededBatches):
         self._iter: Iterator[list[Item]] | None = None
         self._next_step = -1
         self._reported = 0
-        for p in self.source_problems:
-            print(f"mimo: data: {p}", file=sys.stderr)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            for p in self.source_problems:
+                print(f"mimo: data: {p}", file=sys.stderr)
 
     # Sharding --------------------------------------------------------------------------------------
     def shard_for(self, split: Callable[[dict], list[dict]], global_batch: int) -> None:
@@ -129,7 +137,7 @@ class ImageTextData(SeededBatches):
     def _items(self, step: int, global_batch: int, seed: int) -> list[Item]:
         if self._iter is None or step != self._next_step:
             loader = DataLoader(_Samples(self), batch_sampler=_StepRequests(self, step, global_batch, seed),
-                                num_workers=self.workers, collate_fn=list,
+                                num_workers=self.workers, collate_fn=list, worker_init_fn=_ignore_sigterm,
                                 timeout=WORKER_TIMEOUT_S if self.workers else 0)
             self._iter = iter(loader)
         self._next_step = step + 1

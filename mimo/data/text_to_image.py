@@ -24,6 +24,7 @@ from mimo.config import Config, DecoderConfig
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import COLORS, SHAPES, draw_shape, image_tensor_values
 from mimo.data.tokenizer import ByteTokenizer
+from mimo.mimo_model import MimoModel
 from mimo.models.decoders import image_to_patches
 from mimo.train.loss import IGNORE_INDEX
 
@@ -109,12 +110,12 @@ class TextToImageData(SeededBatches):
         }
 
 
-def build_text_to_image_data(cfg: Config) -> TextToImageData:
+def build_text_to_image_data(cfg: Config, model: MimoModel) -> TextToImageData:
     """The data set for `data.name = "text_to_image"`: needs one modality with an Out path."""
-    outs = [(n, m) for n, m in cfg.model.modalities.items() if m.output_token_id >= 0]
-    if len(outs) != 1:
+    if len(model.output_token_ids) != 1:
         raise ValueError("data.name = 'text_to_image' needs exactly one modality with an Out path; set "
                          "model.modalities.<name>.output_token_id (e.g. 261) on one modality")
-    (name, m), = outs
-    return TextToImageData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, m.decoder,
-                           m.output_token_id, modality=name)
+    (name, token_id), = model.output_token_ids.items()
+    decoder = list(model.modality_submodules[name].decoders.values())[-1]
+    return TextToImageData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, decoder.cfg, token_id,
+                           modality=name)

@@ -72,7 +72,8 @@ class PatchImageDecoder(nn.Module):
         if pred.shape != target.shape:
             raise ValueError(f"decoder output {tuple(pred.shape)} and modality_targets rows {tuple(target.shape)} "
                              f"differ; targets must be [B, K, {self.patch_dim}] patches (image_to_patches)")
-        per_patch = (pred.float() - target.float()).pow(2).mean(-1)
+        dtype = torch.promote_types(pred.dtype, torch.float32)
+        per_patch = (pred.to(dtype) - target.to(dtype)).pow(2).mean(-1)
         return per_patch.sum(), torch.tensor(float(per_patch.shape[0]), device=pred.device)
 
     def to_image(self, pred: torch.Tensor) -> torch.Tensor:

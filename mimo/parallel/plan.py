@@ -20,6 +20,7 @@ from mimo.parallel.context import ContextParallel
 from mimo.parallel.data import GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout, check_heads_divisible
+from mimo.parallel.pipeline import PipelinePlan, is_pipelined, validate_pipeline
 from mimo.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -38,9 +39,9 @@ LANGUAGE = "language"
 
 def validate_plan(cfg: Config, layout: Layout) -> None:
     """Every config/layout mismatch that would otherwise surface inside a collective (pure)."""
-    if not layout.colocated and len(layout.grids) > 1:
-        raise ConfigError("modules on disjoint ranks need the pipeline schedule, which this build does not "
-                          "provide yet; give every module the same ranks (offset 0, size = world size)")
+    pipelined = is_pipelined(layout)
+    if pipelined:
+        validate_pipeline(cfg, layout)
     llm = cfg.model.llm
     lm = layout.grids[LANGUAGE]
     check_heads_divisible(LANGUAGE, llm.heads, llm.kv_heads, lm.tp)
@@ -52,9 +53,9 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
         if cfg.data.global_batch % (micro * grid.dp):
             raise ConfigError(f"data.global_batch ({cfg.data.global_batch}) must be divisible by "
                               f"parallel.microbatches ({micro}) x the dp of '{name}' ({grid.dp})")
-        if grid.pp != 1:
-            raise ConfigError(f"parallel.modules.{name}.pp = {grid.pp}: pipeline parallelism is not available "
-                              "in this build; use pp = 1")
+        if grid.pp != 1 and not pipelined:
+            raise ConfigError(f"parallel.modules.{name}.pp = {grid.pp}: pipeline parallelism needs the modules on "
+                              "disjoint ranks (parallel.modules.<name>.offset/size); use pp = 1 when they share ranks")
         if grid.cp != 1 and name != LANGUAGE:
             raise ConfigError(f"parallel.modules.{name}.cp = {grid.cp}: context parallelism applies to the LM only; "
                               "use cp = 1 for modality encoders")
@@ -98,8 +99,10 @@ class ParallelPlan:
             if grid not in built:
                 built[grid] = grid.build(name)
             self.groups[name] = built[grid]
-        self.bridges = {n: ColocatedBridge(self.layout.grids[n], self.layout.grids[LANGUAGE])
-                        for n in cfg.model.modalities}
+        # Disjoint grids (or a pipelined lone module) run the 1F1B schedule; its bridges replace the colocated ones.
+        self.pipeline = PipelinePlan(cfg, self.layout, self.groups, rank) if is_pipelined(self.layout) else None
+        self.bridges = {} if self.pipeline is not None else {
+            n: ColocatedBridge(self.layout.grids[n], self.layout.grids[LANGUAGE]) for n in cfg.model.modalities}
         self.reducers: dict[str, GradReducer] = {}
         self.norm_sq_reduce = norm_sq_reducer(names)
         lm = self.layout.grids[LANGUAGE]
@@ -120,7 +123,7 @@ class ParallelPlan:
         """
         lm_tp = self.groups[LANGUAGE].group("tp")
         sp = self._flag(LANGUAGE, "sequence_parallel")
-        if self.layout.grids[LANGUAGE].tp > 1:
+        if self.layout.grids[LANGUAGE].tp > 1 and self.holds(LANGUAGE):
             parallelize_lm(model.language_model, lm_tp, sp)
             model.loss_fn = tp_lm_loss(lm_tp, sp)
             model.logits_fn = tp_lm_logits(lm_tp, sp)
@@ -128,16 +131,18 @@ class ParallelPlan:
                 model.shard_sequence = sequence_shard(lm_tp)
         for name, sub in model.modality_submodules.items():
             tp = self.layout.grids[name].tp
-            if tp > 1:
+            if tp > 1 and self.holds(name):
                 parallelize_vit(sub.encoders["vit"], self.groups[name].group("tp"),
                                 self._flag(name, "sequence_parallel"), name=name)
                 mark_tp_replicated(sub, tp)
         self.install_bridges(model)
+        if self.pipeline is not None:
+            self.pipeline.split(model)
         if self.context is not None:
             self.context.apply(model)
         for name, module in self.modules(model).items():
             lanes = self.data_dims(name)
-            if self.groups[name].size_of(lanes) == 1:
+            if self.groups[name].size_of(lanes) == 1 or not self.holds(name):
                 continue
             if self._flag(name, "fsdp"):
                 entry = ("embed", "logits") if name == LANGUAGE else ()
@@ -149,8 +154,10 @@ class ParallelPlan:
         """Collective, once per step after the last backward: sequence-parallel partial gradients summed
         over TP, then replicated modules summed over their DP lanes (FSDP already reduced its shards)."""
         for name, module in self.modules(model).items():
-            if self.layout.grids[name].tp > 1:
+            if self.layout.grids[name].tp > 1 and self.holds(name):
                 sync_sequence_parallel_grads(module, self.groups[name].group("tp"))
+        if self.pipeline is not None:
+            self.pipeline.sync_tied_embeddings(model)
         for reducer in self.reducers.values():
             reducer.reduce()
 
@@ -174,9 +181,9 @@ class ParallelPlan:
                 parts = [torch.empty_like(t) for _ in range(tp)]
                 dist.all_gather(parts, t.contiguous(), group=self.groups[name].group("tp"))
                 t = torch.cat(parts, dim=dim)
-            if self.rank == 0:
+            if self.rank == 0 or self.pipeline is not None:
                 out[pname] = t.clone()
-        return out
+        return out if self.pipeline is None else self.pipeline.gather_to_rank0(out)
 
     def gather_full_model(self, model: MimoModel, model_cfg: ModelConfig) -> MimoModel:
         """Collective: a single-process copy of the trained model on rank 0 (others get their own model)."""
@@ -195,6 +202,10 @@ class ParallelPlan:
     def batch_multiple(self) -> int:
         """Rows of a global batch must be a multiple of this: microbatches x every module's DP degree."""
         return self.cfg.parallel.microbatches * math.lcm(*(g.dp for g in self.layout.grids.values()))
+
+    def holds(self, name: str) -> bool:
+        """Whether this rank runs (a stage of) module `name`; always true on colocated layouts."""
+        return self.groups[name].member
 
     def dp_rank(self, name: str) -> int:
         return self.groups[name].rank_in("dp")

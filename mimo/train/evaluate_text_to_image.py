@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grid", help="write a PNG: true renderings (left half) and generated images (right half)")
     args = parser.parse_args(argv)
     cfg, model = load_run(args.run)
-    data = build_text_to_image_data(cfg)
+    data = build_text_to_image_data(cfg, model)
     print(json.dumps(evaluate_text_to_image(model, data), indent=2))
     if args.grid:
         shows = showcase_drawings(data.decoder.image)

@@ -144,7 +144,7 @@ class RunCheckpointer:
         if problem:
             raise ValueError(f"train.resume = '{mode}' is not a loadable checkpoint ({problem}); pass a "
                              f"checkpoints/step_* folder of a run, or true for the newest complete one")
-        return [Found(path, _read_json(path / STATE)["next_step"])]
+        return [Found(path, int(_read_json(path / STATE).get("next_step", -1)))]
 
     def resume(self) -> int:
         """Collective: load the newest usable checkpoint that train.resume allows; returns the step to
@@ -198,6 +198,9 @@ class RunCheckpointer:
     def _load(self, path: Path) -> int:
         """Collective: read state.json and this rank's RNG file, check they fit, then load everything."""
         state = _read_json(path / STATE)
+        if not isinstance(state, dict) or not isinstance(state.get("next_step"), int):
+            raise CorruptCheckpointError(f"'{path / STATE}' has no next_step")
+        next_step = state["next_step"]
         d, saved = self.cfg.data, state.get("data", {})
         for key in ("global_batch", "seed"):
             if saved.get(key) != getattr(d, key):
@@ -212,11 +215,11 @@ class RunCheckpointer:
                         "rank's seeded state")
         else:
             restore_rng(rng)
-        self.guard.consecutive_bad = state["bad_steps"]["consecutive"]
-        self.guard.total_bad = state["bad_steps"]["total"]
+        bad = state.get("bad_steps", {})
+        self.guard.consecutive_bad, self.guard.total_bad = int(bad.get("consecutive", 0)), int(bad.get("total", 0))
         if hasattr(self.data, "load_state_dict"):
             self.data.load_state_dict(saved.get("reader", {}))
-        return int(state["next_step"])
+        return next_step
 
     # The loop's hook ---------------------------------------------------------------------------------
     def after_step(self, step: int) -> bool:

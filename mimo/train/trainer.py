@@ -13,15 +13,18 @@ import torch
 import torch.distributed as dist
 
 from mimo.config import Config, dump_toml
+from mimo.data.audio_demo import build_avlm_data
 from mimo.data.batching import split_microbatches
 from mimo.data.demo import DemoVLMData
 from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
+from mimo.data.packing import PackedBatches
 from mimo.data.text_to_image import build_text_to_image_data
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
 from mimo.train.checkpoint import save_weights
 from mimo.train.evaluate import evaluate_answers
+from mimo.train.evaluate_avlm import evaluate_avlm
 from mimo.train.evaluate_text_to_image import evaluate_text_to_image
 from mimo.train.faults import StepGuard, skip_step
 from mimo.train.loss import loss_weights
@@ -32,14 +35,15 @@ from mimo.train.plot import plot_curve
 from mimo.train.resume import RunCheckpointer
 
 # Demo sets beyond "shapes", by data.name: (build from the config, held-out evaluation of a model).
-DEMO_SETS: dict[str, tuple[Callable[[Config], Any], Callable[[MimoModel, Any], dict]]] = {
+DEMO_SETS: dict[str, tuple[Callable[[Config, MimoModel], Any], Callable[[MimoModel, Any], dict]]] = {
+    "avlm": (build_avlm_data, evaluate_avlm),
     "text_to_image": (build_text_to_image_data, evaluate_text_to_image),
 }
 
 
 def build_demo_data(cfg: Config, model: MimoModel) -> Any:
     if cfg.data.name in DEMO_SETS:
-        return DEMO_SETS[cfg.data.name][0](cfg)
+        return DEMO_SETS[cfg.data.name][0](cfg, model)
     if cfg.data.name in IMAGE_TEXT_SETS:
         return build_image_text_data(cfg, model)
     if cfg.data.name != "shapes":
@@ -89,6 +93,9 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model().to(self.device)
         self.data = build_demo_data(cfg, self.model)
+        if cfg.data.packing:
+            rows = self.plan.batch_multiple() if self.plan is not None else cfg.parallel.microbatches
+            self.data = PackedBatches(self.data, cfg.data.pack_length, rows)
         if hasattr(self.data, "shard_for"):
             self.data.shard_for(self.local_microbatches, cfg.data.global_batch)
         self.optimizer = self.build_optimizer()
@@ -128,6 +135,8 @@ class Trainer:
 
     # The step ----------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict:
+        if self.plan is not None and self.plan.pipeline is not None:
+            return self.pipeline_step(step)
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
         micro = [to_device(mb, self.device) for mb in self.local_microbatches(batch)]
         local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro)
@@ -154,6 +163,25 @@ class Trainer:
         return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
                 "bad_steps": self.guard.consecutive_bad,
                 "tokens": int(batch["input_ids"].numel()), "loss_tokens": int(n_global), **out_losses}
+
+    def pipeline_step(self, step: int) -> dict:
+        """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline) runs every microbatch's
+        forward and backward. Only ranks holding a first or last stage build the batch; every rank gets
+        the loss, so rank 0 logs it even where it holds no LM stage."""
+        pipe = self.plan.pipeline
+        d = self.cfg.data
+        batch = self.data.global_batch(step, d.global_batch, d.seed) if pipe.needs_data else None
+        autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                          enabled=self.cfg.train.dtype == "bfloat16")
+        result = pipe.train_step(self.model, batch, self.device, autocast)
+        self.plan.finalize_grads(self.model)
+        if self.guard.agree(result.loss):
+            stepped, grad_norm, lr = self.optimizer.step(step)
+        else:
+            stepped, grad_norm, lr = skip_step(self.optimizer, step)
+        self.guard.record(stepped)
+        return {"step": step, "loss": result.loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
+                "bad_steps": self.guard.consecutive_bad, "tokens": result.tokens, "loss_tokens": result.loss_tokens}
 
     def train(self) -> dict:
         cfg = self.cfg
@@ -188,6 +216,8 @@ class Trainer:
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
                    "eval": evaluation, "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1),
                    "world_size": self.world}
+        if isinstance(self.data, PackedBatches):
+            summary["padding"] = self.data.padding_report()
         if self.is_main:
             save_weights(full, self.run_dir / "checkpoint")
             plot_curve([s for s, _ in losses], [v for _, v in losses], self.run_dir / "loss.png")

@@ -1,0 +1,166 @@
+"""The audio-visual demo: questions about a rendered image (the shapes task) and about a tone sequence.
+
+Audio is synthesised at run time (nothing is downloaded): one to three beeps, all low or all high,
+each gliding up or down. A sample holds an image, a clip or both, and asks about one of them:
+*what color? / what shape? / how many?* about the image, *what pitch? / how many beeps? / rising
+or falling?* about the clip. Layouts cycle (image only, audio only, both + image question, both +
+audio question), so a batch always mixes samples with and without each modality.
+
+A sequence is `<bos> [<image>*16] [<audio>*k] question answer <eos> <pad>...`, where k depends on
+the clip's duration (one token per two log-mel frames of audio). Clips are padded to one fixed
+length, CLIP_SECONDS, before the encoder (as Whisper pads to 30 s), and `output_lengths` keeps each
+clip's own k rows. Modality inputs are flat (one row per image or clip) with `modality_counts`
+saying how many each sample holds, so batches split by samples on any layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mimo.config import Config
+from mimo.data.seeded_batches import SeededBatches
+from mimo.data.shapes import COLORS, COUNTS, IMAGE_SIZE, QUESTIONS, SHAPES, image_tensor_values, render
+from mimo.data.tokenizer import ByteTokenizer
+from mimo.mimo_model import MimoModel
+from mimo.models.audio import AudioEncoder
+from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_mel_spectrogram
+from mimo.models.sample_rows import OUTPUT_LENGTHS
+from mimo.train.loss import IGNORE_INDEX
+
+CLIP_SECONDS = 1.0
+CLIP_SAMPLES = int(CLIP_SECONDS * WHISPER_SAMPLING_RATE)
+PITCHES = {"low": (250.0, 400.0), "high": (1500.0, 2500.0)}  # start frequency ranges; glides stay apart
+DIRECTIONS = ("rising", "falling")
+GLIDE = 1.5  # frequency ratio from a beep's start to its end
+AUDIO_QUESTIONS = {"pitch": "what pitch?", "beeps": "how many beeps?", "direction": "rising or falling?"}
+# (what a sample holds, what its question is about), cycled.
+LAYOUTS = ((("image",), "image"), (("audio",), "audio"), (("image", "audio"), "image"), (("image", "audio"), "audio"))
+
+
+@dataclass
+class AVSample:
+    image: np.ndarray | None  # uint8 [H, W, 3]
+    audio: np.ndarray | None  # float32 waveform at 16 kHz, at most CLIP_SAMPLES long
+    question: str
+    answer: str
+    about: str  # "image" or "audio"
+
+
+def synth_tones(pitch: str, beeps: int, direction: str, rng: np.random.Generator) -> np.ndarray:
+    """`beeps` gliding sine beeps (10 ms fades) with silence around and between, plus faint noise."""
+    sr = WHISPER_SAMPLING_RATE
+    base = rng.uniform(*PITCHES[pitch])
+    ratio = GLIDE if direction == "rising" else 1.0 / GLIDE
+    parts = [np.zeros(int(rng.uniform(0.02, 0.08) * sr), np.float32)]
+    for i in range(beeps):
+        n = int(rng.uniform(0.10, 0.18) * sr)
+        freq = base * ratio ** (np.arange(n) / n)
+        fade = np.minimum(1.0, np.minimum(np.arange(n), np.arange(n)[::-1]) / (0.01 * sr))
+        parts.append((rng.uniform(0.3, 0.6) * fade * np.sin(2 * np.pi * np.cumsum(freq) / sr)).astype(np.float32))
+        if i < beeps - 1:
+            parts.append(np.zeros(int(rng.uniform(0.06, 0.12) * sr), np.float32))
+    parts.append(np.zeros(int(rng.uniform(0.02, 0.06) * sr), np.float32))
+    wave = np.concatenate(parts)
+    return (wave + 0.01 * rng.standard_normal(wave.shape[0])).astype(np.float32)
+
+
+def audio_tokens(num_samples: int) -> int:
+    """Placeholder tokens of a clip: its log-mel frames (within the padded clip) after the encoder's stride."""
+    frames = min(-(-num_samples // WHISPER_HOP), CLIP_SAMPLES // WHISPER_HOP)
+    return AudioEncoder.output_frames(frames)
+
+
+def make_av_samples(n: int, seed: int) -> list[AVSample]:
+    """`n` samples; layouts and question kinds cycle so every (layout, kind) pair is balanced."""
+    rng = np.random.default_rng(seed)
+    image_kinds, audio_kinds = list(QUESTIONS), list(AUDIO_QUESTIONS)
+    out = []
+    for i in range(n):
+        layout, about = LAYOUTS[i % len(LAYOUTS)]
+        shape, color = SHAPES[rng.integers(len(SHAPES))], list(COLORS)[rng.integers(len(COLORS))]
+        count = int(rng.integers(1, 4))
+        pitch, direction = list(PITCHES)[rng.integers(2)], DIRECTIONS[rng.integers(2)]
+        beeps = int(rng.integers(1, 4))
+        image = render(shape, color, count, rng) if "image" in layout else None
+        audio = synth_tones(pitch, beeps, direction, rng) if "audio" in layout else None
+        kind_index = i // len(LAYOUTS)
+        if about == "image":
+            kind = image_kinds[kind_index % len(image_kinds)]
+            question, answer = QUESTIONS[kind], {"color": color, "shape": shape, "count": COUNTS[count - 1]}[kind]
+        else:
+            kind = audio_kinds[kind_index % len(audio_kinds)]
+            question = AUDIO_QUESTIONS[kind]
+            answer = {"pitch": pitch, "beeps": COUNTS[beeps - 1], "direction": direction}[kind]
+        out.append(AVSample(image, audio, question, answer, about))
+    return out
+
+
+class AVLMData(SeededBatches):
+    """Train and held-out sets of the audio-visual task, tokenised, with mixed-modality batches."""
+
+    def __init__(self, train_samples: int, eval_samples: int, seed: int, image_tokens: int, image_token_id: int,
+                 audio_token_id: int, n_mels: int, image_modality: str = "images", audio_modality: str = "audio"):
+        self.tok = ByteTokenizer()
+        self.image_tokens, self.image_token_id, self.audio_token_id = image_tokens, image_token_id, audio_token_id
+        self.n_mels = n_mels
+        self.image_modality, self.audio_modality = image_modality, audio_modality
+        self.train = make_av_samples(train_samples, seed)
+        self.eval = make_av_samples(eval_samples, seed + 1_000_003)
+        questions = [*QUESTIONS.values(), *AUDIO_QUESTIONS.values()]
+        answers = [*COLORS, *SHAPES, *COUNTS, *PITCHES, *DIRECTIONS]
+        longest = 1 + image_tokens + audio_tokens(CLIP_SAMPLES) + max(map(len, questions)) + max(map(len, answers)) + 1
+        self.seq_len = -(-longest // 8) * 8
+
+    def prompt_ids(self, s: AVSample) -> list[int]:
+        ids = [self.tok.BOS]
+        if s.image is not None:
+            ids += [self.image_token_id] * self.image_tokens
+        if s.audio is not None:
+            ids += [self.audio_token_id] * audio_tokens(s.audio.shape[0])
+        return ids + self.tok.encode(s.question)
+
+    def modality_inputs(self, samples: list[AVSample]) -> tuple[dict, dict]:
+        """(modality_inputs, modality_counts): flat images and clips of these samples, and per-sample counts."""
+        images = [image_tensor_values(s.image) for s in samples if s.image is not None]
+        clips = [s.audio for s in samples if s.audio is not None]
+        pixels = torch.from_numpy(np.stack(images)) if images else torch.zeros(0, 3, IMAGE_SIZE, IMAGE_SIZE)
+        if clips:
+            features, _ = log_mel_spectrogram(clips, n_mels=self.n_mels, num_samples=CLIP_SAMPLES)
+        else:
+            features = torch.zeros(0, self.n_mels, CLIP_SAMPLES // WHISPER_HOP)
+        lengths = torch.tensor([audio_tokens(c.shape[0]) for c in clips], dtype=torch.long)
+        inputs = {self.image_modality: {"vit": {"pixel_values": pixels}},
+                  self.audio_modality: {"whisper": {"input_features": features, OUTPUT_LENGTHS: lengths}}}
+        counts = {self.image_modality: torch.tensor([int(s.image is not None) for s in samples]),
+                  self.audio_modality: torch.tensor([int(s.audio is not None) for s in samples])}
+        return inputs, counts
+
+    def collate(self, samples: list[AVSample]) -> dict:
+        """Samples -> the keyword arguments of MimoModel.forward, plus `modality_counts` for splitting."""
+        b, s = len(samples), self.seq_len
+        ids = torch.full((b, s), self.tok.PAD, dtype=torch.long)
+        labels = torch.full((b, s), IGNORE_INDEX, dtype=torch.long)
+        for i, smp in enumerate(samples):
+            prompt = self.prompt_ids(smp)
+            answer = self.tok.encode(smp.answer) + [self.tok.EOS]
+            seq = prompt + answer
+            ids[i, : len(seq)] = torch.tensor(seq)
+            labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(answer)
+        inputs, counts = self.modality_inputs(samples)
+        return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(s).expand(b, s).contiguous(),
+                "modality_inputs": inputs, "modality_counts": counts}
+
+
+def build_avlm_data(cfg: Config, model: MimoModel) -> AVLMData:
+    """The data set for `data.name = "avlm"`: one vision and one audio modality under model.modalities."""
+    kinds = {m.kind: (n, m) for n, m in cfg.model.modalities.items()}
+    if sorted(m.kind for m in cfg.model.modalities.values()) != ["audio", "vision"]:
+        raise ValueError("data.name = 'avlm' needs exactly two modalities, one with kind = 'vision' and one with "
+                         "kind = 'audio', under model.modalities")
+    (img_name, img), (aud_name, aud) = kinds["vision"], kinds["audio"]
+    vit = model.modality_submodules[img_name].encoders["vit"]
+    return AVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, vit.tokens_per_image,
+                    img.token_id, aud.token_id, aud.audio.n_mels, image_modality=img_name, audio_modality=aud_name)

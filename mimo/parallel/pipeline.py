@@ -1,0 +1,232 @@
+"""Pipeline layouts: modules on disjoint ranks, each cut into pipeline stages, driven by 1F1B.
+
+A layout is pipelined when its module grids are disjoint (SPEC 2.2), or when it has one module
+with pp > 1. Then every rank runs exactly one stage of one module. `PipelinePlan` is that rank's
+view: its stage, its links to the neighbouring stages, the bridges from each encoder to the LM,
+the LM's tied-embedding group; it cuts the model down to the stage (`split`) and runs a training
+step's forward and backward passes (`train_step`). Everything after the backward (sequence-parallel
+and DP gradient reductions, the global norm, the optimizer) is the same as for colocated layouts.
+
+Pieces: pipeline_split (what a stage holds), pipeline_data (what a stage reads), pipeline_stage
+(what a stage computes and sends), pipeline_bridge (encoder -> LM), pipeline_p2p (messages),
+schedule (the 1F1B order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from mimo.config import Config, ConfigError
+from mimo.mimo_model import MimoModel
+from mimo.parallel.grid import Grid, GridGroups
+from mimo.parallel.layout import Layout
+from mimo.parallel.pipeline_bridge import PipelineBridge
+from mimo.parallel.pipeline_data import encoder_microbatches, lm_microbatches, to_device
+from mimo.parallel.pipeline_p2p import Outbox, pair_groups
+from mimo.parallel.pipeline_split import drop_parameters, only_encoder, split_encoder, split_lm
+from mimo.parallel.pipeline_stage import EncoderStage, LMStage, StageLink
+from mimo.parallel.schedule import run_1f1b, stage_index, warmup_microbatches
+from mimo.train.loss import loss_weights
+
+LANGUAGE = "language"
+
+
+def is_pipelined(layout: Layout) -> bool:
+    """Disjoint module grids, or a single module with pp > 1, run under the pipeline schedule."""
+    if len(layout.grids) > 1:
+        return not layout.colocated
+    return next(iter(layout.grids.values())).pp > 1
+
+
+def validate_pipeline(cfg: Config, layout: Layout) -> None:
+    """What a pipelined layout needs beyond `validate_plan`'s checks. Pure: same error on every rank."""
+    lm = layout.grids[LANGUAGE]
+    if cfg.model.llm.layers < lm.pp:
+        raise ConfigError(f"parallel.modules.language.pp ({lm.pp}) exceeds model.llm.layers "
+                          f"({cfg.model.llm.layers}); every stage needs a layer, use pp <= {cfg.model.llm.layers}")
+    if lm.cp > 1:
+        raise ConfigError(f"parallel.modules.language.cp = {lm.cp}: context parallelism is not available with modules "
+                          "on disjoint ranks or pp > 1 yet; use cp = 1 or a colocated layout")
+    if cfg.data.packing:
+        raise ConfigError("data.packing: packed sequences need per-document attention masks, which the pipeline "
+                          "schedule does not pass between stages; set data.packing = false or use a colocated layout")
+    if cfg.data.name in ("webdataset", "jsonl"):
+        raise ConfigError(f"data.name = '{cfg.data.name}': this reader agrees on corrupt samples with a collective "
+                          "over every rank, but on a pipelined layout only ranks with a first or last stage read "
+                          "data; use a colocated layout for it")
+    for name, m in cfg.parallel.modules.items():
+        if m.fsdp:
+            raise ConfigError(f"parallel.modules.{name}.fsdp: sharded data parallelism is not available with "
+                              "modules on disjoint ranks or pp > 1; set fsdp = false")
+    for name, m in cfg.model.modalities.items():
+        grid = layout.grids[name]
+        if m.output_token_id >= 0:
+            raise ConfigError(f"model.modalities.{name}.output_token_id: the Out path needs a colocated layout; "
+                              "give every module the same ranks or set output_token_id = -1")
+        if grid.pp == 1:
+            continue
+        if m.kind != "vision":
+            raise ConfigError(f"parallel.modules.{name}.pp = {grid.pp}: only vision encoders can be pipelined; "
+                              "use pp = 1")
+        if m.vit.layers < grid.pp:
+            raise ConfigError(f"parallel.modules.{name}.pp ({grid.pp}) exceeds model.modalities.{name}.vit.layers "
+                              f"({m.vit.layers}); use pp <= {m.vit.layers}")
+        flags = cfg.parallel.modules.get(name)
+        if flags is not None and flags.sequence_parallel:
+            raise ConfigError(f"parallel.modules.{name}.sequence_parallel: a pipelined encoder cannot be sequence "
+                              "parallel; set it to false or pp = 1")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """A step's numbers, identical on every rank: mean loss per token, loss tokens, input tokens."""
+
+    loss: float
+    loss_tokens: int
+    tokens: int
+
+
+def _stage_pairs(grid: Grid) -> list[tuple[int, int]]:
+    """(rank, same position one stage later) for every stage boundary of `grid`."""
+    size = grid.size // grid.pp
+    return [(r, r + size) for r in range(grid.offset, grid.end - size)]
+
+
+class PipelinePlan:
+    """One rank's stage of a pipelined layout. Construct on every rank in the same order after the
+    grids' groups: it creates the link, bridge and embedding groups (collective)."""
+
+    def __init__(self, cfg: Config, layout: Layout, groups: dict[str, GridGroups], rank: int):
+        self.cfg, self.layout, self.rank = cfg, layout, rank
+        (self.module,) = layout.role(rank).modules
+        self.grid, self.groups = layout.grids[self.module], groups[self.module]
+        self.pp_rank = self.grid.coords(rank)["pp"]
+        self.first, self.last = self.pp_rank == 0, self.pp_rank == self.grid.pp - 1
+        depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
+        self.total_stages = depth + layout.grids[LANGUAGE].pp
+        self.stage = stage_index(self.pp_rank, self.module == LANGUAGE, depth)
+        self.prev, self.next = self._build_links()
+        per_mb = cfg.data.global_batch // cfg.parallel.microbatches
+        self.bridges = {}
+        for name in cfg.model.modalities:
+            boundary = (self.module == name and self.last) or (self.module == LANGUAGE and self.first)
+            self.bridges[name] = PipelineBridge(name, layout.grids[name], layout.grids[LANGUAGE], per_mb, rank,
+                                                self.groups.group("tp") if boundary else None)
+        self.embedding_group = self._build_embedding_group()
+
+    def _build_links(self) -> tuple[StageLink | None, StageLink | None]:
+        pairs = [p for g in self.layout.grids.values() for p in _stage_pairs(g)]
+        down = pair_groups(pairs)
+        up = pair_groups([(b, a) for a, b in pairs])
+        prev = nxt = None
+        for a, b in pairs:
+            if self.rank == a:
+                nxt = StageLink(b, send_group=down[(a, b)], recv_group=up[(b, a)])
+            elif self.rank == b:
+                prev = StageLink(a, send_group=up[(b, a)], recv_group=down[(a, b)])
+        return prev, nxt
+
+    def _build_embedding_group(self) -> ProcessGroup | None:
+        """Collective: each first-stage LM rank paired with its last-stage twin (tied embeddings only)."""
+        lm = self.layout.grids[LANGUAGE]
+        if lm.pp == 1 or not self.cfg.model.llm.tie_embeddings:
+            return None
+        span = lm.size // lm.pp * (lm.pp - 1)
+        groups = pair_groups([(r, r + span) for r in range(lm.offset, lm.offset + lm.size // lm.pp)])
+        return next(iter(groups.values()), None)
+
+    @property
+    def needs_data(self) -> bool:
+        """Whether this rank reads the batch: encoder first stages, LM first and last stages."""
+        return self.first or (self.module == LANGUAGE and self.last)
+
+    @property
+    def is_lead(self) -> bool:
+        """TP, CP and DP rank 0 of its stage: the rank that speaks for the stage's weights."""
+        return self.groups.rank_in(("tp", "cp", "dp")) == 0
+
+    def split(self, model: MimoModel) -> None:
+        """Cut the (tensor-parallelised) full model down to this rank's stage. Not collective."""
+        modules = {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}
+        for name, module in modules.items():
+            if name != self.module:
+                drop_parameters(module)
+            elif name == LANGUAGE:
+                split_lm(module, self.pp_rank, self.grid.pp)
+            else:
+                split_encoder(module, name, self.pp_rank, self.grid.pp)
+
+    def sync_tied_embeddings(self, model: MimoModel) -> None:
+        """Collective on the LM's first and last stages: sum the two copies' gradients of a tied embedding."""
+        if self.embedding_group is None:
+            return
+        w = model.language_model.embed_tokens.weight
+        if not w.requires_grad:
+            return
+        grad = w.grad if w.grad is not None else torch.zeros_like(w)
+        dist.all_reduce(grad, group=self.embedding_group)
+        w.grad = grad
+
+    def gather_to_rank0(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Collective over the world: every stage lead's tensors merged on rank 0 (others get {})."""
+        device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+        mine = {k: v.cpu() for k, v in tensors.items()} if self.is_lead else {}
+        parts: list[dict] | None = [{} for _ in range(dist.get_world_size())] if self.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        if self.rank != 0:
+            return {}
+        return {k: v.to(device) for part in parts for k, v in part.items()}
+
+    def train_step(self, model: MimoModel, batch: dict | None, device: torch.device,
+                   autocast: Callable[[], AbstractContextManager]) -> StepResult:
+        """Forward and backward of every microbatch through this rank's stage; collective.
+
+        `batch` (the global batch) is needed where `needs_data`, else None. Afterwards gradients hold
+        this stage's share of d(loss_sum / N_global); call `ParallelPlan.finalize_grads` next.
+        """
+        if self.needs_data and batch is None:
+            raise ValueError(f"rank {self.rank} runs a first or last stage of '{self.module}' and needs the batch")
+        m = self.cfg.parallel.microbatches
+        outbox = Outbox()
+        kw = {"prev": self.prev, "next_": self.next, "outbox": outbox, "device": device, "autocast": autocast}
+        lane, dp = self.groups.rank_in("dp"), self.grid.dp
+        local_tokens = torch.zeros((), device=device)
+        tokens = 0
+        if self.module == LANGUAGE:
+            text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)] if self.needs_data else None
+            if self.last:
+                local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in text)
+            if self.first:
+                tokens = sum(mb["input_ids"].numel() for mb in text)
+            n_global = local_tokens.detach().clone()
+            if self.last and dp > 1:
+                dist.all_reduce(n_global, group=self.groups.group("dp"))
+            stage = LMStage(model, self.first, self.last, self.bridges if self.first else {}, text,
+                            1.0 / n_global.clamp_min(1.0), **kw)
+        else:
+            sub = model.modality_submodules[self.module]
+            encoder, _ = only_encoder(sub, self.module)
+            inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp) if self.first else None
+            stage = EncoderStage(sub, encoder, self.first, self.last, self.bridges[self.module] if self.last else None,
+                                 inputs, model.language_model.cfg.hidden, self.grid.pp > 1, **kw)
+        run_1f1b(stage, m, warmup_microbatches(self.total_stages, self.stage, m))
+        outbox.drain()
+        return self._report(stage, local_tokens, tokens, device)
+
+    def _report(self, stage: LMStage | EncoderStage, local_tokens: torch.Tensor, tokens: int,
+                device: torch.device) -> StepResult:
+        """Collective over the world: loss sum, loss tokens and input tokens, counted once per LM lane."""
+        report = torch.zeros(3, dtype=torch.float64, device=device)
+        if self.module == LANGUAGE and self.groups.rank_in(("tp", "cp")) == 0:
+            if self.last:
+                report[0], report[1] = stage.loss_sum.double(), local_tokens.double()
+            report[2] = tokens
+        dist.all_reduce(report)
+        loss_sum, n, total = report.tolist()
+        return StepResult(loss=loss_sum / max(n, 1.0), loss_tokens=int(n), tokens=int(total))

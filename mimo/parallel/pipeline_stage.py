@@ -1,0 +1,207 @@
+"""One rank's pipeline stage for one step: receive, compute, send; and the same backwards.
+
+The 1F1B schedule (`mimo.parallel.schedule`) only calls `forward(t)` for microbatch t and
+`backward()` for the oldest microbatch still in flight. Each stage keeps, per in-flight microbatch,
+the tensors it received (fresh leaves that require grad) and the output it produced; backward runs
+autograd from the output with the gradient received from downstream, then sends the leaves'
+gradients upstream. On the LM's last stage the output is the loss sum times 1/N_global, so every
+gradient in every module already carries the per-token scaling (SPEC 3.1) and no other rank needs
+N_global for its backward.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from mimo.mimo_model import MimoModel, ModalitySubmodules, align_embeddings, text_positions
+from mimo.models.sample_rows import OUTPUT_LENGTHS, run_encoder
+from mimo.parallel.pipeline_bridge import PipelineBridge
+from mimo.parallel.pipeline_p2p import Outbox, recv_like, recv_message, send_message, send_payload
+
+Autocast = Callable[[], AbstractContextManager]
+
+
+@dataclass(frozen=True)
+class StageLink:
+    """This rank's connection to one neighbouring stage of its module: the peer, the group this rank
+    sends on and the group it receives on (one group per direction, see pipeline_p2p)."""
+
+    peer: int
+    send_group: ProcessGroup
+    recv_group: ProcessGroup
+
+
+def _grad_or_zeros(t: torch.Tensor) -> torch.Tensor:
+    return t.grad if t.grad is not None else torch.zeros_like(t)
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """A received activation as a leaf whose gradient backward will fill."""
+    return t.requires_grad_() if t.is_floating_point() and t.numel() else t
+
+
+class _Stage:
+    """What LM and encoder stages share: links, the in-flight queue and the backward pass."""
+
+    def __init__(self, prev: StageLink | None, next_: StageLink | None, outbox: Outbox, device: torch.device,
+                 autocast: Autocast):
+        self.prev, self.next, self.outbox, self.device, self.autocast = prev, next_, outbox, device, autocast
+        self.inflight: deque[tuple[list[torch.Tensor], torch.Tensor]] = deque()
+
+    def recv_forward(self) -> list[torch.Tensor]:
+        return [_leaf(t) for t in recv_message(self.prev.peer, self.prev.recv_group, self.device)]
+
+    def send_forward(self, tensors: list[torch.Tensor]) -> None:
+        send_message(tensors, self.next.peer, self.next.send_group, self.outbox)
+
+    def output_grad(self, out: torch.Tensor) -> torch.Tensor | None:
+        """The gradient of this stage's output for the oldest microbatch (None: `out` is the loss)."""
+        return recv_like([torch.empty_like(out)], self.next.peer, self.next.recv_group)[0]
+
+    def run_backward(self, out: torch.Tensor, grad: torch.Tensor | None) -> None:
+        if out.requires_grad and out.numel():
+            torch.autograd.backward(out, grad)
+
+    def send_input_grad(self, inputs: list[torch.Tensor]) -> None:
+        send_payload([_grad_or_zeros(inputs[0])], self.prev.peer, self.prev.send_group, self.outbox)
+
+
+class LMStage(_Stage):
+    """A stage of the language model. The first stage embeds text, takes every modality's rows from its
+    bridge and aligns them; the last one returns the scaled loss and sums the loss for the log."""
+
+    def __init__(self, model: MimoModel, first: bool, last: bool, bridges: dict[str, PipelineBridge],
+                 text: list[dict] | None, scale: torch.Tensor, **kw):
+        super().__init__(**kw)
+        self.model, self.first, self.last, self.bridges = model, first, last, bridges
+        self.text, self.scale = text, scale
+        self.loss_sum = torch.zeros((), device=self.device)
+
+    def _embed(self, mb: dict) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        ids = mb["input_ids"]
+        if mb.get("attention_mask") is not None:
+            raise ValueError("attention_mask (packed sequences) is not supported by the pipeline schedule; "
+                             "train packed data on a colocated layout")
+        model, lm = self.model, self.model.language_model
+        hidden = lm.cfg.hidden
+        rows = {name: bridge.recv_forward((ids == model.special_token_ids[name]).sum(1), hidden, self.device)
+                for name, bridge in self.bridges.items()}
+        with self.autocast():
+            text = lm.embed(ids[text_positions(ids, model.special_token_ids)])
+            embeds = align_embeddings(text, rows, ids, model.special_token_ids)
+        if model.shard_sequence is not None:
+            embeds = model.shard_sequence(embeds)
+        pos = mb.get("position_ids")
+        if pos is None:
+            pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        return list(rows.values()), embeds, pos
+
+    def forward(self, t: int) -> None:
+        if self.first:
+            inputs, hidden, pos = self._embed(self.text[t])
+        else:
+            hidden, pos = self.recv_forward()
+            inputs = [hidden]
+        lm = self.model.language_model
+        with self.autocast():
+            out = lm(hidden, pos)
+            if self.last:
+                mb = self.text[t]
+                loss_sum, _ = self.model.loss_fn(out, lm, mb["labels"], mb.get("loss_mask"))
+        if self.last:
+            self.loss_sum += loss_sum.detach().float()
+            out = loss_sum.float() * self.scale
+        else:
+            self.send_forward([out, pos])
+        self.inflight.append((inputs, out))
+
+    def backward(self) -> None:
+        inputs, out = self.inflight.popleft()
+        self.run_backward(out, None if self.last else self.output_grad(out))
+        if not self.first:
+            self.send_input_grad(inputs)
+            return
+        for bridge, rows in zip(self.bridges.values(), inputs):
+            bridge.send_backward(rows.grad, rows, self.outbox)
+
+
+class EncoderStage(_Stage):
+    """A stage of one modality's encoder. The first stage reads the encoder's inputs and each sample's
+    input count; the count travels down the pipeline with the activations, so the last stage can give
+    the bridge each sample's number of rows. A lane with no inputs skips the compute and sends empty
+    tensors, so every stage still takes part in every microbatch."""
+
+    def __init__(self, sub: ModalitySubmodules, encoder: str, first: bool, last: bool,
+                 bridge: PipelineBridge | None, inputs: list[tuple[dict, torch.Tensor]] | None, lm_hidden: int,
+                 split: bool, **kw):
+        super().__init__(**kw)
+        self.sub, self.encoder_name, self.first, self.last = sub, encoder, first, last
+        self.encoder: nn.Module = sub.encoders[encoder]
+        self.bridge, self.inputs, self.lm_hidden, self.split = bridge, inputs, lm_hidden, split
+
+    def _run(self, x: torch.Tensor | dict) -> torch.Tensor:
+        """The encoder's layers on this stage; unsplit encoders run whole (mirrors VisionTransformer.forward)."""
+        if not self.split:
+            return run_encoder(self.encoder, x, self.encoder_name)
+        vit = self.encoder
+        if self.first:
+            x = vit.embed(x["pixel_values"])
+        for layer in vit.layers.values():
+            x = layer(x)
+        if self.last:
+            if vit.post_layernorm is not None:
+                x = vit.post_layernorm(x)
+            if vit.cfg.class_token and vit.cfg.drop_class_token:
+                x = x[:, 1:]
+        return x
+
+    def _rows(self, y: torch.Tensor, x: torch.Tensor | dict, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected rows `[n, H]` and rows per sample from the last stage's output."""
+        n = int(counts.sum())
+        if n == 0:
+            return torch.zeros(0, self.lm_hidden, device=self.device), torch.zeros_like(counts)
+        if y.dim() == 3:
+            per_input = torch.full((n,), y.shape[1], dtype=torch.long, device=counts.device)
+            y = y.reshape(-1, y.shape[-1])
+        elif isinstance(x, dict) and OUTPUT_LENGTHS in x:
+            per_input = x[OUTPUT_LENGTHS].long().to(counts.device)
+        else:
+            raise ValueError(f"encoder '{self.encoder_name}' returned rows without a per-input length; return "
+                             f"[n, s, h] or pass '{OUTPUT_LENGTHS}' with its inputs")
+        sample = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
+        per_sample = torch.zeros_like(counts).index_add_(0, sample, per_input)
+        return self.sub.project(y), per_sample
+
+    def forward(self, t: int) -> None:
+        if self.first:
+            x, counts = self.inputs[t]
+            x = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+            counts = counts.to(self.device)
+            leaves = []
+        else:
+            x, counts = self.recv_forward()
+            leaves = [x]
+        empty = int(counts.sum()) == 0
+        with self.autocast():
+            y = torch.zeros(0, device=self.device) if empty else self._run(x)
+            if self.last:
+                y, per_sample = self._rows(y, x, counts)
+        if self.last:
+            self.bridge.send_forward(y, per_sample, self.outbox)
+        else:
+            self.send_forward([y, counts])
+        self.inflight.append((leaves, y))
+
+    def backward(self) -> None:
+        leaves, out = self.inflight.popleft()
+        grad = self.bridge.recv_backward(out) if self.last else self.output_grad(out)
+        self.run_backward(out, grad)
+        if not self.first:
+            self.send_input_grad(leaves)
