@@ -175,7 +175,7 @@ class ParallelPlan:
                 t = p.grad if p.grad is not None else torch.zeros_like(p)
             t = t.full_tensor() if hasattr(t, "full_tensor") else t
             name = LANGUAGE if pname.startswith("language_model.") else pname.split(".")[1]
-            dim = _shard_dim(owners[id(p)], pname)
+            dim = tp_shard_dim(owners[id(p)], pname)
             tp = self.layout.grids[name].tp
             if dim is not None and tp > 1:
                 parts = [torch.empty_like(t) for _ in range(tp)]
@@ -236,7 +236,7 @@ class ParallelPlan:
             dist.all_reduce(t, group=self.groups[LANGUAGE].group(lanes))
         return t
 
-def _shard_dim(owner: nn.Module, pname: str) -> int | None:
+def tp_shard_dim(owner: nn.Module, pname: str) -> int | None:
     """The dim along which tensor parallelism split this parameter, or None if it is TP-replicated."""
     if isinstance(owner, (ColumnParallelLinear, VocabParallelEmbedding)):
         return 0

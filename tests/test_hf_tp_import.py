@@ -1,0 +1,56 @@
+"""Importing a Hugging Face LM under TP=2 (each rank reading only its shard) gives the TP=1 logits."""
+
+import torch
+import torch.distributed as dist
+
+from mimo.interop.hf_config import llm_config_from_hf
+from mimo.interop.hf_files import open_source
+from mimo.interop.hf_import import import_llm, load_llm_weights
+from mimo.interop.hf_weights import dim_shard_fn
+from mimo.models.llm import DecoderLM
+from mimo.parallel.plan import tp_shard_dim
+from mimo.parallel.tensor import parallelize_lm, tp_lm_logits
+from tests.dist import run_distributed
+from tests.hf_helpers import TOL, one_thread, rel_diff, save, tiny_text_config, transformers  # noqa: F401
+
+
+def _tp_import(rank: int, world: int, directory: str) -> None:
+    torch.manual_seed(3)
+    ids = torch.randint(0, 96, (2, 9))
+    pos = torch.arange(9).expand(2, 9)
+    full = import_llm(directory)
+    ref = full.logits(full(full.embed(ids), pos))
+    group = dist.new_group(list(range(world)))
+    with open_source(directory) as src:
+        lm = DecoderLM(llm_config_from_hf(src.config()))
+        parallelize_lm(lm, group, sequence_parallel=False)
+        dims = {name: tp_shard_dim(_owner(lm, name), name) for name, _ in lm.named_parameters()}
+        read: list[tuple[str, tuple]] = []
+
+        def dim_of(name: str) -> int | None:
+            return dims[name]
+
+        shard = dim_shard_fn(dim_of, rank, world)
+
+        def recording(name, sl):
+            t = shard(name, sl)
+            read.append((name, tuple(t.shape)))
+            return t
+
+        load_llm_weights(lm, src, recording)
+    for name, shape in read:
+        assert shape == tuple(lm.get_parameter(name).shape), name
+    assert any(dims[n] is not None for n, _ in read)
+    got = tp_lm_logits(group, False)(lm(lm.embed(ids), pos), lm)
+    assert rel_diff(got, ref) <= TOL, rel_diff(got, ref)
+
+
+def _owner(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    return module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+
+
+def test_tp2_import_matches_tp1(tmp_path):
+    cfg = tiny_text_config("qwen2", vocab_size=96)
+    torch.manual_seed(0)
+    directory = save(transformers.Qwen2ForCausalLM(cfg).eval(), tmp_path / "qwen2")
+    run_distributed(_tp_import, 2, str(directory), timeout=180)
