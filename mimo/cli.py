@@ -59,7 +59,10 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
     ids = [tok.BOS]
     modality_inputs = None
     if args.image:
-        (name, mcfg), = cfg.model.modalities.items()
+        vision = [(n, m) for n, m in cfg.model.modalities.items() if m.kind == "vision"]
+        if len(vision) != 1:
+            raise ConfigError(f"--image needs a run with exactly one vision modality; '{args.run}' has {len(vision)}")
+        (name, mcfg), = vision
         vit = model.modality_submodules[name].encoders["vit"]
         img = Image.open(args.image).convert("RGB").resize((mcfg.vit.image, mcfg.vit.image))
         pixels = torch.from_numpy(image_tensor_values(np.asarray(img)))[None]

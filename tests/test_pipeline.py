@@ -41,20 +41,21 @@ from tests.dist import run_distributed
 RTOL = 1e-5
 IMG, S, MICRO, PER_MB = 60, 16, 4, 4
 IMAGES_PER_SAMPLE = [0, 2, 1, 1, 2, 0, 1, 0, 0, 0, 0, 0, 1, 1, 2, 0]
-# (encoder (tp, pp, dp), LM (tp, pp, dp), tied LM embeddings), by world size
+# (encoder (tp, pp, dp), LM (tp, pp, dp), tied LM embeddings, LM sequence parallel), by world size
 LAYOUTS = {
-    2: [((1, 1, 1), (1, 1, 1), False)],
-    4: [((1, 1, 1), (1, 3, 1), True)],
-    8: [((2, 1, 1), (2, 3, 1), False), ((2, 2, 1), (2, 2, 1), True), ((1, 1, 4), (2, 2, 1), True),
-        ((2, 2, 1), (1, 1, 4), False), ((1, 1, 2), (2, 3, 1), True)],
+    2: [((1, 1, 1), (1, 1, 1), False, False)],
+    4: [((1, 1, 1), (1, 3, 1), True, False)],
+    8: [((2, 1, 1), (2, 3, 1), False, True), ((2, 2, 1), (2, 2, 1), True, False),
+        ((1, 1, 4), (2, 2, 1), True, False), ((2, 2, 1), (1, 1, 4), False, False),
+        ((1, 1, 2), (2, 3, 1), True, False)],
 }
 
 
-def _module(offset: int, tp: int, pp: int, dp: int) -> ModuleLayoutConfig:
-    return ModuleLayoutConfig(offset=offset, size=tp * pp * dp, tp=tp, pp=pp)
+def _module(offset: int, tp: int, pp: int, dp: int, sp: bool = False) -> ModuleLayoutConfig:
+    return ModuleLayoutConfig(offset=offset, size=tp * pp * dp, tp=tp, pp=pp, sequence_parallel=sp)
 
 
-def _config(enc: tuple[int, int, int], lm: tuple[int, int, int], tied: bool) -> Config:
+def _config(enc: tuple[int, int, int], lm: tuple[int, int, int], tied: bool, sp: bool = False) -> Config:
     enc_size = enc[0] * enc[1] * enc[2]
     return Config(
         model=ModelConfig(
@@ -62,7 +63,7 @@ def _config(enc: tuple[int, int, int], lm: tuple[int, int, int], tied: bool) -> 
                           tie_embeddings=tied),
             modalities={"images": ModalityConfig(token_id=IMG, vit=ViTConfig(image=8, patch=4, hidden=16, layers=2,
                                                                              heads=4, mlp=32, init_std=0.1))}),
-        parallel=ParallelConfig(modules={"images": _module(0, *enc), "language": _module(enc_size, *lm)},
+        parallel=ParallelConfig(modules={"images": _module(0, *enc), "language": _module(enc_size, *lm, sp)},
                                 microbatches=MICRO),
         data=DataConfig(global_batch=PER_MB * MICRO),
         # eps well above the gradients keeps Adam's first update proportional to the gradient (see
@@ -109,10 +110,10 @@ def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale if scale else diff
 
 
-def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool) -> float:
+def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool) -> float:
     """One layout; returns (on rank 0) the worst relative difference of loss, gradients and weights."""
-    what = f"encoder {enc} LM {lm} tied {tied}"
-    cfg = _config(enc, lm, tied)
+    what = f"encoder {enc} LM {lm} tied {tied} sp {sp}"
+    cfg = _config(enc, lm, tied, sp)
     batch = _batch()
     torch.manual_seed(0)
     model = build_model(cfg.model)
@@ -144,13 +145,13 @@ def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool) -> float
 
 
 def _all_cases(rank: int, world: int) -> list[float]:
-    return [_run_case(rank, world, enc, lm, tied) for enc, lm, tied in LAYOUTS[world]]
+    return [_run_case(rank, world, *case) for case in LAYOUTS[world]]
 
 
 @pytest.mark.parametrize("world", sorted(LAYOUTS))
 def test_pipelined_layouts_equal_single_process(world):
     worst = run_distributed(_all_cases, world, timeout=600)[0]
-    for (enc, lm, _), w in zip(LAYOUTS[world], worst):
+    for (enc, lm, _, _), w in zip(LAYOUTS[world], worst):
         print(f"encoder {enc} LM {lm}: max relative diff {w:.2e}")
 
 

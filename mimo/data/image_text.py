@@ -11,7 +11,7 @@ and every such sample is counted and reported, never a crash or a hang.
 
 from __future__ import annotations
 
-import signal
+import os
 import sys
 from collections.abc import Callable, Iterator
 from itertools import count
@@ -80,10 +80,10 @@ class _StepRequests(Sampler):
                    for row, i in enumerate(indices) if text is None or row in text or row in images]
 
 
-def _ignore_sigterm(worker_id: int) -> None:
-    """Workers leave SIGTERM to the training process, which saves a checkpoint and then stops them; a
-    scheduler signalling the whole process group must not kill them under a training step."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def _own_session(worker_id: int) -> None:
+    """Workers leave the trainer's process group: a SIGTERM to the whole group (a scheduler, torchrun)
+    must reach only the trainer, which saves a checkpoint and then stops them as usual."""
+    os.setsid()
 
 
 def _agree_max(flags: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,7 @@ class ImageTextData(SeededBatches):
     def _items(self, step: int, global_batch: int, seed: int) -> list[Item]:
         if self._iter is None or step != self._next_step:
             loader = DataLoader(_Samples(self), batch_sampler=_StepRequests(self, step, global_batch, seed),
-                                num_workers=self.workers, collate_fn=list, worker_init_fn=_ignore_sigterm,
+                                num_workers=self.workers, collate_fn=list, worker_init_fn=_own_session,
                                 timeout=WORKER_TIMEOUT_S if self.workers else 0)
             self._iter = iter(loader)
         self._next_step = step + 1

@@ -85,7 +85,8 @@ class PipelineBridge:
         self.receivers = [(b, lo - i * self.enc_samples, hi - i * self.enc_samples)
                           for (a, b), (i, _, lo, hi) in zip(pairs, overlaps) if a == rank]
         self.senders = [a for a, b in pairs if b == rank]
-        self.peer_rows: deque[list[int]] = deque()
+        # Leaders, per microbatch in flight: rows (and on the LM side their dtype) on each link.
+        self.peer_rows: deque[list[tuple[int, torch.dtype]]] = deque()
 
     def _tp(self) -> int:
         return 1 if self.tp_group is None else dist.get_world_size(self.tp_group)
@@ -107,7 +108,7 @@ class PipelineBridge:
         for peer, lo, hi in self.receivers:
             part = rows[ends[lo]: ends[hi]]
             send_message([sample_rows[lo:hi], part], peer, self.forward_groups[(self.rank, peer)], outbox)
-            sent.append(part.shape[0])
+            sent.append((part.shape[0], part.dtype))
         self.peer_rows.append(sent)
 
     def recv_backward(self, rows: torch.Tensor) -> torch.Tensor:
@@ -116,7 +117,7 @@ class PipelineBridge:
         if self.receivers:
             parts = [recv_like([rows.new_empty(n, rows.shape[1])], peer,
                                self.backward_groups[(peer, self.rank)])[0]
-                     for (peer, _, _), n in zip(self.receivers, self.peer_rows.popleft())]
+                     for (peer, _, _), (n, _) in zip(self.receivers, self.peer_rows.popleft())]
             grad = torch.cat(parts)
         self._broadcast(grad)
         return grad
@@ -132,7 +133,7 @@ class PipelineBridge:
             rows.append(part)
         if self.senders:
             got = torch.cat(counts)
-            cat = torch.cat(rows)
+            cat = torch.cat([r.to(rows[0].dtype) for r in rows])
             meta = torch.tensor([DTYPES.index(cat.dtype), cat.shape[1], *got.tolist()], device=device)
         else:
             meta = torch.empty(2 + self.lm_samples, dtype=torch.long, device=device)
@@ -142,7 +143,7 @@ class PipelineBridge:
         if not self.senders:
             cat = torch.empty(int(got.sum()), width, dtype=dtype, device=device)
         else:
-            self.peer_rows.append([r.shape[0] for r in rows])
+            self.peer_rows.append([(r.shape[0], r.dtype) for r in rows])
         self._broadcast(cat)
         return cat.requires_grad_()
 
@@ -162,6 +163,7 @@ class PipelineBridge:
         if not self.senders:
             return
         grad = torch.zeros_like(rows) if grad is None else grad
-        for peer, part in zip(self.senders, grad.split(self.peer_rows.popleft())):
-            send_payload([part], peer, self.backward_groups[(self.rank, peer)], outbox)
+        links = self.peer_rows.popleft()
+        for peer, part, (_, dtype) in zip(self.senders, grad.split([n for n, _ in links]), links):
+            send_payload([part.to(dtype)], peer, self.backward_groups[(self.rank, peer)], outbox)
 

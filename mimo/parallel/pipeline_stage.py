@@ -61,8 +61,8 @@ class _Stage:
     def send_forward(self, tensors: list[torch.Tensor]) -> None:
         send_message(tensors, self.next.peer, self.next.send_group, self.outbox)
 
-    def output_grad(self, out: torch.Tensor) -> torch.Tensor | None:
-        """The gradient of this stage's output for the oldest microbatch (None: `out` is the loss)."""
+    def output_grad(self, out: torch.Tensor) -> torch.Tensor:
+        """The gradient of this stage's output `out` from the next stage (same shape and dtype)."""
         return recv_like([torch.empty_like(out)], self.next.peer, self.next.recv_group)[0]
 
     def run_backward(self, out: torch.Tensor, grad: torch.Tensor | None) -> None:
@@ -90,8 +90,8 @@ class LMStage(_Stage):
             raise ValueError("attention_mask (packed sequences) is not supported by the pipeline schedule; "
                              "train packed data on a colocated layout")
         model, lm = self.model, self.model.language_model
-        hidden = lm.cfg.hidden
-        rows = {name: bridge.recv_forward((ids == model.special_token_ids[name]).sum(1), hidden, self.device)
+        width = lm.cfg.hidden
+        rows = {name: bridge.recv_forward((ids == model.special_token_ids[name]).sum(1), width, self.device)
                 for name, bridge in self.bridges.items()}
         with self.autocast():
             text = lm.embed(ids[text_positions(ids, model.special_token_ids)])

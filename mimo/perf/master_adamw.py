@@ -5,7 +5,8 @@ runs each step, while the update keeps fp32 precision (the same contract as auto
 Master weights and both moments live in flat fp32 buffers and every parameter's `.grad` is a view of
 one flat bf16 buffer, so the update is one elementwise pass over a few large tensors (one kernel per
 chunk when compiled) instead of hundreds of small ones, followed by one foreach copy back to the bf16
-weights. The step count and learning rate live on the device: a step never waits for the host.
+weights. The step count and learning rate live on the device, so a step never makes the host wait for
+the GPU.
 """
 
 from __future__ import annotations
