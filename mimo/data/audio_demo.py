@@ -6,9 +6,8 @@ each gliding up or down. A sample holds an image, a clip or both, and asks about
 or falling?* about the clip. Layouts cycle (image only, audio only, both + image question, both +
 audio question), so a batch always mixes samples with and without each modality.
 
-A sequence is `<bos> [<audio>*k] [<image>*16] question answer <eos> <pad>...`, where k depends on
-the clip's duration (one token per two log-mel frames of audio). The image goes last so its patches
-always sit at the same distance from the question. Clips are padded to one fixed
+A sequence is `<bos> [<image>*16] [<audio>*k] question answer <eos> <pad>...`, where k depends on
+the clip's duration (one token per two log-mel frames of audio). Clips are padded to one fixed
 length, CLIP_SECONDS, before the encoder (as Whisper pads to 30 s), and `output_lengths` keeps each
 clip's own k rows. Modality inputs are flat (one row per image or clip) with `modality_counts`
 saying how many each sample holds, so batches split by samples on any layout.
@@ -117,10 +116,10 @@ class AVLMData(SeededBatches):
 
     def prompt_ids(self, s: AVSample) -> list[int]:
         ids = [self.tok.BOS]
-        if s.audio is not None:
-            ids += [self.audio_token_id] * audio_tokens(s.audio.shape[0])
         if s.image is not None:
             ids += [self.image_token_id] * self.image_tokens
+        if s.audio is not None:
+            ids += [self.audio_token_id] * audio_tokens(s.audio.shape[0])
         return ids + self.tok.encode(s.question)
 
     def modality_inputs(self, samples: list[AVSample]) -> tuple[dict, dict]:

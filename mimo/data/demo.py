@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import COLORS, COUNTS, QUESTIONS, SHAPES, Sample, image_tensor_values, make_samples
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.train.loss import IGNORE_INDEX
 
 
-class DemoVLMData:
+class DemoVLMData(SeededBatches):
     """Train and held-out sets of the shapes task, tokenised, with a deterministic global order."""
 
     def __init__(self, train_samples: int, eval_samples: int, seed: int, image_tokens: int,
@@ -52,21 +53,3 @@ class DemoVLMData:
             "position_ids": torch.arange(s).expand(b, s).contiguous(),
             "modality_inputs": {self.modality: {self.encoder: {"pixel_values": pixels}}},
         }
-
-    def global_batch_indices(self, step: int, global_batch: int, seed: int) -> np.ndarray:
-        """Sample indices of the global batch at `step`: epochs of seeded permutations, concatenated.
-
-        Depends only on (step, global_batch, seed), never on the layout, so any layout sees the same
-        global batch at every step and a resumed run continues exactly where it stopped.
-        """
-        n = len(self.train)
-        start = step * global_batch
-        out = []
-        while len(out) < global_batch:
-            epoch, offset = divmod(start + len(out), n)
-            perm = np.random.default_rng([seed, epoch]).permutation(n)
-            out.extend(perm[offset : offset + global_batch - len(out)].tolist())
-        return np.asarray(out)
-
-    def global_batch(self, step: int, global_batch: int, seed: int) -> dict:
-        return self.collate([self.train[i] for i in self.global_batch_indices(step, global_batch, seed)])
