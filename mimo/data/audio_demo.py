@@ -2,9 +2,10 @@
 
 Audio is synthesised at run time (nothing is downloaded): one to three beeps, all low or all high,
 each gliding up or down. A sample holds an image, a clip or both, and asks about one of them:
-*what color? / what shape? / how many?* about the image, *what pitch? / how many beeps? / rising
-or falling?* about the clip. Layouts cycle (image only, audio only, both + image question, both +
-audio question), so a batch always mixes samples with and without each modality.
+*what color? / what shape? / how many?* about the image, *high or low? / number of beeps? / rising
+or falling?* about the clip. Layouts cycle (image only, audio only, both with an image question,
+both with an audio question, ...; see LAYOUTS), so a batch always mixes samples with and without
+each modality.
 
 A sequence is `<bos> [<image>*16] [<audio>*k] question answer <eos> <pad>...`, where k depends on
 the clip's duration (one token per two log-mel frames of audio). Clips are padded to one fixed
@@ -15,6 +16,7 @@ saying how many each sample holds, so batches split by samples on any layout.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,14 +32,18 @@ from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_m
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.loss import IGNORE_INDEX
 
-CLIP_SECONDS = 1.0
+CLIP_SECONDS = 0.6
 CLIP_SAMPLES = int(CLIP_SECONDS * WHISPER_SAMPLING_RATE)
-PITCHES = {"low": (250.0, 400.0), "high": (1500.0, 2500.0)}  # start frequency ranges; glides stay apart
+PITCHES = {"low": (300.0, 450.0), "high": (2000.0, 3000.0)}  # start frequency ranges; glides stay apart
 DIRECTIONS = ("rising", "falling")
-GLIDE = 1.5  # frequency ratio from a beep's start to its end
-AUDIO_QUESTIONS = {"pitch": "what pitch?", "beeps": "how many beeps?", "direction": "rising or falling?"}
-# (what a sample holds, what its question is about), cycled.
-LAYOUTS = ((("image",), "image"), (("audio",), "audio"), (("image", "audio"), "image"), (("image", "audio"), "audio"))
+GLIDE = 2.0  # frequency ratio from a beep's start to its end
+# Worded unlike the image questions from the first character on ("how many beeps?" next to "how many?" had a
+# character-level LM count beeps for shapes), so the question alone says which modality to read.
+AUDIO_QUESTIONS = {"pitch": "high or low?", "beeps": "number of beeps?", "direction": "rising or falling?"}
+# (what a sample holds, what its question is about), cycled. Two in three questions are about the image: shapes
+# take a tiny LM longer to learn than anything the clips ask.
+LAYOUTS = ((("image",), "image"), (("audio",), "audio"), (("image", "audio"), "image"),
+           (("image", "audio"), "audio"), (("image",), "image"), (("image", "audio"), "image"))
 
 
 @dataclass
@@ -54,15 +60,15 @@ def synth_tones(pitch: str, beeps: int, direction: str, rng: np.random.Generator
     sr = WHISPER_SAMPLING_RATE
     base = rng.uniform(*PITCHES[pitch])
     ratio = GLIDE if direction == "rising" else 1.0 / GLIDE
-    parts = [np.zeros(int(rng.uniform(0.02, 0.08) * sr), np.float32)]
+    parts = [np.zeros(int(rng.uniform(0.02, 0.05) * sr), np.float32)]
     for i in range(beeps):
-        n = int(rng.uniform(0.10, 0.18) * sr)
+        n = int(rng.uniform(0.08, 0.12) * sr)
         freq = base * ratio ** (np.arange(n) / n)
         fade = np.minimum(1.0, np.minimum(np.arange(n), np.arange(n)[::-1]) / (0.01 * sr))
         parts.append((rng.uniform(0.3, 0.6) * fade * np.sin(2 * np.pi * np.cumsum(freq) / sr)).astype(np.float32))
         if i < beeps - 1:
-            parts.append(np.zeros(int(rng.uniform(0.06, 0.12) * sr), np.float32))
-    parts.append(np.zeros(int(rng.uniform(0.02, 0.06) * sr), np.float32))
+            parts.append(np.zeros(int(rng.uniform(0.04, 0.07) * sr), np.float32))
+    parts.append(np.zeros(int(rng.uniform(0.02, 0.04) * sr), np.float32))
     wave = np.concatenate(parts)
     return (wave + 0.01 * rng.standard_normal(wave.shape[0])).astype(np.float32)
 
@@ -73,29 +79,44 @@ def audio_tokens(num_samples: int) -> int:
     return AudioEncoder.output_frames(frames)
 
 
-def make_av_samples(n: int, seed: int) -> list[AVSample]:
-    """`n` samples; layouts and question kinds cycle so every (layout, kind) pair is balanced."""
-    rng = np.random.default_rng(seed)
-    image_kinds, audio_kinds = list(QUESTIONS), list(AUDIO_QUESTIONS)
-    out = []
-    for i in range(n):
-        layout, about = LAYOUTS[i % len(LAYOUTS)]
-        shape, color = SHAPES[rng.integers(len(SHAPES))], list(COLORS)[rng.integers(len(COLORS))]
-        count = int(rng.integers(1, 4))
-        pitch, direction = list(PITCHES)[rng.integers(2)], DIRECTIONS[rng.integers(2)]
-        beeps = int(rng.integers(1, 4))
-        image = render(shape, color, count, rng) if "image" in layout else None
-        audio = synth_tones(pitch, beeps, direction, rng) if "audio" in layout else None
-        kind_index = i // len(LAYOUTS)
-        if about == "image":
-            kind = image_kinds[kind_index % len(image_kinds)]
-            question, answer = QUESTIONS[kind], {"color": color, "shape": shape, "count": COUNTS[count - 1]}[kind]
-        else:
-            kind = audio_kinds[kind_index % len(audio_kinds)]
-            question = AUDIO_QUESTIONS[kind]
-            answer = {"pitch": pitch, "beeps": COUNTS[beeps - 1], "direction": direction}[kind]
-        out.append(AVSample(image, audio, question, answer, about))
-    return out
+def make_av_sample(i: int, seed: int) -> AVSample:
+    """Sample i of a set, drawn from its own seed; layouts and question kinds cycle with i so that every
+    (layout, kind) pair is balanced."""
+    rng = np.random.default_rng([seed, i])
+    layout, about = LAYOUTS[i % len(LAYOUTS)]
+    shape, color = SHAPES[rng.integers(len(SHAPES))], list(COLORS)[rng.integers(len(COLORS))]
+    count = int(rng.integers(1, 4))
+    pitch, direction = list(PITCHES)[rng.integers(2)], DIRECTIONS[rng.integers(2)]
+    beeps = int(rng.integers(1, 4))
+    image = render(shape, color, count, rng) if "image" in layout else None
+    audio = synth_tones(pitch, beeps, direction, rng) if "audio" in layout else None
+    kind_index = i // len(LAYOUTS)
+    if about == "image":
+        kind = list(QUESTIONS)[kind_index % len(QUESTIONS)]
+        question, answer = QUESTIONS[kind], {"color": color, "shape": shape, "count": COUNTS[count - 1]}[kind]
+    else:
+        kind = list(AUDIO_QUESTIONS)[kind_index % len(AUDIO_QUESTIONS)]
+        question = AUDIO_QUESTIONS[kind]
+        answer = {"pitch": pitch, "beeps": COUNTS[beeps - 1], "direction": direction}[kind]
+    return AVSample(image, audio, question, answer, about)
+
+
+class AVSamples(Sequence[AVSample]):
+    """`n` samples built on demand, nothing stored: a large training set costs no memory, so a tiny model
+    sees fresh samples instead of memorising a few thousand (which held its shape answers back)."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int | slice) -> AVSample | list[AVSample]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not 0 <= i < self.n:
+            raise IndexError(f"sample {i} of a set of {self.n}")
+        return make_av_sample(i, self.seed)
 
 
 class AVLMData(SeededBatches):
@@ -107,8 +128,8 @@ class AVLMData(SeededBatches):
         self.image_tokens, self.image_token_id, self.audio_token_id = image_tokens, image_token_id, audio_token_id
         self.n_mels = n_mels
         self.image_modality, self.audio_modality = image_modality, audio_modality
-        self.train = make_av_samples(train_samples, seed)
-        self.eval = make_av_samples(eval_samples, seed + 1_000_003)
+        self.train = AVSamples(train_samples, seed)
+        self.eval = list(AVSamples(eval_samples, seed + 1_000_003))
         questions = [*QUESTIONS.values(), *AUDIO_QUESTIONS.values()]
         answers = [*COLORS, *SHAPES, *COUNTS, *PITCHES, *DIRECTIONS]
         longest = 1 + image_tokens + audio_tokens(CLIP_SAMPLES) + max(map(len, questions)) + max(map(len, answers)) + 1

@@ -1,4 +1,4 @@
-"""A layout-independent global batch order for in-memory demo sets (the same rule as DemoVLMData).
+"""A layout-independent global batch order, shared by the in-memory demo sets.
 
 The global batch at a step depends only on (step, global_batch, seed): epochs of seeded permutations,
 concatenated. Any layout therefore sees the same global batch at every step, and a resumed run

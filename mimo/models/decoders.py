@@ -60,8 +60,10 @@ class PatchImageDecoder(nn.Module):
                              f"decoder.patch)^2)")
         if rows.shape[0] == 0:
             # No image here: decode one stand-in and keep none of it, so the decoder still runs (same
-            # collectives on every data-parallel rank) and its gradient is exactly zero.
-            return self.forward(rows.new_zeros(p, rows.shape[1]))[:0]
+            # collectives on every data-parallel rank) and its gradient is exactly zero. Adding the empty
+            # rows' sum (exactly 0) keeps the stand-in connected to the input, so backward still reaches
+            # it (FSDP's post-backward hooks fire there).
+            return self.forward(rows.new_zeros(p, rows.shape[1]) + rows.sum())[:0]
         x = rows.reshape(-1, p, rows.shape[1]) + self.position_embedding.weight.to(rows.dtype)
         for layer in self.layers.values():
             x = layer(x)

@@ -2,7 +2,8 @@
 
 Prompts differ in length (a clip's token count follows its duration, and samples lack one modality
 or the other), and greedy decoding takes equal-length prompt batches, so samples are grouped by
-prompt length. Majority baselines (always giving the most common answer) are reported per group.
+prompt length. Majority baselines (always giving the most common answer) are reported for image and
+audio questions apart.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ def evaluate_avlm(model: MimoModel, data: AVLMData, batch_size: int = 100) -> di
     model.train(was_training)
     n = len(data.eval)
     baseline = {about: Counter(s.answer for s in data.eval if s.about == about).most_common(1)[0][1] / total[about]
-                for about in ("image", "audio")}
+                for about in ("image", "audio") if total[about]}
     return {
         "accuracy": (correct["image"] + correct["audio"]) / n,
-        "image_accuracy": correct["image"] / total["image"],
-        "audio_accuracy": correct["audio"] / total["audio"],
+        "image_accuracy": correct["image"] / max(total["image"], 1),
+        "audio_accuracy": correct["audio"] / max(total["audio"], 1),
         "per_question": {q: correct[q] / total[q] for q in total if q not in ("image", "audio")},
         "majority_baseline": baseline,
         "eval_samples": n,
