@@ -40,8 +40,8 @@ GLIDE = 2.0  # frequency ratio from a beep's start to its end
 # Worded unlike the image questions from the first character on ("how many beeps?" next to "how many?" had a
 # character-level LM count beeps for shapes), so the question alone says which modality to read.
 AUDIO_QUESTIONS = {"pitch": "high or low?", "beeps": "number of beeps?", "direction": "rising or falling?"}
-# (what a sample holds, what its question is about), cycled. Two in three questions are about the image: shapes
-# take a tiny LM longer to learn than anything the clips ask.
+# (what a sample holds, what its question is about), cycled. Two in three questions are about the image: its
+# shape question takes a tiny model far more examples than anything the clips ask.
 LAYOUTS = ((("image",), "image"), (("audio",), "audio"), (("image", "audio"), "image"),
            (("image", "audio"), "audio"), (("image",), "image"), (("image", "audio"), "image"))
 
@@ -102,8 +102,8 @@ def make_av_sample(i: int, seed: int) -> AVSample:
 
 
 class AVSamples(Sequence[AVSample]):
-    """`n` samples built on demand, nothing stored: a large training set costs no memory, so a tiny model
-    sees fresh samples instead of memorising a few thousand (which held its shape answers back)."""
+    """`n` samples built on demand, nothing stored: a training set large enough that a run rarely sees a
+    sample twice costs no memory (clips would take ~20 KB each)."""
 
     def __init__(self, n: int, seed: int):
         self.n, self.seed = n, seed
