@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,10 @@ def worker(args: argparse.Namespace) -> dict:
     batches = make_batches(p, device)
     timing = run.measure(batches, args.warmup, args.steps)
     if args.profile:
-        print(run.profile(batches[0]), file=sys.stderr, flush=True)
+        trace = Path(args.trace_dir) / f"{args.preset}_{re.sub(r'[^A-Za-z0-9=]+', '_', args.options) or 'default'}.json"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        print(f"profile of mimo [{args.options}] (trace: {trace})\n{run.profile(batches[0], trace)}", file=sys.stderr,
+              flush=True)
     syncs = run.host_syncs(batches[0])
     tflops = train_flops_per_sample(p) * p["micro_batch"] / timing["step_s_median"] / 1e12
     out = {
@@ -89,7 +93,7 @@ def run_subprocess(cmd: list[str], label: str, log: Path, timeout: float) -> dic
 def mimo_cmd(args: argparse.Namespace, spec: str) -> list[str]:
     return [sys.executable, "-m", "benchmarks.bench_vlm", "--worker", "--preset", args.preset, "--options", spec,
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops),
-            *(["--profile"] if args.profile else [])]
+            *(["--profile", "--trace-dir", args.trace_dir or str(Path(args.out) / "traces")] if args.profile else [])]
 
 
 def baseline_cmd(args: argparse.Namespace, flags: str) -> list[str]:
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fail-fast", action="store_true", help="skip the baselines when every mimo run failed")
     ap.add_argument("--profile", action="store_true",
                     help="after timing, profile one mimo step and log its most expensive kernels")
+    ap.add_argument("--trace-dir", help="where --profile writes Chrome traces (default: OUT/traces)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--options", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

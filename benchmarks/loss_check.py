@@ -5,8 +5,12 @@
 Same initial weights, same batches (the baseline's random data, two batches in turn), same AdamW. Three
 runs: plain mimo in fp32 (`MimoModel.forward`, full fp32 logits, math attention, no compile, no TF32) as
 the reference; plain mimo under bf16 autocast over fp32 weights (the baseline's precision contract), whose
-distance to the reference shows what bf16 compute alone costs; and the fast path as benchmarked. Passes
-when the fast path's loss stays within `--rtol` of the reference at every step.
+distance to the reference shows what bf16 compute alone costs; and the fast path as benchmarked.
+
+"Within bf16 tolerance" is measured, not guessed: the fast path passes when its largest relative gap to
+the fp32 curve over all steps is at most `--slack` times that of bf16 autocast (the baseline's own
+precision contract), or at most `--rtol`. A fixed bound alone does not work: while the loss falls
+fastest, bf16 compute by itself moves this curve by a few percent (2.9% at lr 1e-4, H200, 2026-11-29).
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--lr", type=float, default=1e-4, help="larger than the benchmark's so the loss moves")
     ap.add_argument("--fast", default="", help="Options of the fast path (default: all optimisations)")
-    ap.add_argument("--rtol", type=float, default=1e-2, help="allowed |fast - fp32| / fp32 at every step")
+    ap.add_argument("--rtol", type=float, default=1e-2, help="|fast - fp32| / fp32 that passes at any rate")
+    ap.add_argument("--slack", type=float, default=1.5,
+                    help="allowed ratio of the fast path's largest relative gap to bf16 autocast's")
     args = ap.parse_args(argv)
 
     p = copy.deepcopy(load_preset(args.preset))
@@ -73,9 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | " + " | ".join(f"{losses[i]:.4f}" for i in marks)
               + f" | {max(diffs):.2e} | {worst[name]:.2e} |")
     fast = list(curves)[-1]
-    ok = worst[fast] <= args.rtol
-    print(f"\n{'PASS' if ok else 'FAIL'}: {fast} within {worst[fast]:.2e} of fp32 at every step (rtol {args.rtol}); "
-          f"bf16 autocast within {worst['bf16 autocast']:.2e}")
+    bound = max(args.rtol, args.slack * worst["bf16 autocast"])
+    ok = worst[fast] <= bound
+    print(f"\n{'PASS' if ok else 'FAIL'}: {fast} within {worst[fast]:.2e} of fp32 at every step, bf16 autocast within "
+          f"{worst['bf16 autocast']:.2e}; bound max(rtol {args.rtol}, {args.slack} x autocast) = {bound:.2e}")
     return 0 if ok else 1
 
 

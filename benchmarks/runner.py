@@ -10,15 +10,29 @@ import contextlib
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from benchmarks import trace_gaps
 from benchmarks.workload import MODALITY, Batch, model_config
 from mimo.mimo_model import build_model
-from mimo.perf import MasterAdamW, checkpoint_blocks, compile_blocks, linear_cross_entropy, use_sdpa_backend
+from mimo.perf import (
+    MasterAdamW,
+    checkpoint_blocks,
+    compile_blocks,
+    linear_cross_entropy,
+    use_sdpa_backend,
+)
 
 PRECISIONS = ("bf16", "autocast", "fp32")
+VIT_COMPILE = ("blocks", "whole", "graphs")
+
+
+def _no_mark(phase: str) -> None:
+    """Default of `Run.step`'s phase marker: no marking."""
 
 
 @dataclass
@@ -29,6 +43,8 @@ class Options:
     chunked_ce: head + cross-entropy over row chunks (else mimo's plain path with full fp32 logits).
     text_rows_only: run head + loss on the rows that have a label only (with chunked_ce).
     ckpt_layers: activation checkpointing of the first k decoder layers.
+    vit_compile (with compile): "blocks" compiles each ViT block, "whole" the ViT as one graph, "graphs"
+    the whole ViT replayed as CUDA graphs (its blocks are short enough for launch overhead to show).
     sdpa: the only attention backend allowed (on CUDA).
     lr, weight_decay: AdamW as the baseline builds it (torch defaults apart from lr)."""
 
@@ -37,6 +53,7 @@ class Options:
     chunked_ce: bool = True
     text_rows_only: bool = True
     ckpt_layers: int = 0
+    vit_compile: str = "graphs"
     sdpa: str = "flash"
     lr: float = 1e-5
     weight_decay: float = 1e-2
@@ -58,6 +75,8 @@ class Options:
                 setattr(opts, key, types[key](value))
         if opts.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got '{opts.precision}'")
+        if opts.vit_compile not in VIT_COMPILE:
+            raise ValueError(f"vit_compile must be one of {VIT_COMPILE}, got '{opts.vit_compile}'")
         return opts
 
 
@@ -81,7 +100,10 @@ class Run:
         vit = self.model.modality_submodules[MODALITY].encoders["vit"]
         checkpoint_blocks(list(lm.layers.values())[:opts.ckpt_layers])
         if opts.compile:
-            compile_blocks(vit.layers.values())
+            if opts.vit_compile == "blocks":
+                compile_blocks(vit.layers.values())
+            else:
+                vit.compile(mode="reduce-overhead" if opts.vit_compile == "graphs" else None)
             compile_blocks(lm.layers.values())
         if opts.precision == "bf16":
             self.opt = MasterAdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
@@ -96,8 +118,9 @@ class Run:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def loss(self, batch: Batch) -> torch.Tensor:
-        """Mean next-token loss over the text positions (forward only)."""
+    def loss(self, batch: Batch, mark: Callable[[str], None] = _no_mark) -> torch.Tensor:
+        """Mean next-token loss over the text positions (forward only). `mark(phase)` is called as each
+        phase's work has been issued (profiling)."""
         model, lm = self.model, self.model.language_model
         with self.autocast():
             if not self.opts.chunked_ce:
@@ -105,20 +128,30 @@ class Run:
                             modality_inputs=batch.modality_inputs(), modality_token_indices=batch.token_indices)
                 return out.loss_sum / out.num_tokens
             embeds = model.combined_embeddings(batch.input_ids, batch.modality_inputs(), batch.token_indices)
+            mark("forward: vision + projector + embeddings")
+            if embeds.requires_grad:
+                embeds.register_hook(lambda _: mark("backward: language model"))
             hidden = lm(embeds, batch.position_ids).flatten(0, 1)
+            mark("forward: language model")
             labels = batch.labels.reshape(-1)
             if self.opts.text_rows_only:
                 hidden, labels = hidden.index_select(0, batch.loss_rows), labels.index_select(0, batch.loss_rows)
             loss_sum, count = linear_cross_entropy(hidden.to(self.compute_dtype),
                                                    lm.output_weight().to(self.compute_dtype), labels,
                                                    compiled=self.opts.compile)
-            return loss_sum / count
+            loss = loss_sum / count
+            mark("forward + gradients: head and loss")
+            return loss
 
-    def step(self, batch: Batch) -> torch.Tensor:
-        loss = self.loss(batch)
+    def step(self, batch: Batch, mark: Callable[[str], None] = _no_mark) -> torch.Tensor:
+        if self.opts.compile and self.opts.vit_compile == "graphs":
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = self.loss(batch, mark)
         loss.backward()
+        mark("backward: embeddings + projector + vision")
         self.opt.step()
         self.opt.zero_grad()
+        mark("optimizer")
         return loss.detach()
 
     def sync(self) -> None:
@@ -144,16 +177,27 @@ class Run:
         return {"step_s_median": statistics.median(times), "issue_s_median": statistics.median(issue),
                 "first_step_s": first, "final_loss": float(loss)}
 
-    def profile(self, batch: Batch, rows: int = 30) -> str:
-        """The kernels of one step, most device time first: where the time goes."""
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+    def profile(self, batch: Batch, trace: Path, rows: int = 30) -> str:
+        """The kernels of one step, most device time first, and (on CUDA) each phase's busy and idle
+        device time: where the time goes. The Chrome trace is written to `trace`."""
+        cuda = self.device.type == "cuda"
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        phases: list[str] = []
+
+        def mark(phase: str) -> None:
+            phases.append(phase)
+            if cuda:
+                torch.cuda._sleep(1)  # a marker kernel (`spin_kernel`) that ends the phase on the device timeline
+
         with torch.profiler.profile(activities=activities) as prof:
-            self.step(batch)
+            self.step(batch, mark)
             self.sync()
-        key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        text = prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
+        prof.export_chrome_trace(str(trace))
+        if cuda:
+            text += "\n\n" + trace_gaps.report(trace, phases)
+        return text
 
     def host_syncs(self, batch: Batch) -> str:
         """"none" when one more step runs with CUDA's sync debug mode set to error; else the phase that

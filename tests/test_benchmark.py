@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks import trace_gaps
 from benchmarks.runner import Options, Run
 from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, make_batches, train_flops_per_sample
 from mimo.config import LLMConfig
@@ -53,15 +54,17 @@ def test_linear_cross_entropy_matches_full_logits():
     weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     labels = torch.randint(0, 50, (37,))
     labels[::5] = IGNORE_INDEX
-    loss, count = linear_cross_entropy(hidden, weight, labels, chunk_rows=8)
     # float64 throughout (mimo's cross_entropy_sum computes in fp32, too coarse to compare gradients with).
     ref = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    assert count == cross_entropy_sum(hidden @ weight.t(), labels)[1] == 29
-    torch.testing.assert_close(loss, ref)
-    g = torch.autograd.grad(3.0 * loss, (hidden, weight))
     g_ref = torch.autograd.grad(3.0 * ref, (hidden, weight))
-    for a, b in zip(g, g_ref):
-        torch.testing.assert_close(a, b)
+    # one group of all rows; groups of two chunks (8 rows each: 37 rows give groups of 16, 16, 5)
+    for group_bytes in (1 << 30, 2 * 8 * 50 * 8):
+        loss, count = linear_cross_entropy(hidden, weight, labels, chunk_rows=8, group_bytes=group_bytes)
+        assert count == cross_entropy_sum(hidden @ weight.t(), labels)[1] == 29
+        torch.testing.assert_close(loss, ref)
+        g = torch.autograd.grad(3.0 * loss, (hidden, weight))
+        for a, b in zip(g, g_ref):
+            torch.testing.assert_close(a, b)
 
 
 def test_master_adamw_matches_torch_adamw():
@@ -143,3 +146,22 @@ def test_benchmark_runs_on_tiny(tmp_path):
         assert rows["hf eager"]["tokens_per_s"] > 0 and "x hf eager" in table
     else:
         assert "error" in rows["hf eager"]
+
+
+def test_trace_gaps_split_phases_at_markers():
+    def ev(ts, dur, name):
+        return {"cat": "kernel", "ts": ts, "dur": dur, "name": name}
+
+    # phase a: kernels 0-10 and 15-20 (two streams overlapping 8-10 with 5-10), marker at 25-26;
+    # phase b: one kernel 30-40, marker at 50-51. CPU ops are ignored.
+    trace = {"traceEvents": [ev(0, 10, "k1"), ev(5, 5, "k2"), ev(15, 5, "k3"), ev(25, 1, "void spin_kernel(long)"),
+                             ev(30, 10, "k4"), ev(50, 1, "spin_kernel"), {"cat": "cpu_op", "ts": 0, "dur": 99}]}
+    events = trace_gaps.device_events(trace)
+    rows = trace_gaps.phase_table(events, ["a", "b"])
+    assert [(r["kernels"], r["wall_ms"] * 1e3, r["busy_ms"] * 1e3, r["idle_ms"] * 1e3) for r in rows] == \
+        [(3, 25.0, 15.0, 10.0), (1, 24.0, 10.0, 14.0)]
+    # gaps: 10-15 (k2 ends last at 10), 20-25, 26-30, 40-50
+    assert trace_gaps.largest_gaps(events, 10) == [(0.01, "k4", "spin_kernel"), (0.005, "k3", "void spin_kernel(long)"),
+                                                   (0.005, "k2", "k3"), (0.004, "void spin_kernel(long)", "k4")]
+    with pytest.raises(ValueError, match="2 marker kernels in the trace but 1 phase names"):
+        trace_gaps.phase_table(events, ["a"])

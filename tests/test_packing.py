@@ -81,8 +81,12 @@ def test_packed_step_equals_padded_step():
     assert n == n_ref == 11
     assert abs(loss - loss_ref) <= 1e-5 * abs(loss_ref)
     assert g.keys() == g_ref.keys()
+    largest = max(ref.abs().max() for ref in g_ref.values())
     for name, ref in g_ref.items():
-        assert (g[name] - ref).abs().max() <= 1e-5 * ref.abs().max(), name
+        # A key bias shifts every logit of a query equally, so its exact gradient is zero and what both
+        # paths compute is rounding noise: bound it against the largest gradient instead.
+        bound = 1e-6 * largest if name.endswith("k_proj.bias") else 1e-5 * ref.abs().max()
+        assert (g[name] - ref).abs().max() <= bound, name
 
 
 LAYOUT = ["--model.llm.kv_heads=2", "--train.steps=3", "--data.global_batch=8"]

@@ -102,18 +102,20 @@ class KVCache:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               mask: torch.Tensor | None = None) -> torch.Tensor:
-    """SDPA over `[B, heads, S, D]` with grouped-query heads repeated to match q.
+    """SDPA over `[B, heads, S, D]`; k and v may have fewer (grouped-query) heads than q.
 
     `mask` (bool, True = may attend, broadcastable to `[B, 1, Sq, Sk]`) replaces the causal flag when
-    given; it is how packed documents and incremental decoding express their structure.
+    given; it is how packed documents and incremental decoding express their structure. Without a mask,
+    SDPA shares each KV head over its query group itself (`enable_gqa`: the flash kernel reads the grouped
+    heads, nothing is copied); the masked kernels need the heads repeated.
     """
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
+    gqa = q.shape[1] != k.shape[1]
     if mask is not None:
+        if gqa:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
 
 class SelfAttention(nn.Module):

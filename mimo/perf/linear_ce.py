@@ -2,10 +2,12 @@
 
 With a 152k vocabulary, the logits of a 16k-token micro-batch take 10 GB in fp32, and the usual path
 writes and re-reads them several times (cast, log-softmax, its gradient, the head's two backward
-products). Here each chunk of rows computes its bf16 logits, its loss and the gradient of those logits
-in one fused pass, turns that gradient straight into the gradients of the rows and of the head weight,
-and drops the logits. The backward only scales the stored gradients by the incoming scalar, so nothing
-is recomputed and the FLOPs equal the plain path's.
+products). Here each chunk of rows computes its bf16 logits and, in one fused pass, its loss, and
+overwrites the logits with their gradient. The gradients of the rows and of the head weight are then
+two large matrix products over all rows of a group (as many rows as `group_bytes` of bf16 logits
+hold, typically all of them), so the head's gradient is summed in the product's fp32 accumulators and
+rounded once. The backward only scales the stored gradients by the incoming scalar, so nothing is
+recomputed and the FLOPs equal the plain path's.
 """
 
 from __future__ import annotations
@@ -37,9 +39,16 @@ def chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
     return loss, torch.where(valid[:, None], grad, 0.0).to(logits.dtype)
 
 
+def chunk_loss_into_grad(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`chunk_loss_and_grad` that overwrites `logits` with their gradient (no second buffer)."""
+    loss, grad = chunk_loss_and_grad(logits, labels)
+    logits.copy_(grad)
+    return loss
+
+
 @functools.cache
 def _compiled_chunk_fn() -> ChunkFn:
-    return torch.compile(chunk_loss_and_grad)
+    return torch.compile(chunk_loss_into_grad)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -47,37 +56,50 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_rows: int,
-                chunk_fn: ChunkFn) -> torch.Tensor:
+                group_rows: int, chunk_fn: ChunkFn) -> torch.Tensor:
+        n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden)
-        # Sums over every chunk (the loss, the head's gradient) accumulate in fp32 or wider, rounded once.
+        # Sums over groups (rare: only when one group cannot hold every row) accumulate in fp32 or wider.
         acc = torch.promote_types(weight.dtype, torch.float32)
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        grad_weight = None
         loss = torch.zeros((), dtype=acc, device=hidden.device)
+        grad_logits = torch.empty(min(n, group_rows), weight.shape[0], dtype=hidden.dtype, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, hidden.shape[0], chunk_rows):
-                rows = hidden[start:start + chunk_rows]
-                chunk_loss, grad_logits = chunk_fn(rows @ weight.t(), labels[start:start + chunk_rows])
-                loss += chunk_loss
-                torch.mm(grad_logits, weight, out=grad_hidden[start:start + chunk_rows])
-                grad_weight += grad_logits.t() @ rows
+            for g0 in range(0, n, group_rows):
+                rows = hidden[g0:g0 + group_rows]
+                buf = grad_logits[:rows.shape[0]]
+                for c0 in range(0, rows.shape[0], chunk_rows):
+                    chunk = buf[c0:c0 + chunk_rows]
+                    torch.mm(rows[c0:c0 + chunk_rows], weight.t(), out=chunk)
+                    loss += chunk_fn(chunk, labels[g0 + c0:g0 + c0 + chunk.shape[0]])
+                torch.mm(buf, weight, out=grad_hidden[g0:g0 + rows.shape[0]])
+                part = buf.t() @ rows
+                if g0 + group_rows >= n and grad_weight is None:
+                    grad_weight = part
+                elif grad_weight is None:
+                    grad_weight = part.to(acc)
+                else:
+                    grad_weight += part
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                         chunk_rows: int = 4096, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         chunk_rows: int = 4096, compiled: bool = False,
+                         group_bytes: int = 8 << 30) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of token losses, number of loss tokens) of `hidden @ weight.T` against `labels`.
 
     hidden `[..., H]` and weight `[V, H]` share one dtype (the matmuls run in it); labels `[...]` are
     aligned with the rows that predict them, IGNORE_INDEX where no loss is taken. Same contract as
     `mimo.train.loss.cross_entropy_sum(hidden @ weight.T, labels)`. Chunks are near-equal in size so
     that a compiled chunk function sees at most two shapes; `compiled` fuses each chunk's softmax,
-    loss and logit gradient into a couple of kernels.
+    loss and logit gradient into a couple of kernels. `group_bytes` bounds the buffer of logit
+    gradients (whole chunks; at least one).
     """
     if hidden.dtype != weight.dtype:
         raise ValueError(f"hidden ({hidden.dtype}) and weight ({weight.dtype}) must share a dtype")
@@ -86,6 +108,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     n = hidden.shape[0]
     chunks = max(1, -(-n // chunk_rows))
     rows = -(-n // chunks)
-    fn = _compiled_chunk_fn() if compiled else chunk_loss_and_grad
-    loss = _LinearCrossEntropy.apply(hidden, weight, labels, rows, fn)
+    group = max(1, group_bytes // (weight.shape[0] * hidden.element_size() * rows)) * rows
+    fn = _compiled_chunk_fn() if compiled else chunk_loss_into_grad
+    loss = _LinearCrossEntropy.apply(hidden, weight, labels, rows, group, fn)
     return loss, (labels != IGNORE_INDEX).sum().float()

@@ -2,10 +2,10 @@
 
 The model holds only bf16 weights, so forward and backward read half the bytes and no autocast cast
 runs each step, while the update keeps fp32 precision (the same contract as autocast over fp32 weights).
-Master weights and both moments live in flat fp32 buffers and every parameter's `.grad` is a view of
-one flat bf16 buffer, so the update is one elementwise pass over a few large tensors (one kernel per
-chunk when compiled) instead of hundreds of small ones, followed by one foreach copy back to the bf16
-weights. The step count and learning rate live on the device, so a step never makes the host wait for
+Master weights and both moments live in flat fp32 buffers, and every bf16 weight and its `.grad` are
+views of two flat bf16 buffers, so the update is one elementwise pass over a few large tensors (one
+kernel per chunk when compiled, which also writes the new bf16 weights) instead of hundreds of small
+ones. The step count and learning rate live on the device, so a step never makes the host wait for
 the GPU.
 """
 
@@ -20,9 +20,10 @@ _ALIGN = 64  # elements: every view starts 128-byte aligned, as vectorised kerne
 
 
 def adamw_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor,
-                 step: torch.Tensor, lr: torch.Tensor, beta1: float, beta2: float, eps: float,
+                 weight: torch.Tensor, step: torch.Tensor, lr: torch.Tensor, beta1: float, beta2: float, eps: float,
                  weight_decay: float) -> None:
-    """One AdamW update of fp32 tensors in place, torch.optim.AdamW's formula; `grad` may be bf16."""
+    """One AdamW update of fp32 tensors in place, torch.optim.AdamW's formula; `grad` may be bf16. The
+    updated master weights are also written, rounded, to `weight` (the model's low-precision copy)."""
     g = grad.float()
     master.mul_(1 - lr * weight_decay)
     exp_avg.lerp_(g, 1 - beta1)
@@ -30,6 +31,7 @@ def adamw_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.
     step_size = lr / (1 - beta1 ** step)
     denom = exp_avg_sq.sqrt() / (1 - beta2 ** step).sqrt() + eps
     master.sub_(step_size * exp_avg / denom)
+    weight.copy_(master)
 
 
 class MasterAdamW:
@@ -57,13 +59,14 @@ class MasterAdamW:
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
         self.grad = torch.zeros(total, dtype=dtype, device=device)
-        self.master_views = []
+        self.weight = torch.zeros(total, dtype=dtype, device=device)
+        self.master_views = [self.master[off:off + p.numel()].view_as(p) for p, off in zip(self.params, offsets)]
         with torch.no_grad():
-            for p, off in zip(self.params, offsets):
-                view = self.master[off:off + p.numel()].view_as(p)
-                view.copy_(p)
-                self.master_views.append(view)
-                p.data = p.data.to(dtype)
+            for p, off, master in zip(self.params, offsets, self.master_views):
+                master.copy_(p)
+                weight = self.weight[off:off + p.numel()].view_as(p)
+                weight.copy_(p)
+                p.data = weight
                 p.grad = self.grad[off:off + p.numel()].view_as(p)
         self.step_count = torch.zeros((), dtype=torch.float32, device=device)
         self.lr = torch.full((), lr, dtype=torch.float32, device=device)
@@ -74,9 +77,8 @@ class MasterAdamW:
     def step(self) -> None:
         self.step_count += 1
         for s in self.slices:
-            self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad[s], self.step_count,
-                        self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
-        torch._foreach_copy_(self.params, self.master_views)
+            self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad[s], self.weight[s],
+                        self.step_count, self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
 
     def zero_grad(self) -> None:
         self.grad.zero_()
