@@ -1,0 +1,88 @@
+"""The GPU fast path on a CUDA device: compiled blocks, the ViT as CUDA graphs, bf16 weights with fp32
+master AdamW, the chunked head + loss and the flash kernel with grouped KV heads, each against an
+independent fp32 computation. Marked `gpu`: skipped (never passed) where there is no CUDA device.
+
+    python3 -m pytest -q tests/test_gpu.py      # on the GPU machine
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from benchmarks.runner import Options, Run
+from benchmarks.workload import load_preset, make_batches
+from mimo.models.layers import attention
+from mimo.perf import MasterAdamW, linear_cross_entropy
+from mimo.train.loss import IGNORE_INDEX
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+CUDA = torch.device("cuda")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_compiled_chunked_head_and_loss_match_fp32_full_logits():
+    torch.manual_seed(0)
+    hidden = torch.randn(3000, 256, device=CUDA)
+    weight = torch.randn(5000, 256, device=CUDA) * 0.05
+    labels = torch.randint(0, 5000, (3000,), device=CUDA)
+    labels[::7] = IGNORE_INDEX
+    h32, w32 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = F.cross_entropy(h32 @ w32.t(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    ref.backward()
+    hb, wb = hidden.bfloat16().requires_grad_(), weight.bfloat16().requires_grad_()
+    loss, count = linear_cross_entropy(hb, wb, labels, chunk_rows=1024, compiled=True)
+    loss.backward()
+    assert count == (labels != IGNORE_INDEX).sum()
+    assert abs(float(loss.detach()) - float(ref.detach())) <= 5e-3 * float(ref.detach())
+    assert rel(hb.grad, h32.grad) < 2e-2 and rel(wb.grad, w32.grad) < 2e-2
+
+
+def test_compiled_master_adamw_matches_torch_adamw():
+    """The same gradients into both (forward kernels may differ with memory alignment, and Adam turns
+    such rounding on near-zero gradients into whole steps): the update alone is compared."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(300, 200, device=CUDA)
+    fast = torch.nn.Linear(300, 200, device=CUDA)
+    fast.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, compile=True)
+    for _ in range(5):
+        for a, b in zip(ref.parameters(), fast.parameters()):
+            g = torch.randn_like(a)
+            a.grad = g.clone()
+            b.grad.copy_(g)
+        opt_ref.step()
+        opt.step()
+        opt.zero_grad()
+    for a, b in zip(ref.parameters(), fast.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 256, 64, device=CUDA)
+    k, v = torch.randn(2, 2, 256, 64, device=CUDA), torch.randn(2, 2, 256, 64, device=CUDA)
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # flash only: an input it cannot take fails
+        out = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True)
+    assert rel(out, ref) < 1e-2
+
+
+def test_benchmarked_fast_path_trains_like_fp32_mimo():
+    """Preset tiny, all optimisations on (compiled blocks, ViT CUDA graphs, bf16 + master AdamW, chunked
+    loss on text rows) against plain fp32 mimo from the same weights: each of 8 losses within 1%."""
+    p = load_preset("tiny")
+    ref = Run(p, Options.parse("precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,sdpa=math,lr=1e-3"), CUDA)
+    state = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
+    batches = make_batches(p, CUDA)
+    ref_losses = [float(ref.step(batches[i % 2])) for i in range(8)]
+    fast = Run(p, Options.parse("lr=1e-3"), CUDA, state=state)  # allows only the flash kernel from here on
+    assert fast.opts.compile and fast.opts.vit_compile == "graphs"
+    fast_losses = [float(fast.step(batches[i % 2])) for i in range(8)]
+    assert ref_losses[-1] < ref_losses[0] - 0.1
+    for i, (a, b) in enumerate(zip(ref_losses, fast_losses)):
+        assert abs(a - b) <= 1e-2 * a, (i, a, b)
