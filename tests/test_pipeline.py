@@ -11,6 +11,7 @@ embeddings, so the first and last LM stages' copies must get the summed gradient
 
 import contextlib
 import copy
+import re
 
 import pytest
 import torch
@@ -189,3 +190,33 @@ def test_pipeline_stages_need_disjoint_ranks():
     layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 2)
     with pytest.raises(ConfigError, match="pipeline parallelism needs the modules on disjoint ranks"):
         validate_plan(cfg, layout)
+
+
+def _bad_batch_case(rank: int, world: int, damage: str) -> str:
+    """Returns the error this rank raised for a damaged batch (every rank must raise, none may hang)."""
+    cfg = _config((1, 1, 1), (1, 1, 1), False)
+    batch = _batch()
+    if damage == "placeholders":
+        batch["input_ids"][3, 1] = 7  # sample 3 has one image (4 rows) but now only 3 placeholders
+    else:
+        batch[COUNTS]["images"] = batch[COUNTS]["images"].clone()
+        batch[COUNTS]["images"][1] = 1  # sample 1 claims one image fewer than the pixels hold
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    plan = ParallelPlan(cfg, rank, world)
+    plan.parallelize(model)
+    pipe = plan.pipeline
+    with pytest.raises(ValueError) as err:
+        pipe.train_step(model, batch if pipe.needs_data else None, torch.device("cpu"), contextlib.nullcontext)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("placeholders", r"Number of images tokens \(3\) does not match number of images embeddings \(4\) in sample 3"),
+    ("counts", r"modality_counts\['images'\] sums to 10 but input 'images.vit.pixel_values' holds 11 items"),
+])
+def test_a_bad_batch_raises_on_every_rank_instead_of_hanging(damage, message):
+    """Only the encoder rank can see these (it alone reads the pixels); the LM rank must raise too."""
+    messages = run_distributed(_bad_batch_case, 2, damage, timeout=60)
+    assert len(messages) == 2 and messages[0] == messages[1], messages
+    assert re.search(message, messages[0]) and "rank 0 (images stage 0)" in messages[0], messages[0]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from mimo.models.sample_rows import OUTPUT_LENGTHS
+
 COUNTS = "modality_counts"
 LANGUAGE = "language"
 
@@ -28,6 +30,60 @@ def slice_batch(batch: dict, start: int, stop: int) -> dict:
     return out
 
 
+def leading_sizes(tree: dict, prefix: str = "") -> dict[str, int]:
+    """Dim 0 of every tensor in a (nested) dict, by dotted key."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(leading_sizes(v, f"{prefix}{k}."))
+        elif isinstance(v, torch.Tensor):
+            out[prefix + k] = v.shape[0]
+    return out
+
+
+def check_counts(batch: dict) -> None:
+    """Each modality's `modality_counts` must account for every one of its inputs: the split by samples
+    slices inputs by the counts' running sums, so a short count would silently drop inputs."""
+    for name, counts in batch.get(COUNTS, {}).items():
+        total = int(counts.sum())
+        for key, size in leading_sizes(batch.get("modality_inputs", {}).get(name, {})).items():
+            if size != total:
+                raise ValueError(f"modality_counts['{name}'] sums to {total} but input '{name}.{key}' holds {size} "
+                                 f"items; give every sample the number of '{name}' inputs it holds")
+
+
+def check_placeholders(batch: dict, name: str, token_id: int, rows_per_input: int | None) -> None:
+    """Each sample's placeholder tokens of modality `name` against the rows its inputs will become, on
+    the whole global batch, so that every rank holding the batch raises the same error before any
+    collective (a mismatch found later, in one data lane or pipeline stage, would leave the other ranks
+    waiting). Rows per input come from the inputs' `output_lengths` (clips) or `rows_per_input` (an
+    encoder with a fixed number, e.g. a ViT); with neither, the alignment's own check applies.
+    """
+    ids = batch["input_ids"]
+    kwargs = next(iter(batch.get("modality_inputs", {}).get(name, {}).values()), {})
+    counts = batch.get(COUNTS, {}).get(name)
+    if counts is None:
+        counts = torch.full((ids.shape[0],), int(bool(kwargs)), dtype=torch.long)
+    counts = counts.long().cpu()
+    n = int(counts.sum())
+    if OUTPUT_LENGTHS in kwargs:
+        per_input = kwargs[OUTPUT_LENGTHS].long().cpu()
+    elif rows_per_input is not None:
+        per_input = torch.full((n,), rows_per_input, dtype=torch.long)
+    else:
+        return
+    if per_input.numel() != n:
+        return  # inputs and counts disagree: check_counts names that error
+    sample = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    expected = torch.zeros(counts.numel(), dtype=torch.long).index_add_(0, sample, per_input)
+    got = (ids == token_id).sum(1).cpu()
+    bad = (got != expected).nonzero().flatten().tolist()
+    if bad:
+        s = bad[0]
+        raise ValueError(f"Number of {name} tokens ({int(got[s])}) does not match number of {name} embeddings "
+                         f"({int(expected[s])}) in sample {s} of the global batch")
+
+
 def split_microbatches(batch: dict, microbatches: int, lanes: dict[str, tuple[int, int]] | None = None) -> list[dict]:
     """This rank's model inputs for each microbatch.
 
@@ -37,6 +93,7 @@ def split_microbatches(batch: dict, microbatches: int, lanes: dict[str, tuple[in
     n = batch["input_ids"].shape[0]
     if n % microbatches:
         raise ValueError(f"the global batch ({n}) must be divisible by parallel.microbatches ({microbatches})")
+    check_counts(batch)
     counts = batch.get(COUNTS, {})
     text = {k: v for k, v in batch.items() if k not in ("modality_inputs", COUNTS)}
     per_mb = n // microbatches

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from mimo.config import Config, ConfigError
+from mimo.data.batching import check_placeholders
 from mimo.mimo_model import MimoModel
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout
@@ -35,6 +36,22 @@ from mimo.parallel.schedule import run_1f1b, stage_index, warmup_microbatches
 from mimo.train.loss import loss_weights
 
 LANGUAGE = "language"
+
+
+def agree_on_input(problem: str | None, device: torch.device) -> None:
+    """Collective over the world: raise on every rank if any rank found the batch unusable.
+
+    Only ranks with a first or last stage read the batch, so only they can find a bad one; without this,
+    they would raise while every other rank waited for their messages. A step's cost is one one-element
+    all-reduce; the ranks' messages are gathered only when something was wrong.
+    """
+    flag = torch.tensor([float(problem is not None)], device=device)
+    dist.all_reduce(flag)
+    if flag.item() == 0:
+        return
+    messages = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, problem)
+    raise ValueError("bad batch: " + "; ".join(m for m in messages if m))
 
 
 def is_pipelined(layout: Layout) -> bool:
@@ -198,8 +215,21 @@ class PipelinePlan:
         lane, dp = self.groups.rank_in("dp"), self.grid.dp
         local_tokens = torch.zeros((), device=device)
         tokens = 0
+        text = inputs = None
+        problem = None
+        try:
+            if self.module == LANGUAGE and self.needs_data:
+                text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)]
+            elif self.module != LANGUAGE and self.first:
+                sub = model.modality_submodules[self.module]
+                encoder, _ = only_encoder(sub, self.module)
+                inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp)
+                check_placeholders(batch, self.module, model.special_token_ids[self.module],
+                                   getattr(sub.encoders[encoder], "tokens_per_image", None))
+        except ValueError as e:
+            problem = f"rank {self.rank} ({self.module} stage {self.pp_rank}): {e}"
+        agree_on_input(problem, device)
         if self.module == LANGUAGE:
-            text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)] if self.needs_data else None
             if self.last:
                 local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in text)
             if self.first:
@@ -212,7 +242,6 @@ class PipelinePlan:
         else:
             sub = model.modality_submodules[self.module]
             encoder, _ = only_encoder(sub, self.module)
-            inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp) if self.first else None
             stage = EncoderStage(sub, encoder, self.first, self.last, self.bridges[self.module] if self.last else None,
                                  inputs, model.language_model.cfg.hidden, self.grid.pp > 1, **kw)
         run_1f1b(stage, m, warmup_microbatches(self.total_stages, self.stage, m))

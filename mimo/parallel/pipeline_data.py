@@ -51,3 +51,4 @@ def encoder_microbatches(batch: dict, name: str, encoder: str, microbatches: int
                              f"the inputs of encoder '{encoder}'")
         out.append((kwargs, per_sample))
     return out
+

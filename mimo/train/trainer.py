@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from mimo.config import Config, dump_toml
 from mimo.data.audio_demo import build_avlm_data
-from mimo.data.batching import split_microbatches
+from mimo.data.batching import check_counts, check_placeholders, split_microbatches
 from mimo.data.demo import DemoVLMData
 from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
 from mimo.data.packing import PackedBatches
@@ -129,6 +129,16 @@ class Trainer:
             return self.plan.microbatches(batch)
         return split_microbatches(batch, self.cfg.parallel.microbatches)
 
+    def check_batch(self, batch: dict) -> None:
+        """Every rank holds the whole global batch here, so every rank checks all of it and raises the same
+        error before any collective, whichever data lane the bad sample falls in."""
+        check_counts(batch)
+        for name, sub in self.model.modality_submodules.items():
+            if len(sub.encoders) == 1:
+                (encoder,) = sub.encoders.values()
+                check_placeholders(batch, name, self.model.special_token_ids[name],
+                                   getattr(encoder, "tokens_per_image", None))
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over the LM's data lanes (identity on one process)."""
         return self.plan.all_reduce_lm_data(t) if self.plan is not None else t
@@ -138,6 +148,7 @@ class Trainer:
         if self.plan is not None and self.plan.pipeline is not None:
             return self.pipeline_step(step)
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
+        self.check_batch(batch)
         micro = [to_device(mb, self.device) for mb in self.local_microbatches(batch)]
         local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro)
         n_global = self.all_reduce_sum(local_tokens.detach().clone())

@@ -1,0 +1,63 @@
+"""A global batch whose placeholders or counts do not fit its inputs is refused as a whole, by every rank
+that holds it, before anything runs: which data lane the bad sample would land in does not matter."""
+
+import pytest
+import torch
+
+from mimo.config import load_config
+from mimo.data.batching import COUNTS, check_counts, check_placeholders
+from mimo.models.sample_rows import OUTPUT_LENGTHS
+from mimo.train.trainer import Trainer
+from tests.test_avlm import AVLM, TINY
+
+IMG = 9
+
+
+def image_batch(placeholders: list[int], images: list[int], rows: int = 4) -> dict:
+    ids = torch.ones(len(placeholders), 12, dtype=torch.long)
+    for s, k in enumerate(placeholders):
+        ids[s, 1:1 + k] = IMG
+    pixels = torch.zeros(sum(images), 3, 8, 8)
+    return {"input_ids": ids, "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}},
+            COUNTS: {"images": torch.tensor(images)}}
+
+
+def test_placeholders_match_fixed_rows_per_image():
+    check_placeholders(image_batch([4, 0, 8], [1, 0, 2]), "images", IMG, rows_per_input=4)
+    with pytest.raises(ValueError, match=r"Number of images tokens \(7\) does not match number of images "
+                                         r"embeddings \(8\) in sample 2 of the global batch"):
+        check_placeholders(image_batch([4, 0, 7], [1, 0, 2]), "images", IMG, rows_per_input=4)
+
+
+def test_placeholders_match_each_clips_output_length():
+    # sample 0 holds clip 0 (3 rows), sample 1 none, sample 2 clips 1 and 2 (1 + 3 rows)
+    batch = {"input_ids": torch.tensor([[5, 5, 5, 1], [1, 1, 1, 1], [5, 5, 5, 5]]),
+             "modality_inputs": {"audio": {"whisper": {"input_features": torch.zeros(3, 2, 8),
+                                                       OUTPUT_LENGTHS: torch.tensor([3, 1, 3])}}},
+             COUNTS: {"audio": torch.tensor([1, 0, 2])}}
+    check_placeholders(batch, "audio", 5, rows_per_input=None)
+    batch["input_ids"][2, 3] = 1
+    with pytest.raises(ValueError, match=r"Number of audio tokens \(3\) does not match number of audio embeddings "
+                                         r"\(4\) in sample 2"):
+        check_placeholders(batch, "audio", 5, rows_per_input=None)
+
+
+def test_counts_must_account_for_every_input():
+    check_counts(image_batch([4, 0, 8], [1, 0, 2]))
+    batch = image_batch([4, 0, 8], [1, 0, 2])
+    batch[COUNTS]["images"] = torch.tensor([1, 0, 1])
+    with pytest.raises(ValueError, match=r"modality_counts\['images'\] sums to 2 but input "
+                                         r"'images.vit.pixel_values' holds 3 items"):
+        check_counts(batch)
+
+
+def test_trainer_checks_the_whole_global_batch(tmp_path):
+    trainer = Trainer(load_config(AVLM, [*TINY, f"--run.out_dir={tmp_path}"]))
+    batch = trainer.data.global_batch(0, 8, 1)
+    trainer.check_batch(batch)
+    ids = batch["input_ids"]
+    s = int((ids == 260).sum(1).argmax())  # a sample with a clip: drop one of its audio placeholders
+    first = int((ids[s] == 260).nonzero()[0])
+    ids[s, first] = 32
+    with pytest.raises(ValueError, match=f"Number of audio tokens .* in sample {s} of the global batch"):
+        trainer.check_batch(batch)
