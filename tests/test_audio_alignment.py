@@ -10,16 +10,9 @@ from mimo.data.audio_demo import CLIP_SAMPLES, audio_tokens, synth_tones
 from mimo.mimo_model import build_model
 from mimo.models.audio_features import log_mel_spectrogram
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 AUD, MELS, FRAMES = 60, 8, 20
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy machine's other processes keep their cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_audio_model():

@@ -19,6 +19,8 @@ from mimo.train.out_loss import OutPathLoss
 from mimo.train.trainer import Trainer, module_map
 from tests.dist import run_distributed
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 AVLM = Path(__file__).resolve().parents[1] / "configs" / "demo_avlm.toml"
 T2I = Path(__file__).resolve().parents[1] / "configs" / "demo_text_to_image.toml"
 TINY_T2I = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
@@ -33,15 +35,6 @@ TINY = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", 
         "--model.modalities.audio.audio.heads=2", "--model.modalities.audio.audio.mlp=32",
         "--data.train_samples=16", "--data.eval_samples=8", "--data.global_batch=8", "--optim.warmup_steps=1",
         "--run.progress=false", "--run.tensorboard=false", "--train.threads=1"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy machine's other processes keep their cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny():

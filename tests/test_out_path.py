@@ -31,17 +31,10 @@ from mimo.train.checkpoint import save_weights
 from mimo.train.evaluate_text_to_image import judge_recognises, train_judge
 from mimo.train.out_loss import OutPathLoss
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 GEN, IMG, PAD = 61, 60, 0
 DEC = DecoderConfig(image=8, patch=4, channels=3, hidden=16, layers=1, heads=2, mlp=32, init_std=0.2)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy machine's other processes keep their cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_model(weight: float = 1.0, dtype: torch.dtype = torch.float32):

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from mimo.config import Config
+from mimo.data.demo import question_answer_rows
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import COLORS, COUNTS, IMAGE_SIZE, QUESTIONS, SHAPES, image_tensor_values, render
 from mimo.data.tokenizer import ByteTokenizer
@@ -30,7 +31,6 @@ from mimo.mimo_model import MimoModel
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_mel_spectrogram
 from mimo.models.sample_rows import OUTPUT_LENGTHS
-from mimo.train.loss import IGNORE_INDEX
 
 CLIP_SECONDS = 0.6
 CLIP_SAMPLES = int(CLIP_SECONDS * WHISPER_SAMPLING_RATE)
@@ -162,14 +162,7 @@ class AVLMData(SeededBatches):
     def collate(self, samples: list[AVSample]) -> dict:
         """Samples -> the keyword arguments of MimoModel.forward, plus `modality_counts` for splitting."""
         b, s = len(samples), self.seq_len
-        ids = torch.full((b, s), self.tok.PAD, dtype=torch.long)
-        labels = torch.full((b, s), IGNORE_INDEX, dtype=torch.long)
-        for i, smp in enumerate(samples):
-            prompt = self.prompt_ids(smp)
-            answer = self.tok.encode(smp.answer) + [self.tok.EOS]
-            seq = prompt + answer
-            ids[i, : len(seq)] = torch.tensor(seq)
-            labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(answer)
+        ids, labels = question_answer_rows([(self.prompt_ids(x), x.answer) for x in samples], s, self.tok)
         inputs, counts = self.modality_inputs(samples)
         return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(s).expand(b, s).contiguous(),
                 "modality_inputs": inputs, "modality_counts": counts}

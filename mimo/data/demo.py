@@ -16,6 +16,20 @@ from mimo.data.tokenizer import ByteTokenizer
 from mimo.train.loss import IGNORE_INDEX
 
 
+def question_answer_rows(pairs: list[tuple[list[int], str]], seq_len: int,
+                         tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, labels) `[B, seq_len]` for (prompt ids, answer) pairs: prompt, answer and EOS, padded;
+    the loss is on the answer and EOS, each label at the position that predicts it."""
+    ids = torch.full((len(pairs), seq_len), tok.PAD, dtype=torch.long)
+    labels = torch.full((len(pairs), seq_len), IGNORE_INDEX, dtype=torch.long)
+    for i, (prompt, text) in enumerate(pairs):
+        answer = tok.encode(text) + [tok.EOS]
+        seq = prompt + answer
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(answer)
+    return ids, labels
+
+
 class DemoVLMData(SeededBatches):
     """Train and held-out sets of the shapes task, tokenised, with a deterministic global order."""
 
@@ -38,14 +52,7 @@ class DemoVLMData(SeededBatches):
     def collate(self, samples: list[Sample]) -> dict:
         """Samples -> a batch dict of tensors, the keyword arguments of MimoModel.forward."""
         b, s = len(samples), self.seq_len
-        ids = torch.full((b, s), self.tok.PAD, dtype=torch.long)
-        labels = torch.full((b, s), IGNORE_INDEX, dtype=torch.long)
-        for i, smp in enumerate(samples):
-            prompt = self.prompt_ids(smp)
-            answer = self.tok.encode(smp.answer) + [self.tok.EOS]
-            seq = prompt + answer
-            ids[i, : len(seq)] = torch.tensor(seq)
-            labels[i, len(prompt) - 1 : len(seq) - 1] = torch.tensor(answer)
+        ids, labels = question_answer_rows([(self.prompt_ids(x), x.answer) for x in samples], s, self.tok)
         pixels = torch.from_numpy(np.stack([image_tensor_values(x.image) for x in samples]))
         return {
             "input_ids": ids,
