@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_model
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 
@@ -39,8 +39,11 @@ def load_run(run_dir: str | Path) -> tuple[Config, MimoModel]:
         if not p.is_file():
             raise FileNotFoundError(f"'{p}' is missing; --run must name a folder written by `mimo train`")
     cfg = load_config(cfg_path)
-    model = build_model(cfg.model)
-    load_model(model, str(weights))
+    # Built on the meta device, so no time goes into a random initialisation the weights replace; every
+    # tensor of the model is in the file (strict), so nothing stays on meta.
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    model.load_state_dict(load_file(str(weights)), strict=True, assign=True)
     model.eval()
     return cfg, model
 
