@@ -200,6 +200,10 @@ class TrainConfig:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0
+    # GPU fast paths of mimo.perf (benchmarks/ measures them): torch.compile each transformer block, and the
+    # output head + cross-entropy over row chunks without full fp32 logits. Data-parallel layouts only.
+    compile: bool = False
+    chunked_loss: bool = False
     # Checkpoints (runs/<name>/checkpoints/step_*): every `save_every` steps (0 = only on a stop), newest
     # `keep_checkpoints` kept. resume: false/"never", true/"auto" (newest complete one, if any), or a path.
     save_every: int = 0

@@ -22,6 +22,7 @@ from mimo.data.text_to_image import build_text_to_image_data
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
+from mimo.perf.trainer_fast_paths import apply_fast_paths, check_fast_paths
 from mimo.train.checkpoint import save_weights
 from mimo.train.evaluate import evaluate_answers
 from mimo.train.evaluate_avlm import evaluate_avlm
@@ -82,6 +83,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path | None = None):
         self.cfg = cfg
+        check_fast_paths(cfg)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.rank, self.world = init_distributed(torch.device(cfg.train.device).type)
@@ -116,6 +118,7 @@ class Trainer:
         model = build_model(self.cfg.model)
         if self.plan is not None:
             self.plan.parallelize(model)
+        apply_fast_paths(self.cfg, model)
         return model
 
     def build_optimizer(self) -> MimoOptimizer:
@@ -223,7 +226,9 @@ class Trainer:
         wall = time.perf_counter() - t0
         logger.close()
         full = self.full_model()
-        evaluation = evaluate_demo(cfg, full, self.data, self.device) if self.is_main else {}
+        # Greedy decoding changes shapes every token: compiled blocks would recompile, so evaluate eagerly.
+        with torch.compiler.set_stance("force_eager"):
+            evaluation = evaluate_demo(cfg, full, self.data, self.device) if self.is_main else {}
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
                    "eval": evaluation, "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1),
                    "world_size": self.world}

@@ -1,0 +1,63 @@
+"""The benchmark's fast paths for `mimo train`: per-block compilation and the chunked head + loss.
+
+Switched on by `train.compile` and `train.chunked_loss`, applied to the model after the parallel plan
+has laid it out (both keep every parameter name, so checkpoints and plans do not notice).
+`check_fast_paths` runs on every rank before anything else and names the field when a layout is not
+supported yet.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mimo.config import Config, ConfigError
+from mimo.mimo_model import MimoModel
+from mimo.models.llm import DecoderLM
+from mimo.perf.linear_ce import linear_cross_entropy
+from mimo.perf.regional import compile_blocks
+from mimo.train.loss import IGNORE_INDEX
+
+
+def check_fast_paths(cfg: Config) -> None:
+    """ConfigError for switch/layout pairs without support: compiled blocks are tested with data
+    parallelism only (the TP, CP and pipeline layers call collectives inside a block, and FSDP's hooks
+    would be traced); the chunked loss computes full-vocabulary rows (TP has its vocab-parallel loss)."""
+    layouts = cfg.parallel.modules
+    if cfg.train.compile:
+        for name, m in layouts.items():
+            if m.tp > 1 or m.cp > 1 or m.pp > 1 or m.fsdp:
+                raise ConfigError(f"train.compile: parallel.modules.{name} uses tp/cp/pp > 1 or fsdp, which compiled "
+                                  "blocks do not support yet; set train.compile = false or use plain data "
+                                  "parallelism")
+        if any(m.size for m in layouts.values()) and len({(m.offset, m.size) for m in layouts.values()}) > 1:
+            raise ConfigError("train.compile: modules on disjoint ranks run the pipeline schedule, which compiled "
+                              "blocks do not support yet; set train.compile = false")
+    lm = layouts.get("language")
+    if cfg.train.chunked_loss and lm is not None and lm.tp > 1:
+        raise ConfigError(f"train.chunked_loss: parallel.modules.language.tp = {lm.tp} already uses the "
+                          "vocab-parallel loss, which never gathers the logits; set train.chunked_loss = false")
+
+
+def chunked_lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
+                    loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MimoModel's `loss_fn` contract through `linear_cross_entropy`: the head runs in the autocast
+    dtype where autocast is on, and a `loss_mask` acts as a 0/1 mask (positions where it is 0 take no
+    loss)."""
+    if loss_mask is not None:
+        labels = torch.where(loss_mask.bool(), labels, IGNORE_INDEX)
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    return linear_cross_entropy(hidden.to(dtype), lm.output_weight().to(dtype), labels,
+                                compiled=hidden.is_cuda)
+
+
+def apply_fast_paths(cfg: Config, model: MimoModel) -> None:
+    """Install what `cfg.train` asks for on an already laid-out model."""
+    if cfg.train.chunked_loss:
+        model.loss_fn = chunked_lm_loss
+    if cfg.train.compile:
+        compile_blocks(model.language_model.layers.values())
+        for sub in model.modality_submodules.values():
+            for encoder in sub.encoders.values():
+                if hasattr(encoder, "layers"):
+                    compile_blocks(encoder.layers.values())
