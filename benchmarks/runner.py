@@ -129,7 +129,7 @@ class Run:
                 return out.loss_sum / out.num_tokens
             embeds = model.combined_embeddings(batch.input_ids, batch.modality_inputs(), batch.token_indices)
             mark("forward: vision + projector + embeddings")
-            if embeds.requires_grad:
+            if mark is not _no_mark and embeds.requires_grad:
                 embeds.register_hook(lambda _: mark("backward: language model"))
             hidden = lm(embeds, batch.position_ids).flatten(0, 1)
             mark("forward: language model")

@@ -8,13 +8,14 @@ crossing for a layout), then `align_embeddings` writes them into the sequence.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from mimo.config import ModelConfig
+from mimo.data.batching import check_counts, check_placeholders
 from mimo.models.audio import AudioEncoder
 from mimo.models.decoders import build_image_output
 from mimo.models.llm import DecoderLM
@@ -254,6 +255,19 @@ class MimoModel(nn.Module):
                     raise ValueError(f"input_ids hold {n} placeholder tokens of '{name}' (id {tid}) but "
                                      f"modality_inputs has no '{name}' entry")
 
+    def check_batch(self, batch: dict, modalities: Iterable[str] | None = None) -> None:
+        """A whole global batch (with `modality_counts`) against this model's placeholders: counts against
+        inputs, then each sample's placeholders against the rows its inputs will give. Every rank holding
+        the batch reaches the same verdict before any collective, whichever lane a bad sample would reach.
+        Modalities with several encoders are left to the alignment's own check."""
+        check_counts(batch)
+        for name in self.modality_submodules.keys() if modalities is None else modalities:
+            encoders = self.modality_submodules[name].encoders
+            if len(encoders) == 1:
+                (encoder,) = encoders.values()
+                check_placeholders(batch, name, self.special_token_ids[name],
+                                   getattr(encoder, "tokens_per_image", None))
+
     def combined_embeddings(self, input_ids: torch.Tensor,
                             modality_inputs: dict | None = None,
                             modality_token_indices: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -264,8 +278,13 @@ class MimoModel(nn.Module):
             text_ids = input_ids.reshape(-1).index_select(0, modality_token_indices[TEXT])
             return align_embeddings_by_index(lm.embed(text_ids), rows, modality_token_indices, *input_ids.shape)
         self.check_inputs_present(input_ids, rows)
+        return self.embed_with_rows(input_ids, rows)
+
+    def embed_with_rows(self, input_ids: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Text embeddings with each modality's encoder rows `[N, H]` written at its placeholders; rows
+        may come from this process's encoders or, pipelined, over the bridge."""
         text_ids = input_ids[text_positions(input_ids, self.special_token_ids)]
-        return align_embeddings(lm.embed(text_ids), rows, input_ids, self.special_token_ids)
+        return align_embeddings(self.language_model.embed(text_ids), rows, input_ids, self.special_token_ids)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,

@@ -12,16 +12,6 @@ transformers = pytest.importorskip("transformers")
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared CPU: one intra-op thread is ~20x faster than oversubscribed threads.
-    Test modules import this fixture to apply it to their tests only."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def rel_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:
     """max |ours - ref| / max |ref|: the acceptance measure (must be <= 1e-5 in fp32)."""
     return float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())

@@ -2,6 +2,7 @@
 microbatch split (also one with no clip or no image at all), and `mimo train configs/demo_avlm.toml` runs."""
 
 import copy
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -90,9 +91,17 @@ def test_any_microbatch_split_gives_the_whole_batch_gradients():
 
 def test_demo_config_trains_and_evaluates(tmp_path):
     cfg = load_config(AVLM, [*TINY, "--train.steps=3", f"--run.out_dir={tmp_path}", "--parallel.microbatches=2"])
-    summary = Trainer(cfg).train()
-    ev = summary["eval"]
-    assert ev["eval_samples"] == 8 and 0 <= ev["image_accuracy"] <= 1 and 0 <= ev["audio_accuracy"] <= 1
+    trainer = Trainer(cfg)
+    ev = trainer.train()["eval"]
+    held_out = trainer.data.eval
+    assert ev["eval_samples"] == len(held_out) == 8
+    # every held-out question is scored, and the per-question scores add up to the image and audio ones
+    asked = Counter(s.question for s in held_out)
+    assert set(ev["per_question"]) == set(asked)
+    for about in ("image", "audio"):
+        questions = {s.question for s in held_out if s.about == about}
+        n = sum(asked[q] for q in questions)
+        assert ev[f"{about}_accuracy"] == pytest.approx(sum(ev["per_question"][q] * asked[q] for q in questions) / n)
     assert set(ev["majority_baseline"]) == {"image", "audio"}
     assert (tmp_path / "demo_avlm" / "checkpoint" / "model.safetensors").is_file()
 

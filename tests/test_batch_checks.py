@@ -13,7 +13,7 @@ from tests.test_avlm import AVLM, TINY
 IMG = 9
 
 
-def image_batch(placeholders: list[int], images: list[int], rows: int = 4) -> dict:
+def image_batch(placeholders: list[int], images: list[int]) -> dict:
     ids = torch.ones(len(placeholders), 12, dtype=torch.long)
     for s, k in enumerate(placeholders):
         ids[s, 1:1 + k] = IMG
@@ -54,10 +54,10 @@ def test_counts_must_account_for_every_input():
 def test_trainer_checks_the_whole_global_batch(tmp_path):
     trainer = Trainer(load_config(AVLM, [*TINY, f"--run.out_dir={tmp_path}"]))
     batch = trainer.data.global_batch(0, 8, 1)
-    trainer.check_batch(batch)
+    trainer.model.check_batch(batch)
     ids = batch["input_ids"]
     s = int((ids == 260).sum(1).argmax())  # a sample with a clip: drop one of its audio placeholders
     first = int((ids[s] == 260).nonzero()[0])
     ids[s, first] = 32
     with pytest.raises(ValueError, match=f"Number of audio tokens .* in sample {s} of the global batch"):
-        trainer.check_batch(batch)
+        trainer.model.check_batch(batch)

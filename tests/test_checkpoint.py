@@ -131,3 +131,15 @@ def test_keep_last_k_and_stale_staging_removed(tmp_path):
     shutil.copytree(root / "step_00000006", root / (STAGING + "step_00000012"))
     Trainer(tiny_config(tmp_path, "--train.steps=10", "--train.save_every=2", "--train.resume=true")).train()
     assert _ckpts(tmp_path) == ["step_00000008", "step_00000010"]
+
+
+def test_explicit_resume_path_with_a_garbled_state_file_is_reported_not_a_crash(tmp_path, capsys):
+    Trainer(tiny_config(tmp_path, *SAVE)).train()
+    ckpt = tmp_path / "tiny" / "checkpoints" / "step_00000006"
+    state = ckpt / "state.json"
+    size = state.stat().st_size
+    state.write_text(json.dumps([0]).ljust(size))  # valid JSON, not an object; same size, so only its content is off
+    tr = Trainer(tiny_config(tmp_path, *SAVE, f"--train.resume={ckpt}"))
+    assert tr.checkpointer.resume() == 0
+    err = capsys.readouterr().err
+    assert "ignoring" in err and "has no next_step" in err

@@ -29,6 +29,7 @@ from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.dist import run_distributed
+from tests.parity import close, freeze_key_biases, grads_then_step
 
 RTOL = 1e-5
 IMG, S, TOKENS_PER_IMAGE = 60, 16, 4
@@ -68,20 +69,6 @@ def _batch(micro: int, asymmetric: bool) -> dict:
             "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}}, COUNTS: {"images": counts}}
 
 
-def _close(what: str, got: torch.Tensor, ref: torch.Tensor) -> None:
-    diff = (got - ref).abs().max().item() if ref.numel() else 0.0
-    scale = ref.abs().max().item() if ref.numel() else 0.0
-    assert diff <= RTOL * scale, f"{what}: max |diff| {diff:.3g} > {RTOL} x max |ref| {scale:.3g}"
-
-
-def _freeze_key_biases(model) -> None:
-    """A key bias shifts every score of a query equally, so softmax cancels it: its true gradient is 0
-    and what backward returns is rounding noise, which Adam would blow up. Freeze it on both sides."""
-    for name, p in model.named_parameters():
-        if name.endswith("k_proj.bias"):
-            p.requires_grad_(False)
-
-
 def _reference(cfg: Config, batch: dict, model) -> dict:
     """Single process: embeddings and logits of the whole batch, then one step on the full batch."""
     with torch.no_grad():
@@ -89,12 +76,8 @@ def _reference(cfg: Config, batch: dict, model) -> dict:
         logits = model(batch["input_ids"], modality_inputs=batch["modality_inputs"]).logits
     out = model(batch["input_ids"], labels=batch["labels"], modality_inputs=batch["modality_inputs"])
     (out.loss_sum / out.num_tokens).backward()
-    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()}
-    opt = MimoOptimizer(module_map(model), cfg.optim, 10)
-    stepped, norm, _ = opt.step(0)
-    assert stepped and norm > cfg.optim.clip, "the case must exercise clipping"
-    return {"embeds": embeds, "logits": logits, "tokens": out.num_tokens, "grads": grads,
-            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    grads, params = grads_then_step(cfg, model)
+    return {"embeds": embeds, "logits": logits, "tokens": out.num_tokens, "grads": grads, "params": params}
 
 
 def _run_case(rank: int, enc_tp: int, lm_tp: int, micro: int, asymmetric: bool) -> None:
@@ -103,7 +86,7 @@ def _run_case(rank: int, enc_tp: int, lm_tp: int, micro: int, asymmetric: bool) 
     batch = _batch(micro, asymmetric)
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    _freeze_key_biases(model)
+    freeze_key_biases(model)
     par = copy.deepcopy(model)
     ref = _reference(cfg, batch, model)
 
@@ -122,8 +105,8 @@ def _run_case(rank: int, enc_tp: int, lm_tp: int, micro: int, asymmetric: bool) 
         rows = slice(t * per_mb + lane * lane_n, t * per_mb + (lane + 1) * lane_n)
         with torch.no_grad():
             logits = par(**{k: v for k, v in mb.items() if k != "labels"}).logits
-        _close(f"{what} logits mb{t}", logits, ref["logits"][rows])
-        _close(f"{what} embeddings after the bridge mb{t}", seen[-1], ref["embeds"][rows])
+        close(f"{what} logits mb{t}", logits, ref["logits"][rows], RTOL)
+        close(f"{what} embeddings after the bridge mb{t}", seen[-1], ref["embeds"][rows], RTOL)
         (par(**mb).loss_sum / n_global).backward()
     hook.remove()
     plan.finalize_grads(par)
@@ -134,9 +117,9 @@ def _run_case(rank: int, enc_tp: int, lm_tp: int, micro: int, asymmetric: bool) 
     if rank == 0:
         assert grads.keys() == ref["grads"].keys()
         for name, g in grads.items():
-            _close(f"{what} grad {name}", g, ref["grads"][name])
+            close(f"{what} grad {name}", g, ref["grads"][name], RTOL)
         for name, p in params.items():
-            _close(f"{what} weight after step {name}", p, ref["params"][name])
+            close(f"{what} weight after step {name}", p, ref["params"][name], RTOL)
 
 
 def _all_cases(rank: int, world: int) -> None:

@@ -35,6 +35,7 @@ from mimo.train.loss import loss_weights
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.dist import run_distributed
+from tests.parity import close, freeze_key_biases, grads_then_step
 
 RTOL = 1e-5
 WORLD, N, S, PACK, IMG, PAD, TOKENS_PER_IMAGE = 8, 16, 16, 32, 60, 0, 4
@@ -74,20 +75,6 @@ def _batch() -> dict:
             "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}}, COUNTS: {"images": counts}}
 
 
-def _close(what: str, got: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (got - ref).abs().max().item() if ref.numel() else 0.0
-    scale = ref.abs().max().item() if ref.numel() else 0.0
-    assert diff <= RTOL * scale, f"{what}: max |diff| {diff:.3g} > {RTOL} x max |ref| {scale:.3g}"
-    return diff / scale if scale else 0.0
-
-
-def _freeze_key_biases(model) -> None:
-    """A key bias cancels in softmax: its true gradient is 0 and backward returns rounding noise."""
-    for name, p in model.named_parameters():
-        if name.endswith("k_proj.bias"):
-            p.requires_grad_(False)
-
-
 def _reference(cfg: Config, batch: dict, model) -> dict:
     """Single process, unpacked: logits, then loss and one optimizer step on the whole batch."""
     kwargs = {k: batch[k] for k in ("input_ids", "position_ids", "modality_inputs")}
@@ -95,11 +82,9 @@ def _reference(cfg: Config, batch: dict, model) -> dict:
         logits = model(**kwargs).logits
     out = model(**kwargs, labels=batch["labels"])
     (out.loss_sum / out.num_tokens).backward()
-    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()}
-    stepped, norm, _ = MimoOptimizer(module_map(model), cfg.optim, 10).step(0)
-    assert stepped and norm > cfg.optim.clip, "the case must exercise clipping"
+    grads, params = grads_then_step(cfg, model)
     return {"logits": logits, "tokens": out.num_tokens, "loss": (out.loss_sum / out.num_tokens).detach(),
-            "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+            "grads": grads, "params": params}
 
 
 def _run_case(rank: int, lm: dict, enc_tp: int, micro: int, packed: bool, tie: bool) -> float:
@@ -108,7 +93,7 @@ def _run_case(rank: int, lm: dict, enc_tp: int, micro: int, packed: bool, tie: b
     batch = _batch()
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    _freeze_key_biases(model)
+    freeze_key_biases(model)
     par = copy.deepcopy(model)
     ref = _reference(cfg, batch, model)
 
@@ -129,11 +114,11 @@ def _run_case(rank: int, lm: dict, enc_tp: int, micro: int, packed: bool, tie: b
             local = plan.context.local_index(S)
             with torch.no_grad():
                 logits = par(**{k: v for k, v in mb.items() if k != "labels"}).logits
-            worst = max(worst, _close(f"{what} logits mb{t}", logits, ref["logits"][rows][:, local]))
+            worst = max(worst, close(f"{what} logits mb{t}", logits, ref["logits"][rows][:, local], RTOL))
         out = par(**mb)
         (out.loss_sum / n_global).backward()
         loss += out.loss_sum.detach()
-    worst = max(worst, _close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"]))
+    worst = max(worst, close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"], RTOL))
     plan.finalize_grads(par)
     grads = plan.gather_full(par, grads=True)
     stepped, _, _ = opt.step(0)
@@ -142,9 +127,9 @@ def _run_case(rank: int, lm: dict, enc_tp: int, micro: int, packed: bool, tie: b
     if rank == 0:
         assert grads.keys() == ref["grads"].keys()
         for name, g in grads.items():
-            worst = max(worst, _close(f"{what} grad {name}", g, ref["grads"][name]))
+            worst = max(worst, close(f"{what} grad {name}", g, ref["grads"][name], RTOL))
         for name, p in params.items():
-            worst = max(worst, _close(f"{what} weight after step {name}", p, ref["params"][name]))
+            worst = max(worst, close(f"{what} weight after step {name}", p, ref["params"][name], RTOL))
     return worst
 
 

@@ -12,12 +12,13 @@ from mimo.models.audio import AudioEncoder, sinusoids
 from mimo.models.audio_features import log_mel_spectrogram
 from tests.hf_helpers import (
     TOL,
-    one_thread,  # noqa: F401  (autouse fixture)
     perturb,
     rel_diff,
     save,
     transformers,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SR = 16000
 

@@ -13,12 +13,13 @@ from mimo.interop.hf_mapping import llm_names
 from mimo.interop.hf_weights import dim_shard_fn
 from mimo.models.llm import DecoderLM
 from tests.hf_helpers import (
-    one_thread,  # noqa: F401  (autouse fixture)
     save,
     tiny_causal_lm,
     tiny_vision_config,
     transformers,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

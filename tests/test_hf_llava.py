@@ -13,7 +13,6 @@ from mimo.mimo_model import MimoModel, build_model
 from mimo.train.checkpoint import save_weights
 from tests.hf_helpers import (
     TOL,
-    one_thread,  # noqa: F401  (autouse fixture)
     perturb,
     rel_diff,
     save,
@@ -21,6 +20,8 @@ from tests.hf_helpers import (
     tiny_vision_config,
     transformers,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 IMG = 60
 SIGLIP_VIT = dict(class_token=False, pre_norm=False, patch_bias=True, act="gelu_tanh")

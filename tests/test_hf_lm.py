@@ -10,13 +10,14 @@ from mimo.interop.masks import padded_causal_mask
 from mimo.models.llm import DecoderLM
 from tests.hf_helpers import (
     TOL,
-    one_thread,  # noqa: F401  (autouse fixture)
     perturb,
     rel_diff,
     save,
     tiny_causal_lm,
     transformers,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}

@@ -11,7 +11,6 @@ from mimo.interop import export_llava
 from mimo.mimo_model import build_model
 from tests.hf_helpers import (
     TOL,
-    one_thread,  # noqa: F401  (autouse fixture)
     perturb,
     rel_diff,
     save,
@@ -19,6 +18,8 @@ from tests.hf_helpers import (
     tiny_vision_config,
     transformers,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

@@ -1,5 +1,6 @@
 """Importing a Hugging Face LM under TP=2 (each rank reading only its shard) gives the TP=1 logits."""
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -11,7 +12,9 @@ from mimo.models.llm import DecoderLM
 from mimo.parallel.plan import tp_shard_dim
 from mimo.parallel.tensor import parallelize_lm, tp_lm_logits
 from tests.dist import run_distributed
-from tests.hf_helpers import TOL, one_thread, rel_diff, save, tiny_text_config, transformers  # noqa: F401
+from tests.hf_helpers import TOL, rel_diff, save, tiny_text_config, transformers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tp_import(rank: int, world: int, directory: str) -> None:
@@ -25,22 +28,17 @@ def _tp_import(rank: int, world: int, directory: str) -> None:
         lm = DecoderLM(llm_config_from_hf(src.config()))
         parallelize_lm(lm, group, sequence_parallel=False)
         dims = {name: tp_shard_dim(_owner(lm, name), name) for name, _ in lm.named_parameters()}
-        read: list[tuple[str, tuple]] = []
-
-        def dim_of(name: str) -> int | None:
-            return dims[name]
-
-        shard = dim_shard_fn(dim_of, rank, world)
+        shard = dim_shard_fn(dims.get, rank, world)
+        read: list[str] = []
 
         def recording(name, sl):
-            t = shard(name, sl)
-            read.append((name, tuple(t.shape)))
-            return t
+            read.append(name)
+            return shard(name, sl)
 
         load_llm_weights(lm, src, recording)
-    for name, shape in read:
-        assert shape == tuple(lm.get_parameter(name).shape), name
-    assert any(dims[n] is not None for n, _ in read)
+    # load_llm_weights refuses a tensor whose shape is not its parameter's (this rank's shard), so a
+    # complete load read only shards; some of them must really be cut
+    assert any(dims[n] is not None for n in read)
     got = tp_lm_logits(group, False)(lm(lm.embed(ids), pos), lm)
     assert rel_diff(got, ref) <= TOL, rel_diff(got, ref)
 

@@ -7,13 +7,14 @@ from mimo.interop import import_vision
 from mimo.models.vit import VisionTransformer
 from tests.hf_helpers import (
     TOL,
-    one_thread,  # noqa: F401  (autouse fixture)
     perturb,
     rel_diff,
     save,
     tiny_vision_config,
     transformers,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def layer_outputs(vit: VisionTransformer, pixels: torch.Tensor) -> list[torch.Tensor]:

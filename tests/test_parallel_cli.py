@@ -2,8 +2,9 @@
 
 Each layout config keeps demo_vlm's model, seed and global batch, so per-step losses must agree to
 float rounding (within 1e-4 relative over 20 steps): DP2 x TP2 with sequence parallel on 4 ranks,
-the colocated fan-in and fan-out layouts on 8 ranks, and the pipelined layout on 8 ranks (encoder
-tp2 on ranks 0-1, LM tp2 x pp3 on ranks 2-7, 1F1B over 4 microbatches).
+the colocated fan-in and fan-out layouts on 8 ranks, the pipelined layout on 8 ranks (encoder
+tp2 on ranks 0-1, LM tp2 x pp3 on ranks 2-7, 1F1B over 4 microbatches), context parallelism (LM
+cp2 x tp2) on 4 ranks, and sequence packing on one process.
 """
 
 import json
@@ -34,7 +35,8 @@ def reference(tmp_path_factory) -> list[float]:
 
 
 @pytest.mark.parametrize("config,nproc", [("demo_tp2_dp2.toml", 4), ("demo_colocated_fanin.toml", 8),
-                                          ("demo_colocated_fanout.toml", 8), ("demo_pipeline.toml", 8)])
+                                          ("demo_colocated_fanout.toml", 8), ("demo_pipeline.toml", 8),
+                                          ("demo_cp2_tp2.toml", 4), ("demo_packed.toml", 1)])
 def test_layouts_reproduce_the_single_process_loss_curve(reference, tmp_path, config, nproc):
     losses = _train(tmp_path, config, nproc)
     assert len(losses) == len(reference) == 20

@@ -38,6 +38,7 @@ from mimo.parallel.schedule import warmup_microbatches
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.dist import run_distributed
+from tests.parity import freeze_key_biases, grads_then_step, rel_diff
 
 RTOL = 1e-5
 IMG, S, MICRO, PER_MB = 60, 16, 4, 4
@@ -88,27 +89,12 @@ def _batch() -> dict:
             "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}}, COUNTS: {"images": counts}}
 
 
-def _freeze_key_biases(model) -> None:
-    """A key bias's true gradient is 0 (softmax cancels it); freeze it so Adam does not amplify noise."""
-    for name, p in model.named_parameters():
-        if name.endswith("k_proj.bias"):
-            p.requires_grad_(False)
-
-
 def _reference(cfg: Config, batch: dict, model) -> dict:
     out = model(batch["input_ids"], labels=batch["labels"], modality_inputs=batch["modality_inputs"])
     loss = out.loss_sum / out.num_tokens
     loss.backward()
-    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()}
-    stepped, norm, _ = MimoOptimizer(module_map(model), cfg.optim, 10).step(0)
-    assert stepped and norm > cfg.optim.clip, "the case must exercise clipping"
-    return {"loss": loss.item(), "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
-
-
-def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    scale = ref.abs().max().item() if ref.numel() else 0.0
-    diff = (got - ref).abs().max().item() if ref.numel() else 0.0
-    return diff / scale if scale else diff
+    grads, params = grads_then_step(cfg, model)
+    return {"loss": loss.item(), "grads": grads, "params": params}
 
 
 def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool) -> float:
@@ -118,7 +104,7 @@ def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool
     batch = _batch()
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    _freeze_key_biases(model)
+    freeze_key_biases(model)
     par = copy.deepcopy(model)
     ref = _reference(cfg, batch, model)
 
@@ -139,7 +125,7 @@ def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool
     assert grads.keys() == ref["grads"].keys() == params.keys(), what
     for kind, got, want in (("grad", grads, ref["grads"]), ("weight after step", params, ref["params"])):
         for name, t in got.items():
-            r = _rel(t, want[name])
+            r = rel_diff(t, want[name])
             assert r <= RTOL, f"{what}: {kind} {name}: max |diff| is {r:.3g} x max |ref|"
             worst = max(worst, r)
     return worst

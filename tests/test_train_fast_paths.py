@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from mimo.config import ConfigError
-from mimo.perf.trainer_fast_paths import check_fast_paths
+from mimo.parallel.layout import Layout
+from mimo.parallel.plan import validate_plan
 from mimo.train.trainer import Trainer
 from tests.tiny_run import tiny_config
 
@@ -40,15 +41,17 @@ def test_fast_path_trains_like_the_plain_trainer(tmp_path, switch, rtol):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["--train.compile=true", "--parallel.modules.language.tp=2"],
-     "train.compile: parallel.modules.language uses tp/cp/pp > 1 or fsdp"),
+    (["--train.compile=true", "--parallel.modules.language.tp=2", "--model.llm.kv_heads=2"],
+     "train.compile: parallel.modules.language uses tp/cp > 1 or fsdp"),
     (["--train.compile=true", "--parallel.modules.images.fsdp=true"],
-     "train.compile: parallel.modules.images uses tp/cp/pp > 1 or fsdp"),
+     "train.compile: parallel.modules.images uses tp/cp > 1 or fsdp"),
     (["--train.compile=true", "--parallel.modules.images.size=2", "--parallel.modules.language.offset=2",
       "--parallel.modules.language.size=2"], "train.compile: modules on disjoint ranks"),
-    (["--train.chunked_loss=true", "--parallel.modules.language.tp=2"],
+    (["--train.chunked_loss=true", "--parallel.modules.language.tp=2", "--model.llm.kv_heads=2"],
      "train.chunked_loss: parallel.modules.language.tp = 2 already uses the vocab-parallel loss"),
 ])
-def test_unsupported_layouts_are_refused(tmp_path, overrides, message):
+def test_unsupported_layouts_are_refused_before_any_collective(tmp_path, overrides, message):
+    cfg = tiny_config(tmp_path, *overrides)
+    layout = Layout.from_config(cfg.parallel.modules, ["language", *cfg.model.modalities], 4)
     with pytest.raises(ConfigError, match=message):
-        check_fast_paths(tiny_config(tmp_path, *overrides))
+        validate_plan(cfg, layout)

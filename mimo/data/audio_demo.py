@@ -29,7 +29,7 @@ from mimo.data.shapes import COLORS, COUNTS, IMAGE_SIZE, QUESTIONS, SHAPES, imag
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.mimo_model import MimoModel
 from mimo.models.audio import AudioEncoder
-from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_mel_spectrogram
+from mimo.models.audio_features import WHISPER_SAMPLING_RATE, audio_frames, log_mel_spectrogram
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 
 CLIP_SECONDS = 0.6
@@ -75,8 +75,7 @@ def synth_tones(pitch: str, beeps: int, direction: str, rng: np.random.Generator
 
 def audio_tokens(num_samples: int) -> int:
     """Placeholder tokens of a clip: its log-mel frames (within the padded clip) after the encoder's stride."""
-    frames = min(-(-num_samples // WHISPER_HOP), CLIP_SAMPLES // WHISPER_HOP)
-    return AudioEncoder.output_frames(frames)
+    return AudioEncoder.output_frames(audio_frames(num_samples, CLIP_SAMPLES))
 
 
 def make_av_sample(i: int, seed: int) -> AVSample:
@@ -148,11 +147,8 @@ class AVLMData(SeededBatches):
         images = [image_tensor_values(s.image) for s in samples if s.image is not None]
         clips = [s.audio for s in samples if s.audio is not None]
         pixels = torch.from_numpy(np.stack(images)) if images else torch.zeros(0, 3, IMAGE_SIZE, IMAGE_SIZE)
-        if clips:
-            features, _ = log_mel_spectrogram(clips, n_mels=self.n_mels, num_samples=CLIP_SAMPLES)
-        else:
-            features = torch.zeros(0, self.n_mels, CLIP_SAMPLES // WHISPER_HOP)
-        lengths = torch.tensor([audio_tokens(c.shape[0]) for c in clips], dtype=torch.long)
+        features, frames = log_mel_spectrogram(clips, n_mels=self.n_mels, num_samples=CLIP_SAMPLES)
+        lengths = torch.tensor([AudioEncoder.output_frames(int(f)) for f in frames], dtype=torch.long)
         inputs = {self.image_modality: {"vit": {"pixel_values": pixels}},
                   self.audio_modality: {"whisper": {"input_features": features, OUTPUT_LENGTHS: lengths}}}
         counts = {self.image_modality: torch.tensor([int(s.image is not None) for s in samples]),

@@ -41,6 +41,30 @@ def leading_sizes(tree: dict, prefix: str = "") -> dict[str, int]:
     return out
 
 
+def to_device(tree: dict, device: torch.device) -> dict:
+    """Every tensor of a nested dict on `device` (copies from pinned memory overlap with compute)."""
+    return {k: to_device(v, device) if isinstance(v, dict) else
+            v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in tree.items()}
+
+
+def input_counts(batch: dict, name: str) -> torch.Tensor:
+    """How many inputs of modality `name` each sample holds: `modality_counts[name]`, else one each when
+    the batch has inputs of it and none when it has not."""
+    counts = batch.get(COUNTS, {}).get(name)
+    if counts is not None:
+        return counts.long()
+    has_inputs = name in batch.get("modality_inputs", {})
+    return torch.full((batch["input_ids"].shape[0],), int(has_inputs), dtype=torch.long)
+
+
+def rows_per_sample(counts: torch.Tensor, per_input: torch.Tensor) -> torch.Tensor:
+    """Rows each sample's inputs become: `per_input` (one entry per input, samples' inputs in order)
+    summed over each sample's `counts[s]` inputs. No host sync (the output size is known)."""
+    sample = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
+                                     output_size=per_input.numel())
+    return torch.zeros_like(counts).index_add_(0, sample, per_input.to(counts.device))
+
+
 def check_counts(batch: dict) -> None:
     """Each modality's `modality_counts` must account for every one of its inputs: the split by samples
     slices inputs by the counts' running sums, so a short count would silently drop inputs."""
@@ -61,10 +85,7 @@ def check_placeholders(batch: dict, name: str, token_id: int, rows_per_input: in
     """
     ids = batch["input_ids"]
     kwargs = next(iter(batch.get("modality_inputs", {}).get(name, {}).values()), {})
-    counts = batch.get(COUNTS, {}).get(name)
-    if counts is None:
-        counts = torch.full((ids.shape[0],), int(bool(kwargs)), dtype=torch.long)
-    counts = counts.long().cpu()
+    counts = input_counts(batch, name).cpu()
     n = int(counts.sum())
     if OUTPUT_LENGTHS in kwargs:
         per_input = kwargs[OUTPUT_LENGTHS].long().cpu()
@@ -74,8 +95,7 @@ def check_placeholders(batch: dict, name: str, token_id: int, rows_per_input: in
         return
     if per_input.numel() != n:
         return  # inputs and counts disagree: check_counts names that error
-    sample = torch.repeat_interleave(torch.arange(counts.numel()), counts)
-    expected = torch.zeros(counts.numel(), dtype=torch.long).index_add_(0, sample, per_input)
+    expected = rows_per_sample(counts, per_input)
     got = (ids == token_id).sum(1).cpu()
     bad = (got != expected).nonzero().flatten().tolist()
     if bad:
@@ -88,12 +108,13 @@ def split_microbatches(batch: dict, microbatches: int, lanes: dict[str, tuple[in
     """This rank's model inputs for each microbatch.
 
     `lanes` maps "language" and each modality to (this rank's DP index, DP size); absent = (0, 1).
+    Inputs are sliced by the running sums of `modality_counts`, which `check_counts` (part of
+    `MimoModel.check_batch`) has checked against them.
     """
     lanes = lanes or {}
     n = batch["input_ids"].shape[0]
     if n % microbatches:
         raise ValueError(f"the global batch ({n}) must be divisible by parallel.microbatches ({microbatches})")
-    check_counts(batch)
     counts = batch.get(COUNTS, {})
     text = {k: v for k, v in batch.items() if k not in ("modality_inputs", COUNTS)}
     per_mb = n // microbatches

@@ -17,13 +17,14 @@ degrees) so the batch splits evenly; those rows count as padding.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mimo.data.batching import COUNTS
+from mimo.data.batching import COUNTS, input_counts
 from mimo.data.samples import special_ids
 from mimo.train.loss import IGNORE_INDEX
 
@@ -131,8 +132,8 @@ def pack_batch(batch: dict, pad_id: int, pack_length: int, row_multiple: int = 1
     order = [i for members in rows for i in members]
     out["modality_inputs"], out[COUNTS] = {}, {}
     for name, inputs in batch.get("modality_inputs", {}).items():
-        counts = batch.get(COUNTS, {}).get(name, torch.ones(n, dtype=torch.long)).tolist()
-        starts = [sum(counts[:i]) for i in range(n)]
+        counts = input_counts(batch, name).tolist()
+        starts = [0, *itertools.accumulate(counts)]
         index = [j for i in order for j in range(starts[i], starts[i] + counts[i])]
         out["modality_inputs"][name] = _reorder_inputs(inputs, torch.tensor(index, dtype=torch.long))
         out[COUNTS][name] = torch.tensor([sum(counts[i] for i in members) for members in rows], dtype=torch.long)

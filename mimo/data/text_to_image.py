@@ -111,11 +111,12 @@ class TextToImageData(SeededBatches):
 
 
 def build_text_to_image_data(cfg: Config, model: MimoModel) -> TextToImageData:
-    """The data set for `data.name = "text_to_image"`: needs one modality with an Out path."""
-    if len(model.output_token_ids) != 1:
+    """The data set for `data.name = "text_to_image"`: needs one modality with an Out path. (`model` is
+    the demo-set builders' common argument; the config says all this set needs.)"""
+    outs = [(n, m) for n, m in cfg.model.modalities.items() if m.output_token_id >= 0]
+    if len(outs) != 1:
         raise ValueError("data.name = 'text_to_image' needs exactly one modality with an Out path; set "
                          "model.modalities.<name>.output_token_id (e.g. 261) on one modality")
-    (name, token_id), = model.output_token_ids.items()
-    decoder = list(model.modality_submodules[name].decoders.values())[-1]
-    return TextToImageData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, decoder.cfg, token_id,
-                           modality=name)
+    (name, m), = outs
+    return TextToImageData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, m.decoder,
+                           m.output_token_id, modality=name)

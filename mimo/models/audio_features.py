@@ -54,6 +54,11 @@ def _as_waveform(w: torch.Tensor | np.ndarray | Sequence[float], i: int) -> torc
     return t
 
 
+def audio_frames(num_samples: int, length: int, hop_length: int = WHISPER_HOP) -> int:
+    """Feature frames that hold audio for a waveform of `num_samples` padded or cut to `length` samples."""
+    return min(-(-min(num_samples, length) // hop_length), length // hop_length)
+
+
 def log_mel_spectrogram(waveforms: Sequence[torch.Tensor | np.ndarray] | torch.Tensor, n_mels: int = 80,
                         sampling_rate: int = WHISPER_SAMPLING_RATE, n_fft: int = WHISPER_N_FFT,
                         hop_length: int = WHISPER_HOP, num_samples: int | None = WHISPER_SAMPLES,
@@ -61,13 +66,16 @@ def log_mel_spectrogram(waveforms: Sequence[torch.Tensor | np.ndarray] | torch.T
     """Features `[B, n_mels, num_samples // hop_length]` and each sample's count of frames holding audio.
 
     Each waveform is zero-padded (or cut, as Whisper does) to `num_samples`; `num_samples=None` pads to the
-    longest waveform instead, for an encoder that accepts shorter inputs.
+    longest waveform instead, for an encoder that accepts shorter inputs. With `num_samples` set, no
+    waveforms give `[0, n_mels, num_samples // hop_length]` (a batch without clips).
     """
     if isinstance(waveforms, torch.Tensor) and waveforms.dim() == 1:
         waveforms = [waveforms]
     waves = [_as_waveform(w, i) for i, w in enumerate(waveforms)]
     if not waves:
-        raise ValueError("log_mel_spectrogram got no waveforms")
+        if num_samples is None:
+            raise ValueError("log_mel_spectrogram got no waveforms (and no num_samples to size an empty batch)")
+        return torch.zeros(0, n_mels, num_samples // hop_length), torch.zeros(0, dtype=torch.long)
     length = num_samples if num_samples is not None else max(w.numel() for w in waves)
     device = waves[0].device
     batch = torch.zeros(len(waves), length, device=device)
@@ -80,5 +88,5 @@ def log_mel_spectrogram(waveforms: Sequence[torch.Tensor | np.ndarray] | torch.T
     log_spec = mel.clamp_min(1e-10).log10()
     peak = log_spec.amax(dim=(1, 2), keepdim=True)
     log_spec = torch.maximum(log_spec, peak - 8.0)
-    frames = torch.tensor([min(-(-min(w.numel(), length) // hop_length), length // hop_length) for w in waves])
+    frames = torch.tensor([audio_frames(w.numel(), length, hop_length) for w in waves])
     return (log_spec + 4.0) / 4.0, frames

@@ -23,12 +23,12 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from mimo.config import Config, ConfigError
-from mimo.data.batching import check_placeholders
+from mimo.data.batching import to_device
 from mimo.mimo_model import MimoModel
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline_bridge import PipelineBridge
-from mimo.parallel.pipeline_data import encoder_microbatches, lm_microbatches, to_device
+from mimo.parallel.pipeline_data import encoder_microbatches, lm_microbatches
 from mimo.parallel.pipeline_p2p import Outbox, pair_groups
 from mimo.parallel.pipeline_split import drop_parameters, only_encoder, split_encoder, split_lm
 from mimo.parallel.pipeline_stage import EncoderStage, LMStage, StageLink
@@ -121,10 +121,11 @@ class PipelinePlan:
 
     def __init__(self, cfg: Config, layout: Layout, groups: dict[str, GridGroups], rank: int):
         self.cfg, self.layout, self.rank = cfg, layout, rank
-        (self.module,) = layout.role(rank).modules
+        role = layout.role(rank)
+        (self.module,) = role.modules
         self.grid, self.groups = layout.grids[self.module], groups[self.module]
         self.pp_rank = self.grid.coords(rank)["pp"]
-        self.first, self.last = self.pp_rank == 0, self.pp_rank == self.grid.pp - 1
+        self.first, self.last = role.stages[self.module].first, role.stages[self.module].last
         depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
         self.total_stages = depth + layout.grids[LANGUAGE].pp
         self.stage = stage_index(self.pp_rank, self.module == LANGUAGE, depth)
@@ -191,9 +192,10 @@ class PipelinePlan:
         w.grad = grad
 
     def gather_to_rank0(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Collective over the world: every stage lead's tensors merged on rank 0 (others get {})."""
+        """Collective over the world: the tensors every rank passes (only stage leads pass any) merged on
+        rank 0 (others get {})."""
         device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
-        mine = {k: v.cpu() for k, v in tensors.items()} if self.is_lead else {}
+        mine = {k: v.cpu() for k, v in tensors.items()}
         parts: list[dict] | None = [{} for _ in range(dist.get_world_size())] if self.rank == 0 else None
         dist.gather_object(mine, parts, dst=0)
         if self.rank != 0:
@@ -215,17 +217,16 @@ class PipelinePlan:
         lane, dp = self.groups.rank_in("dp"), self.grid.dp
         local_tokens = torch.zeros((), device=device)
         tokens = 0
-        text = inputs = None
-        problem = None
-        try:
+        if self.module != LANGUAGE:
+            sub = model.modality_submodules[self.module]
+            encoder, _ = only_encoder(sub, self.module)
+        text = inputs = problem = None
+        try:  # only stages that read the batch can find it bad; agree_on_input tells every rank
             if self.module == LANGUAGE and self.needs_data:
                 text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)]
             elif self.module != LANGUAGE and self.first:
-                sub = model.modality_submodules[self.module]
-                encoder, _ = only_encoder(sub, self.module)
+                model.check_batch(batch, [self.module])
                 inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp)
-                check_placeholders(batch, self.module, model.special_token_ids[self.module],
-                                   getattr(sub.encoders[encoder], "tokens_per_image", None))
         except ValueError as e:
             problem = f"rank {self.rank} ({self.module} stage {self.pp_rank}): {e}"
         agree_on_input(problem, device)
@@ -240,10 +241,8 @@ class PipelinePlan:
             stage = LMStage(model, self.first, self.last, self.bridges if self.first else {}, text,
                             1.0 / n_global.clamp_min(1.0), **kw)
         else:
-            sub = model.modality_submodules[self.module]
-            encoder, _ = only_encoder(sub, self.module)
             stage = EncoderStage(sub, encoder, self.first, self.last, self.bridges[self.module] if self.last else None,
-                                 inputs, model.language_model.cfg.hidden, self.grid.pp > 1, **kw)
+                                 inputs, model.language_model.cfg.hidden, **kw)
         run_1f1b(stage, m, warmup_microbatches(self.total_stages, self.stage, m))
         outbox.drain()
         return self._report(stage, local_tokens, tokens, device)

@@ -20,6 +20,7 @@ how many rows went over each link.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 import torch
@@ -64,16 +65,12 @@ class PipelineBridge:
     Construct on every rank, in the same order (it creates the leaders' pair groups). Per microbatch,
     in schedule order: the encoder's last stage calls `send_forward` then, later, `recv_backward`; the
     LM's first stage calls `recv_forward` then, later, `send_backward`. Other ranks never call it.
-    `tp_group` is this rank's TP group when it sits on a boundary stage.
+    `tp_group` is this rank's TP group when it sits on a boundary stage. `per_microbatch` divides by both
+    modules' dp (`validate_plan` checks it before any collective).
     """
 
     def __init__(self, name: str, encoder: Grid, language: Grid, per_microbatch: int, rank: int,
                  tp_group: ProcessGroup | None):
-        for side, g in (("encoder", encoder), ("language", language)):
-            if per_microbatch % g.dp:
-                raise ValueError(f"bridge '{name}': a microbatch of {per_microbatch} samples does not split over "
-                                 f"the {side} dp ({g.dp}); make data.global_batch / parallel.microbatches a "
-                                 "multiple of every module's dp")
         self.name, self.rank, self.tp_group = name, rank, tp_group
         pairs = bridge_pairs(encoder, language, per_microbatch)
         self.forward_groups = pair_groups(pairs)
@@ -98,12 +95,13 @@ class PipelineBridge:
     # Encoder side ------------------------------------------------------------------------------------
     def send_forward(self, rows: torch.Tensor, sample_rows: torch.Tensor, outbox: Outbox) -> None:
         """Encoder last stage: this lane's rows `[n, H]` and rows per sample `[samples]` to the LM lanes."""
-        if sample_rows.shape != (self.enc_samples,) or int(sample_rows.sum()) != rows.shape[0]:
+        per_sample = sample_rows.tolist()  # the one host sync of a send
+        if len(per_sample) != self.enc_samples or sum(per_sample) != rows.shape[0]:
             raise ValueError(f"bridge '{self.name}': expected rows for {self.enc_samples} samples summing to "
-                             f"{rows.shape[0]}, got per-sample counts {sample_rows.tolist()}")
+                             f"{rows.shape[0]}, got per-sample counts {per_sample}")
         if not self.receivers:
             return
-        ends = [0, *sample_rows.cumsum(0).tolist()]
+        ends = [0, *itertools.accumulate(per_sample)]
         sent = []
         for peer, lo, hi in self.receivers:
             part = rows[ends[lo]: ends[hi]]
@@ -138,25 +136,25 @@ class PipelineBridge:
         else:
             meta = torch.empty(2 + self.lm_samples, dtype=torch.long, device=device)
         self._broadcast(meta)
-        dtype, width, got = DTYPES[int(meta[0])], int(meta[1]), meta[2:].to(expected.device)
-        self._check(got, expected, width, hidden)
+        dtype_index, width, *got = meta.tolist()  # with the next line, the receive's host syncs
+        self._check(got, expected.tolist(), width, hidden)
         if not self.senders:
-            cat = torch.empty(int(got.sum()), width, dtype=dtype, device=device)
+            cat = torch.empty(sum(got), width, dtype=DTYPES[dtype_index], device=device)
         else:
             self.peer_rows.append([(r.shape[0], r.dtype) for r in rows])
         self._broadcast(cat)
         return cat.requires_grad_()
 
-    def _check(self, got: torch.Tensor, expected: torch.Tensor, width: int, hidden: int) -> None:
+    def _check(self, got: list[int], expected: list[int], width: int, hidden: int) -> None:
         """Same verdict on every TP rank (they all hold `got` after the broadcast)."""
         if width != hidden:
             raise ValueError(f"bridge '{self.name}': encoder rows have width {width} but the LM's hidden size is "
                              f"{hidden}; set the projector's output to model.llm.hidden")
-        bad = (got != expected).nonzero().flatten().tolist()
+        bad = [s for s, (g, e) in enumerate(zip(got, expected)) if g != e]
         if bad:
             s = bad[0]
-            raise ValueError(f"Number of {self.name} tokens ({int(expected[s])}) does not match number of "
-                             f"{self.name} embeddings ({int(got[s])}) in sample {s} of this LM lane's microbatch")
+            raise ValueError(f"Number of {self.name} tokens ({expected[s]}) does not match number of "
+                             f"{self.name} embeddings ({got[s]}) in sample {s} of this LM lane's microbatch")
 
     def send_backward(self, grad: torch.Tensor | None, rows: torch.Tensor, outbox: Outbox) -> None:
         """LM first stage: the gradient of the rows `recv_forward` returned, back to the encoder lanes."""

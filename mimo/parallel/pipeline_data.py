@@ -11,15 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from mimo.data.batching import COUNTS, LANGUAGE, split_microbatches
+from mimo.data.batching import COUNTS, LANGUAGE, input_counts, split_microbatches
 
 MODALITY_KEYS = ("modality_inputs", COUNTS)
-
-
-def to_device(tree: dict, device: torch.device) -> dict:
-    """Every tensor of a nested dict on `device`."""
-    return {k: to_device(v, device) if isinstance(v, dict) else v.to(device) if isinstance(v, torch.Tensor) else v
-            for k, v in tree.items()}
 
 
 def lm_microbatches(batch: dict, microbatches: int, lane: int, dp: int) -> list[dict]:
@@ -31,24 +25,16 @@ def lm_microbatches(batch: dict, microbatches: int, lane: int, dp: int) -> list[
 def encoder_microbatches(batch: dict, name: str, encoder: str, microbatches: int, lane: int,
                          dp: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """Per microbatch: the encoder's keyword inputs for this lane and the number of inputs of each of
-    the lane's samples (`modality_counts`, else one each; none when the batch lacks the modality)."""
+    the lane's samples (`input_counts`; checked against the inputs by `MimoModel.check_batch`)."""
     inputs = batch.get("modality_inputs", {}).get(name)
     n = batch["input_ids"].shape[0]
     size = n // microbatches // dp
     local = split_microbatches(batch, microbatches, {name: (lane, dp)})
-    counts = batch.get(COUNTS, {}).get(name)
-    if counts is None or inputs is None:
-        counts = torch.full((n,), int(inputs is not None), dtype=torch.long)
+    counts = input_counts(batch, name)
     out = []
     for t, mb in enumerate(local):
         lo = t * (n // microbatches) + lane * size
-        per_sample = counts[lo: lo + size].long()
         kwargs = mb["modality_inputs"].get(name, {}).get(encoder, {}) if inputs is not None else {}
-        sizes = {v.shape[0] for v in kwargs.values() if isinstance(v, torch.Tensor)}
-        if sizes - {int(per_sample.sum())}:
-            raise ValueError(f"modality '{name}': microbatch {t}, lane {lane} holds inputs of {sorted(sizes)} items "
-                             f"but its samples count {int(per_sample.sum())}; make modality_counts['{name}'] match "
-                             f"the inputs of encoder '{encoder}'")
-        out.append((kwargs, per_sample))
+        out.append((kwargs, counts[lo: lo + size]))
     return out
 

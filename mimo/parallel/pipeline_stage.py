@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from mimo.mimo_model import MimoModel, ModalitySubmodules, align_embeddings, text_positions
+from mimo.data.batching import rows_per_sample, to_device
+from mimo.mimo_model import MimoModel, ModalitySubmodules
 from mimo.models.sample_rows import OUTPUT_LENGTHS, run_encoder
 from mimo.parallel.pipeline_bridge import PipelineBridge
 from mimo.parallel.pipeline_p2p import Outbox, recv_like, recv_message, send_message, send_payload
@@ -89,13 +90,12 @@ class LMStage(_Stage):
         if mb.get("attention_mask") is not None:
             raise ValueError("attention_mask (packed sequences) is not supported by the pipeline schedule; "
                              "train packed data on a colocated layout")
-        model, lm = self.model, self.model.language_model
-        width = lm.cfg.hidden
+        model = self.model
+        width = model.language_model.cfg.hidden
         rows = {name: bridge.recv_forward((ids == model.special_token_ids[name]).sum(1), width, self.device)
                 for name, bridge in self.bridges.items()}
         with self.autocast():
-            text = lm.embed(ids[text_positions(ids, model.special_token_ids)])
-            embeds = align_embeddings(text, rows, ids, model.special_token_ids)
+            embeds = model.embed_with_rows(ids, rows)
         if model.shard_sequence is not None:
             embeds = model.shard_sequence(embeds)
         pos = mb.get("position_ids")
@@ -140,11 +140,12 @@ class EncoderStage(_Stage):
 
     def __init__(self, sub: ModalitySubmodules, encoder: str, first: bool, last: bool,
                  bridge: PipelineBridge | None, inputs: list[tuple[dict, torch.Tensor]] | None, lm_hidden: int,
-                 split: bool, **kw):
+                 **kw):
         super().__init__(**kw)
         self.sub, self.encoder_name, self.first, self.last = sub, encoder, first, last
         self.encoder: nn.Module = sub.encoders[encoder]
-        self.bridge, self.inputs, self.lm_hidden, self.split = bridge, inputs, lm_hidden, split
+        self.bridge, self.inputs, self.lm_hidden = bridge, inputs, lm_hidden
+        self.split = not (first and last)  # the encoder's layers are cut over several stages
 
     def _run(self, x: torch.Tensor | dict) -> torch.Tensor:
         """The encoder's layers on this stage; unsplit encoders run whole (mirrors VisionTransformer.forward)."""
@@ -162,37 +163,35 @@ class EncoderStage(_Stage):
                 x = x[:, 1:]
         return x
 
-    def _rows(self, y: torch.Tensor, x: torch.Tensor | dict, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projected rows `[n, H]` and rows per sample from the last stage's output."""
-        n = int(counts.sum())
+    def _rows(self, y: torch.Tensor, x: torch.Tensor | dict, counts: torch.Tensor,
+              n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected rows `[n, H]` and rows per sample from the last stage's output (`n` inputs)."""
         if n == 0:
             return torch.zeros(0, self.lm_hidden, device=self.device), torch.zeros_like(counts)
         if y.dim() == 3:
             per_input = torch.full((n,), y.shape[1], dtype=torch.long, device=counts.device)
             y = y.reshape(-1, y.shape[-1])
         elif isinstance(x, dict) and OUTPUT_LENGTHS in x:
-            per_input = x[OUTPUT_LENGTHS].long().to(counts.device)
+            per_input = x[OUTPUT_LENGTHS].long()
         else:
             raise ValueError(f"encoder '{self.encoder_name}' returned rows without a per-input length; return "
                              f"[n, s, h] or pass '{OUTPUT_LENGTHS}' with its inputs")
-        sample = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
-        per_sample = torch.zeros_like(counts).index_add_(0, sample, per_input)
-        return self.sub.project(y), per_sample
+        return self.sub.project(y), rows_per_sample(counts, per_input)
 
     def forward(self, t: int) -> None:
         if self.first:
             x, counts = self.inputs[t]
-            x = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+            x = to_device(x, self.device)
             counts = counts.to(self.device)
             leaves = []
         else:
             x, counts = self.recv_forward()
             leaves = [x]
-        empty = int(counts.sum()) == 0
+        n = int(counts.sum())
         with self.autocast():
-            y = torch.zeros(0, device=self.device) if empty else self._run(x)
+            y = torch.zeros(0, device=self.device) if n == 0 else self._run(x)
             if self.last:
-                y, per_sample = self._rows(y, x, counts)
+                y, per_sample = self._rows(y, x, counts, n)
         if self.last:
             self.bridge.send_forward(y, per_sample, self.outbox)
         else:

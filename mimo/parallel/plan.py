@@ -33,6 +33,7 @@ from mimo.parallel.tensor import (
     tp_lm_logits,
     tp_lm_loss,
 )
+from mimo.perf.trainer_fast_paths import check_fast_paths
 
 LANGUAGE = "language"
 
@@ -60,6 +61,7 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
             raise ConfigError(f"parallel.modules.{name}.cp = {grid.cp}: context parallelism applies to the LM only; "
                               "use cp = 1 for modality encoders")
     validate_context_parallel(cfg, layout)
+    check_fast_paths(cfg, layout)
     for name, m in cfg.model.modalities.items():
         tp = layout.grids[name].tp
         check_heads_divisible(name, m.vit.heads, m.vit.heads, tp)
@@ -168,6 +170,8 @@ class ParallelPlan:
         is gathered as zeros.
         """
         owners = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+        # Pipelined: every stage lead keeps its stage's tensors and rank 0 collects them from the leads.
+        keep = self.rank == 0 if self.pipeline is None else self.pipeline.is_lead
         out = {}
         for pname, p in model.named_parameters():
             t = p.detach()
@@ -181,7 +185,7 @@ class ParallelPlan:
                 parts = [torch.empty_like(t) for _ in range(tp)]
                 dist.all_gather(parts, t.contiguous(), group=self.groups[name].group("tp"))
                 t = torch.cat(parts, dim=dim)
-            if self.rank == 0 or self.pipeline is not None:
+            if keep:
                 out[pname] = t.clone()
         return out if self.pipeline is None else self.pipeline.gather_to_rank0(out)
 

@@ -59,11 +59,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 group_rows: int, chunk_fn: ChunkFn) -> torch.Tensor:
         n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden)
-        # Sums over groups (rare: only when one group cannot hold every row) accumulate in fp32 or wider.
         acc = torch.promote_types(weight.dtype, torch.float32)
-        grad_weight = None
         loss = torch.zeros((), dtype=acc, device=hidden.device)
         grad_logits = torch.empty(min(n, group_rows), weight.shape[0], dtype=hidden.dtype, device=hidden.device)
+        grad_weight = None
         with torch.autocast(hidden.device.type, enabled=False):
             for g0 in range(0, n, group_rows):
                 rows = hidden[g0:g0 + group_rows]
@@ -74,12 +73,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     loss += chunk_fn(chunk, labels[g0 + c0:g0 + c0 + chunk.shape[0]])
                 torch.mm(buf, weight, out=grad_hidden[g0:g0 + rows.shape[0]])
                 part = buf.t() @ rows
-                if g0 + group_rows >= n and grad_weight is None:
-                    grad_weight = part
-                elif grad_weight is None:
-                    grad_weight = part.to(acc)
-                else:
-                    grad_weight += part
+                # One group (the usual case): the product's fp32 accumulators summed every row. More: their
+                # results add up in fp32 or wider.
+                grad_weight = part if grad_weight is None else grad_weight.to(acc).add_(part)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return loss
 

@@ -2,8 +2,8 @@
 
 Switched on by `train.compile` and `train.chunked_loss`, applied to the model after the parallel plan
 has laid it out (both keep every parameter name, so checkpoints and plans do not notice).
-`check_fast_paths` runs on every rank before anything else and names the field when a layout is not
-supported yet.
+`check_fast_paths`, part of the plan's validation before any collective, names the field when a layout
+is not supported yet.
 """
 
 from __future__ import annotations
@@ -13,28 +13,31 @@ import torch
 from mimo.config import Config, ConfigError
 from mimo.mimo_model import MimoModel
 from mimo.models.llm import DecoderLM
+from mimo.parallel.layout import Layout
+from mimo.parallel.pipeline import is_pipelined
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.regional import compile_blocks
 from mimo.train.loss import IGNORE_INDEX
 
 
-def check_fast_paths(cfg: Config) -> None:
-    """ConfigError for switch/layout pairs without support: compiled blocks are tested with data
-    parallelism only (the TP, CP and pipeline layers call collectives inside a block, and FSDP's hooks
-    would be traced); the chunked loss computes full-vocabulary rows (TP has its vocab-parallel loss)."""
-    layouts = cfg.parallel.modules
+def check_fast_paths(cfg: Config, layout: Layout) -> None:
+    """ConfigError for switch/layout pairs without support (part of `validate_plan`): compiled blocks are
+    tested with data parallelism only (TP, CP and the pipeline call collectives inside a block, and FSDP's
+    hooks would be traced); the chunked loss computes full-vocabulary rows (TP has its vocab-parallel
+    loss)."""
     if cfg.train.compile:
-        for name, m in layouts.items():
-            if m.tp > 1 or m.cp > 1 or m.pp > 1 or m.fsdp:
-                raise ConfigError(f"train.compile: parallel.modules.{name} uses tp/cp/pp > 1 or fsdp, which compiled "
-                                  "blocks do not support yet; set train.compile = false or use plain data "
-                                  "parallelism")
-        if any(m.size for m in layouts.values()) and len({(m.offset, m.size) for m in layouts.values()}) > 1:
+        if is_pipelined(layout):
             raise ConfigError("train.compile: modules on disjoint ranks run the pipeline schedule, which compiled "
                               "blocks do not support yet; set train.compile = false")
-    lm = layouts.get("language")
-    if cfg.train.chunked_loss and lm is not None and lm.tp > 1:
-        raise ConfigError(f"train.chunked_loss: parallel.modules.language.tp = {lm.tp} already uses the "
+        for name, grid in layout.grids.items():
+            m = cfg.parallel.modules.get(name)
+            if grid.tp > 1 or grid.cp > 1 or (m is not None and m.fsdp):
+                raise ConfigError(f"train.compile: parallel.modules.{name} uses tp/cp > 1 or fsdp, which compiled "
+                                  "blocks do not support yet; set train.compile = false or use plain data "
+                                  "parallelism")
+    lm_tp = layout.grids["language"].tp
+    if cfg.train.chunked_loss and lm_tp > 1:
+        raise ConfigError(f"train.chunked_loss: parallel.modules.language.tp = {lm_tp} already uses the "
                           "vocab-parallel loss, which never gathers the logits; set train.chunked_loss = false")
 
 

@@ -58,6 +58,12 @@ def marker_files(path: Path) -> dict[str, dict]:
     return {rel: dict(v) for rel, v in json.loads((path / MARKER).read_text())["files"].items()}
 
 
+def folder_step(name: str) -> int:
+    """The step a `step_XXXXXXXX` folder name carries, or -1."""
+    m = _STEP.match(name)
+    return int(m.group(1)) if m else -1
+
+
 def validate(path: Path) -> str:
     """Why `path` is not a loadable checkpoint, or "" when it is: marker, file sizes, readable index.
     Cheap (no file is read in full); `verify_share` checks the contents."""
@@ -139,14 +145,13 @@ class CheckpointStore:
             return good, bad
         for p in self.root.iterdir():
             if p.name.startswith(STAGING):
-                m = _STEP.match(p.name[len(STAGING):])
-                bad.append(Found(p, int(m.group(1)) if m else -1, "incomplete: its save never finished"))
+                bad.append(Found(p, folder_step(p.name[len(STAGING):]), "incomplete: its save never finished"))
                 continue
-            m = _STEP.match(p.name)
-            if not m or not p.is_dir():
+            step = folder_step(p.name)
+            if step < 0 or not p.is_dir():
                 continue
             problem = validate(p)
-            (bad if problem else good).append(Found(p, int(m.group(1)), problem))
+            (bad if problem else good).append(Found(p, step, problem))
         good.sort(key=lambda f: f.step, reverse=True)
         bad.sort(key=lambda f: f.step, reverse=True)
         return good, bad

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mimo.config import Config, to_dict
 from mimo.train.checkpoint import load_training_state, save_training_state, training_state
-from mimo.train.checkpoint_store import CheckpointStore, Found, crc32, validate, verify_share
+from mimo.train.checkpoint_store import CheckpointStore, Found, crc32, folder_step, validate, verify_share
 from mimo.train.faults import RunAborted, StepGuard
 from mimo.train.optim import MimoOptimizer
 from mimo.train.reshard import full_shapes, globalize
@@ -144,7 +144,8 @@ class RunCheckpointer:
         if problem:
             raise ValueError(f"train.resume = '{mode}' is not a loadable checkpoint ({problem}); pass a "
                              f"checkpoints/step_* folder of a run, or true for the newest complete one")
-        return [Found(path, int(_read_json(path / STATE).get("next_step", -1)))]
+        # The step only orders candidates; `_load` reads (and checks) state.json itself.
+        return [Found(path, folder_step(path.name))]
 
     def resume(self) -> int:
         """Collective: load the newest usable checkpoint that train.resume allows; returns the step to

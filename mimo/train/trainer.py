@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from mimo.config import Config, dump_toml
 from mimo.data.audio_demo import build_avlm_data
-from mimo.data.batching import check_counts, check_placeholders, split_microbatches
+from mimo.data.batching import split_microbatches, to_device
 from mimo.data.demo import DemoVLMData
 from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
 from mimo.data.packing import PackedBatches
@@ -22,7 +22,7 @@ from mimo.data.text_to_image import build_text_to_image_data
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
-from mimo.perf.trainer_fast_paths import apply_fast_paths, check_fast_paths
+from mimo.perf.trainer_fast_paths import apply_fast_paths
 from mimo.train.checkpoint import save_weights
 from mimo.train.evaluate import evaluate_answers
 from mimo.train.evaluate_avlm import evaluate_avlm
@@ -67,11 +67,6 @@ def evaluate_demo(cfg: Config, model: MimoModel, data: Any, device: str | torch.
     return evaluate_answers(model, data, device=device)
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: to_device(v, device) if isinstance(v, dict) else
-            (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-
-
 def module_map(model: MimoModel) -> dict[str, torch.nn.Module]:
     """The modules that get their own optimizer: the LM ("language") and each modality submodule."""
     return {"language": model.language_model, **dict(model.modality_submodules.items())}
@@ -83,7 +78,6 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path | None = None):
         self.cfg = cfg
-        check_fast_paths(cfg)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.rank, self.world = init_distributed(torch.device(cfg.train.device).type)
@@ -132,16 +126,6 @@ class Trainer:
             return self.plan.microbatches(batch)
         return split_microbatches(batch, self.cfg.parallel.microbatches)
 
-    def check_batch(self, batch: dict) -> None:
-        """Every rank holds the whole global batch here, so every rank checks all of it and raises the same
-        error before any collective, whichever data lane the bad sample falls in."""
-        check_counts(batch)
-        for name, sub in self.model.modality_submodules.items():
-            if len(sub.encoders) == 1:
-                (encoder,) = sub.encoders.values()
-                check_placeholders(batch, name, self.model.special_token_ids[name],
-                                   getattr(encoder, "tokens_per_image", None))
-
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over the LM's data lanes (identity on one process)."""
         return self.plan.all_reduce_lm_data(t) if self.plan is not None else t
@@ -151,7 +135,7 @@ class Trainer:
         if self.plan is not None and self.plan.pipeline is not None:
             return self.pipeline_step(step)
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
-        self.check_batch(batch)
+        self.model.check_batch(batch)
         micro = [to_device(mb, self.device) for mb in self.local_microbatches(batch)]
         local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro)
         n_global = self.all_reduce_sum(local_tokens.detach().clone())
@@ -169,14 +153,8 @@ class Trainer:
             self.plan.finalize_grads(self.model)
         out_objective, out_losses = self.out_loss.end(self.all_reduce_sum)
         loss = float(self.all_reduce_sum(loss_total) * scale) + out_objective
-        if self.guard.agree(loss):
-            stepped, grad_norm, lr = self.optimizer.step(step)
-        else:
-            stepped, grad_norm, lr = skip_step(self.optimizer, step)
-        self.guard.record(stepped)
-        return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
-                "bad_steps": self.guard.consecutive_bad,
-                "tokens": int(batch["input_ids"].numel()), "loss_tokens": int(n_global), **out_losses}
+        return {**self.update(step, loss), "tokens": int(batch["input_ids"].numel()), "loss_tokens": int(n_global),
+                **out_losses}
 
     def pipeline_step(self, step: int) -> dict:
         """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline) runs every microbatch's
@@ -189,13 +167,18 @@ class Trainer:
                                           enabled=self.cfg.train.dtype == "bfloat16")
         result = pipe.train_step(self.model, batch, self.device, autocast)
         self.plan.finalize_grads(self.model)
-        if self.guard.agree(result.loss):
+        return {**self.update(step, result.loss), "tokens": result.tokens, "loss_tokens": result.loss_tokens}
+
+    def update(self, step: int, loss: float) -> dict:
+        """The optimizer step after finalised gradients, or a skip that every rank agrees on when the loss
+        or the gradients are not finite; the step's record."""
+        if self.guard.agree(loss):
             stepped, grad_norm, lr = self.optimizer.step(step)
         else:
             stepped, grad_norm, lr = skip_step(self.optimizer, step)
         self.guard.record(stepped)
-        return {"step": step, "loss": result.loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
-                "bad_steps": self.guard.consecutive_bad, "tokens": result.tokens, "loss_tokens": result.loss_tokens}
+        return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
+                "bad_steps": self.guard.consecutive_bad}
 
     def train(self) -> dict:
         cfg = self.cfg

@@ -1,0 +1,46 @@
+"""What the parallel-vs-single-process tests share: the reference's gradients and optimizer step, and
+the relative comparison every tensor goes through."""
+
+from __future__ import annotations
+
+import torch
+
+from mimo.config import Config
+from mimo.train.optim import MimoOptimizer
+from mimo.train.trainer import module_map
+
+
+def freeze_key_biases(model: torch.nn.Module) -> None:
+    """A key bias shifts every score of a query equally, so softmax cancels it: its true gradient is 0
+    and what backward returns is rounding noise, which Adam would blow up. Freeze it on both sides."""
+    for name, p in model.named_parameters():
+        if name.endswith("k_proj.bias"):
+            p.requires_grad_(False)
+
+
+def grads_then_step(cfg: Config, model: torch.nn.Module) -> tuple[dict, dict]:
+    """After the reference's backward: every gradient (zeros where none), then one optimizer step that
+    must clip (so the test covers the global norm), and the weights after it."""
+    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()}
+    stepped, norm, _ = MimoOptimizer(module_map(model), cfg.optim, 10).step(0)
+    assert stepped and norm > cfg.optim.clip, "the case must exercise clipping"
+    return grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _diff_and_scale(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    if not ref.numel():
+        return 0.0, 0.0
+    return (got - ref).abs().max().item(), ref.abs().max().item()
+
+
+def rel_diff(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| / max |ref| (the plain difference where ref is all zeros)."""
+    diff, scale = _diff_and_scale(got, ref)
+    return diff / scale if scale else diff
+
+
+def close(what: str, got: torch.Tensor, ref: torch.Tensor, rtol: float) -> float:
+    """Assert max |got - ref| <= rtol x max |ref| (exact equality where ref is all zeros); returns the ratio."""
+    diff, scale = _diff_and_scale(got, ref)
+    assert diff <= rtol * scale, f"{what}: max |diff| {diff:.3g} > {rtol} x max |ref| {scale:.3g}"
+    return diff / scale if scale else 0.0
