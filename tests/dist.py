@@ -8,10 +8,15 @@ Ranks are forked from a "forkserver" that imported torch once, because a fresh "
 torch in every rank: 1-2 s each, 15 s for 8 ranks on a busy 2-core machine, against 0.2 s here.
 A forked rank would inherit the server's environment and working directory, so the parent's
 current ones travel with each launch, as they would under spawn.
+
+`MIMO_TEST_BACKEND=nccl` runs the same functions on GPUs, one per rank, over NCCL (host tensors over
+gloo beside it, as `mimo train` does on GPUs): every tensor made without a device lands on the rank's
+GPU, TF32 is off so fp32 stays fp32, and a run wider than the GPUs present is skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -22,8 +27,13 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
+
+from mimo.parallel.runtime import GPU_BACKEND
 
 _GRACE_S = 0.5
 """After the first failure, how long to collect other ranks' reports before killing them."""
@@ -38,6 +48,51 @@ class _Launch:
     timeout: float
     env: dict[str, str]
     cwd: str
+
+
+def backend() -> str:
+    """The test backend: "gloo" (CPU processes, the default) or "nccl" (one GPU per rank)."""
+    name = os.environ.get("MIMO_TEST_BACKEND", "gloo")
+    if name not in ("gloo", "nccl"):
+        raise ValueError(f"MIMO_TEST_BACKEND={name!r}; use gloo or nccl")
+    return name
+
+
+def rank_device() -> torch.device:
+    """Where this rank's tensors live: its GPU on the nccl backend, else the CPU (call inside a rank)."""
+    return torch.device("cuda", torch.cuda.current_device()) if backend() == "nccl" else torch.device("cpu")
+
+
+class _OnGpu(TorchFunctionMode):
+    """Tensor factories without a device build on `device`, as under torch.set_default_device; one drawn
+    from a CPU generator is drawn on the CPU and moved, so a test's seeded data is the same as on gloo."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _device_constructors() and kwargs.get("device") is None:
+            gen = kwargs.get("generator")
+            if gen is not None and gen.device.type == "cpu":
+                return func(*args, **kwargs).to(self.device)
+            kwargs["device"] = self.device
+        return func(*args, **kwargs)
+
+
+def _join(rank: int, launch: _Launch) -> contextlib.AbstractContextManager:
+    """Join the group on the test backend; the context the test function runs in."""
+    init = dict(rank=rank, world_size=launch.world_size, init_method=f"tcp://127.0.0.1:{launch.port}",
+                timeout=timedelta(seconds=launch.timeout))
+    if backend() == "gloo":
+        dist.init_process_group("gloo", **init)
+        return contextlib.nullcontext()
+    torch.cuda.set_device(rank)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group(GPU_BACKEND, **init)
+    return _OnGpu(torch.device("cuda", rank))
 
 
 def _free_port() -> int:
@@ -55,16 +110,14 @@ def _context() -> mp.context.BaseContext:
 
 
 def _worker(rank: int, launch: _Launch, conn: Connection, fn: Any, args: tuple, kwargs: dict) -> None:
-    """Child side: init gloo, run fn, report, then meet the other ranks and tear down."""
+    """Child side: join the group, run fn, report, then meet the other ranks and tear down."""
     os.environ.clear()
     os.environ.update(launch.env)
     os.chdir(launch.cwd)
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=launch.world_size,
-                                init_method=f"tcp://127.0.0.1:{launch.port}",
-                                timeout=timedelta(seconds=launch.timeout))
-        report = ("ok", fn(rank, launch.world_size, *args, **kwargs))
+        with _join(rank, launch):
+            report = ("ok", fn(rank, launch.world_size, *args, **kwargs))
     except BaseException:
         report = ("error", traceback.format_exc())
     try:
@@ -81,11 +134,14 @@ def _worker(rank: int, launch: _Launch, conn: Connection, fn: Any, args: tuple, 
 
 
 def run_distributed(fn: Any, world_size: int, *args: Any, timeout: float = 120.0, **kwargs: Any) -> list[Any]:
-    """Run fn(rank, world_size, *args, **kwargs) on world_size gloo processes; return each rank's result.
+    """Run fn(rank, world_size, *args, **kwargs) on world_size processes; return each rank's result.
 
     Raises RuntimeError naming the failed rank(s) with their tracebacks, or naming the ranks still
-    running after `timeout` seconds.
+    running after `timeout` seconds. On the nccl backend, skips when there are fewer GPUs than ranks.
     """
+    if backend() == "nccl" and world_size > torch.cuda.device_count():
+        pytest.skip(f"{world_size} ranks need {world_size} GPUs on MIMO_TEST_BACKEND=nccl; "
+                    f"{torch.cuda.device_count()} found")
     ctx = _context()
     # the ranks' own dist timeout bounds how long they could outlive a parent that died
     launch = _Launch(world_size, _free_port(), timeout + 60.0, dict(os.environ), os.getcwd())

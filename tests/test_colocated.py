@@ -1,7 +1,8 @@
-"""Colocated heterogeneous layouts on 8 gloo ranks equal single-process training, tensor by tensor.
+"""Colocated heterogeneous layouts equal single-process training, tensor by tensor.
 
-The encoder and the LM share all 8 ranks with different TP/DP (fan-in: encoder tp2 x dp4, LM tp4 x
-dp2; fan-out: encoder tp4 x dp2, LM tp2 x dp4). Samples hold 0, 1 or 2 images, so rows per sample
+The encoder and the LM share all ranks with different TP/DP. On 8 ranks, fan-in: encoder tp2 x dp4,
+LM tp4 x dp2; fan-out: encoder tp4 x dp2, LM tp2 x dp4. On 2 ranks (the widest a 2-GPU machine runs
+on NCCL), fan-in: encoder dp2, LM tp2; fan-out: encoder tp2, LM dp2. Samples hold 0, 1 or 2 images, so rows per sample
 vary and some encoder lanes get no image at all. Checked against a single-process run of the same
 seeded model on the same global batch: the LM's input embeddings after the bridge, the logits, every
 gradient, and the weights after one AdamW step with clipping, max |diff| <= 1e-5 x max |ref|.
@@ -10,6 +11,7 @@ gradient, and the weights after one AdamW step with clipping, max |diff| <= 1e-5
 import copy
 import math
 
+import pytest
 import torch
 
 from mimo.config import (
@@ -80,8 +82,8 @@ def _reference(cfg: Config, batch: dict, model) -> dict:
     return {"embeds": embeds, "logits": logits, "tokens": out.num_tokens, "grads": grads, "params": params}
 
 
-def _run_case(rank: int, enc_tp: int, lm_tp: int, micro: int, asymmetric: bool) -> None:
-    what = f"enc tp{enc_tp} lm tp{lm_tp} micro {micro} asym {asymmetric}"
+def _run_case(rank: int, world: int, enc_tp: int, lm_tp: int, micro: int, asymmetric: bool) -> None:
+    what = f"world {world} enc tp{enc_tp} lm tp{lm_tp} micro {micro} asym {asymmetric}"
     cfg = _config(enc_tp, lm_tp, micro)
     batch = _batch(micro, asymmetric)
     torch.manual_seed(0)
@@ -90,7 +92,7 @@ def _run_case(rank: int, enc_tp: int, lm_tp: int, micro: int, asymmetric: bool) 
     par = copy.deepcopy(model)
     ref = _reference(cfg, batch, model)
 
-    plan = ParallelPlan(cfg, rank, 8)
+    plan = ParallelPlan(cfg, rank, world)
     plan.parallelize(par)
     opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     seen = []
@@ -122,15 +124,20 @@ def _run_case(rank: int, enc_tp: int, lm_tp: int, micro: int, asymmetric: bool) 
             close(f"{what} weight after step {name}", p, ref["params"][name], RTOL)
 
 
+# (encoder tp, LM tp) by world size: fan-in, then fan-out
+TP_PAIRS = {2: ((1, 2), (2, 1)), 8: ((2, 4), (4, 2))}
+
+
 def _all_cases(rank: int, world: int) -> None:
-    for enc_tp, lm_tp in ((2, 4), (4, 2)):
+    for enc_tp, lm_tp in TP_PAIRS[world]:
         for micro in (1, 4):
             for asymmetric in (False, True):
-                _run_case(rank, enc_tp, lm_tp, micro, asymmetric)
+                _run_case(rank, world, enc_tp, lm_tp, micro, asymmetric)
 
 
-def test_colocated_fan_in_and_fan_out_equal_single_process():
-    run_distributed(_all_cases, 8, timeout=600)
+@pytest.mark.parametrize("world", sorted(TP_PAIRS))
+def test_colocated_fan_in_and_fan_out_equal_single_process(world: int):
+    run_distributed(_all_cases, world, timeout=600)
 
 
 def _inf_case(rank: int, world: int) -> None:

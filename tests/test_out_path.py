@@ -6,6 +6,7 @@ text-to-image data and CLI, and the config checks.
 """
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,9 +28,14 @@ from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
 from mimo.mimo_model import build_model
 from mimo.models.decoders import image_to_patches, patches_to_image
+from mimo.parallel import plan as plan_module
+from mimo.parallel.layout import Layout
+from mimo.parallel.plan import validate_plan
 from mimo.train.checkpoint import save_weights
 from mimo.train.evaluate_text_to_image import judge_recognises, train_judge
 from mimo.train.out_loss import OutPathLoss
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -204,3 +210,14 @@ def test_judge_and_generate_cli(tmp_path, capsys):
     hits = judge_recognises(judge, np.stack([d.image for d in data.eval]), data.eval)
     assert set(hits) == {"color", "shape", "place"} and all(v.shape == (4,) for v in hits.values())
     capsys.readouterr()
+
+
+def test_fsdp_with_the_out_path_is_refused_where_fsdp_cannot_reduce_unused_parameters(monkeypatch):
+    """On a torch whose FSDP2 skips the reduce-scatter of unused parameters, a rank with no image to generate
+    would leave the decoder's collective unmatched; the plan refuses before building anything."""
+    cfg = load_config(ROOT / "configs" / "demo_text_to_image.toml", ["--parallel.modules.images.fsdp=true"])
+    layout = Layout.from_config(cfg.parallel.modules, ["language", *cfg.model.modalities], 2)
+    validate_plan(cfg, layout)
+    monkeypatch.setattr(plan_module, "FSDP_REDUCES_UNUSED_PARAMS", False)
+    with pytest.raises(ConfigError, match=r"parallel.modules.images.fsdp = true with the Out path of \['images'\]"):
+        validate_plan(cfg, layout)

@@ -37,7 +37,7 @@ from mimo.parallel.plan import ParallelPlan, validate_plan
 from mimo.parallel.schedule import warmup_microbatches
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
-from tests.dist import run_distributed
+from tests.dist import rank_device, run_distributed
 from tests.parity import freeze_key_biases, grads_then_step, rel_diff
 
 RTOL = 1e-5
@@ -112,7 +112,7 @@ def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool
     plan.parallelize(par)
     opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     pipe = plan.pipeline
-    result = pipe.train_step(par, batch if pipe.needs_data else None, torch.device("cpu"), contextlib.nullcontext)
+    result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])
     assert worst <= RTOL, f"{what}: loss {result.loss} vs {ref['loss']}"
     plan.finalize_grads(par)
@@ -193,7 +193,7 @@ def _bad_batch_case(rank: int, world: int, damage: str) -> str:
     plan.parallelize(model)
     pipe = plan.pipeline
     with pytest.raises(ValueError) as err:
-        pipe.train_step(model, batch if pipe.needs_data else None, torch.device("cpu"), contextlib.nullcontext)
+        pipe.train_step(model, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     return str(err.value)
 
 

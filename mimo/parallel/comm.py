@@ -27,8 +27,18 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# The single-tensor collectives, under torch 2.13's names where they exist (the old names warn there) and
+# the old ones on earlier torch (2.11 on the GPU machines has only those).
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def collective_device(group: ProcessGroup | None = None) -> torch.device:
+    """Where a tensor made only to be sent over `group` should live: this rank's GPU when the group
+    runs NCCL (alone or beside gloo for host tensors), else the CPU."""
+    if "nccl" in str(dist.get_backend(group)):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _chunks(x: torch.Tensor, group: ProcessGroup, dim: int) -> int:
@@ -55,7 +65,7 @@ def _all_gather(x: torch.Tensor, group: ProcessGroup, dim: int) -> torch.Tensor:
     """Gathered in the concatenated form along dim 0 (gloo rejects the stacked one), then moved to `dim`."""
     n = dist.get_world_size(group)
     out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-    _all_gather_single(out, x.contiguous(), group=group)
+    all_gather_single(out, x.contiguous(), group=group)
     return out.unflatten(0, (n, -1)).movedim(0, dim).flatten(dim, dim + 1)
 
 
@@ -64,7 +74,7 @@ def _reduce_scatter(x: torch.Tensor, group: ProcessGroup, dim: int) -> torch.Ten
     _chunks(x, group, dim)
     stacked = x.unflatten(dim, (n, -1)).movedim(dim, 0).contiguous()
     out = x.new_empty(stacked.shape[1:])
-    _reduce_scatter_single(out, stacked.flatten(0, 1), group=group)
+    reduce_scatter_single(out, stacked.flatten(0, 1), group=group)
     return out
 
 

@@ -24,6 +24,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+from mimo.parallel.comm import collective_device
 from mimo.train.optim import REPLICAS, NormReducer
 
 if TYPE_CHECKING:
@@ -113,6 +114,12 @@ def _unpack(bucket: list[nn.Parameter], flat: torch.Tensor) -> None:
             p.grad.copy_(chunk)
 
 
+FSDP_REDUCES_UNUSED_PARAMS = hasattr(FSDPModule, "set_reduce_scatter_unused_params")
+"""Whether this torch's FSDP2 can reduce-scatter zeros for parameters a rank did not use. Without it
+(torch 2.11, say) every rank must use the same parameters each step: true of every layout here except an
+Out-path decoder that some rank has no output for, which validate_plan refuses on such a torch."""
+
+
 def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: MixedPrecisionPolicy | None = None,
                entry_methods: Sequence[str] = ()) -> FSDPModule:
@@ -150,7 +157,8 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)
-            unit.set_reduce_scatter_unused_params(True, recurse=False)
+            if FSDP_REDUCES_UNUSED_PARAMS:
+                unit.set_reduce_scatter_unused_params(True, recurse=False)
     for name, p in root.named_parameters():
         if name in replicas:
             setattr(p, REPLICAS, replicas[name])
@@ -249,7 +257,7 @@ def norm_sq_reducer(module_names: Sequence[str], group: ProcessGroup | None = No
         if unknown:
             raise ValueError(f"modules {unknown} have no slot in the gradient-norm reduction; add them to "
                              f"module_names (now {order})")
-        device = next(iter(parts.values())).device if parts else _collective_device(group)
+        device = next(iter(parts.values())).device if parts else collective_device(group)
         vec = torch.zeros(len(order), dtype=torch.float32, device=device)
         for i, name in enumerate(order):
             if name in parts:
@@ -258,9 +266,3 @@ def norm_sq_reducer(module_names: Sequence[str], group: ProcessGroup | None = No
         return vec.sum()
 
     return reduce
-
-
-def _collective_device(group: ProcessGroup | None) -> torch.device:
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

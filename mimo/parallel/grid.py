@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
+from mimo.parallel.comm import collective_device
+
 DIMS: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Grid order: tp varies fastest (stays inside a node), pp slowest."""
 
@@ -200,7 +202,7 @@ class GridGroups:
         key = self._key(dims)
         self._require_member()
         group = self.groups[key]
-        device_type = "cuda" if "nccl" in str(dist.get_backend(group)) else "cpu"
+        device_type = collective_device(group).type
         return DeviceMesh.from_group(group, device_type, mesh_dim_names=("_".join(key),))
 
     @property

@@ -17,7 +17,7 @@ from mimo.data.batching import split_microbatches
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.bridge import ColocatedBridge
 from mimo.parallel.context import ContextParallel
-from mimo.parallel.data import GradReducer, apply_fsdp, norm_sq_reducer
+from mimo.parallel.data import FSDP_REDUCES_UNUSED_PARAMS, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout, check_heads_divisible
 from mimo.parallel.pipeline import PipelinePlan, is_pipelined, validate_pipeline
@@ -62,6 +62,13 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
                               "use cp = 1 for modality encoders")
     validate_context_parallel(cfg, layout)
     check_fast_paths(cfg, layout)
+    outs = out_modalities(cfg)
+    sharded = [n for n, m in cfg.parallel.modules.items() if m.fsdp]
+    if outs and sharded and not FSDP_REDUCES_UNUSED_PARAMS:
+        raise ConfigError(f"parallel.modules.{sharded[0]}.fsdp = true with the Out path of {outs} needs FSDP2's "
+                          f"set_reduce_scatter_unused_params, which torch {torch.__version__} lacks (a rank with no "
+                          "output to decode would skip the decoder's reduce-scatter and hang); use fsdp = false or a "
+                          "newer torch")
     for name, m in cfg.model.modalities.items():
         tp = layout.grids[name].tp
         check_heads_divisible(name, m.vit.heads, m.vit.heads, tp)
@@ -69,11 +76,16 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
             raise ConfigError(f"model.modalities.{name}.vit.mlp ({m.vit.mlp}) must be divisible by its tp ({tp})")
 
 
+def out_modalities(cfg: Config) -> list[str]:
+    """The modalities the LM also generates (an Out-path decoder reads its hidden states)."""
+    return [n for n, m in cfg.model.modalities.items() if m.output_token_id >= 0]
+
+
 def validate_context_parallel(cfg: Config, layout: Layout) -> None:
     """CP/SP constraints known from the config alone (pure); sequence lengths are checked per batch."""
     lm = layout.grids[LANGUAGE]
     if lm.cp > 1:
-        outs = [n for n, m in cfg.model.modalities.items() if m.output_token_id >= 0]
+        outs = out_modalities(cfg)
         if outs:
             raise ConfigError(f"parallel.modules.language.cp = {lm.cp}: the Out path of {outs} decodes the LM's whole "
                               "sequence and does not run under context parallel; use cp = 1 or set "

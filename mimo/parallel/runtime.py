@@ -16,15 +16,20 @@ def launched_distributed() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+"""On GPUs, CUDA tensors travel over NCCL and the few host-side tensors (counts, flags, metadata that
+the host reads anyway) over gloo, so no collective needs a device copy just to be sent."""
+
+
 def init_distributed(device_type: str) -> tuple[int, int]:
-    """Join the default process group (NCCL on GPUs, gloo on CPUs); returns (rank, world size)."""
+    """Join the default process group (GPU_BACKEND on GPUs, gloo on CPUs); returns (rank, world size)."""
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if not launched_distributed():
         return 0, 1
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    dist.init_process_group(GPU_BACKEND if device_type == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
