@@ -1,6 +1,6 @@
 """Train mimo's VLM on a preset of presets.json and run the Hugging Face baseline in the same invocation.
 
-    python -m benchmarks.bench_vlm --preset small [--mimo SPEC]... [--baseline FLAGS]... [--out DIR]
+    python -m benchmarks.bench_vlm --preset small [--mimo SPEC]... [--baseline FLAGS]... [--nproc N]... [--out DIR]
 
 Every system runs in its own subprocess (clean peak-memory figures; an out-of-memory run is a table row,
 not a crash). `--mimo` takes Options fields, e.g. `--mimo ""` (all optimisations), `--mimo
@@ -8,6 +8,12 @@ not a crash). `--mimo` takes Options fields, e.g. `--mimo ""` (all optimisations
 failed); `--baseline` takes the baseline's switches, e.g. `--baseline ""` (eager) or `--baseline
 "grad-ckpt,compile"`. The table goes to stdout (last) and to DIR/<preset>.md, one JSON line per run to
 DIR/<preset>.jsonl, every run's output to DIR/<preset>.log.
+
+`--nproc N` runs mimo data-parallel on N GPUs through torchrun (repeat it for a scaling table, e.g.
+`--nproc 1 --nproc 2`): every rank trains the same model on micro-batches of its own, and MasterAdamW
+shards its fp32 state over the ranks (ZeRO-1). Such a row's tokens/s is the global throughput, its
+MFU and model TFLOP/s are per GPU, and its ratio to a baseline (which always runs on one GPU) is
+per GPU: tokens/s per GPU over the baseline's tokens/s.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from benchmarks.runner import Options, Run
 from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, train_flops_per_sample
+from mimo.parallel.runtime import init_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = 989.0
@@ -32,27 +40,35 @@ DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckp
 
 
 def worker(args: argparse.Namespace) -> dict:
-    """Train mimo on the preset in this process and return the baseline's JSON fields plus a few more."""
+    """Train mimo on the preset in this process, one rank of a data-parallel group when torchrun started
+    it, and return the baseline's JSON fields plus a few more (throughput global, FLOP/s per GPU)."""
     p = load_preset(args.preset)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    rank, ranks = init_distributed(device_type)
+    device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     opts = Options.parse(args.options, compile=device.type == "cuda")
-    run = Run(p, opts, device)
-    batches = make_batches(p, device)
+    run = Run(p, opts, device, group=dist.group.WORLD if ranks > 1 else None)
+    batches = make_batches(p, device, seed=1 + rank)
     timing = run.measure(batches, args.warmup, args.steps)
-    if args.profile:
-        trace = Path(args.trace_dir) / f"{args.preset}_{re.sub(r'[^A-Za-z0-9=]+', '_', args.options) or 'default'}.json"
+    if args.profile:  # every rank profiles (the step is collective); each writes its own trace
+        name = (re.sub(r"[^A-Za-z0-9=]+", "_", args.options) or "default") + (f"_rank{rank}" if ranks > 1 else "")
+        trace = Path(args.trace_dir) / f"{args.preset}_{name}.json"
         trace.parent.mkdir(parents=True, exist_ok=True)
-        print(f"profile of mimo [{args.options}] (trace: {trace})\n{run.profile(batches[0], trace)}", file=sys.stderr,
-              flush=True)
+        text = run.profile(batches[0], trace)
+        if rank == 0:
+            print(f"profile of mimo [{args.options}] (trace: {trace})\n{text}", file=sys.stderr, flush=True)
     syncs = run.host_syncs(batches[0])
     tflops = train_flops_per_sample(p) * p["micro_batch"] / timing["step_s_median"] / 1e12
+    tokens_per_gpu = p["micro_batch"] * p["seq_len"] / timing["step_s_median"]
     out = {
         "system": "mimo" + (f" [{args.options}]" if args.options else ""),
         "preset": args.preset,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
+        "gpus": ranks,
         "step_s_median": round(timing["step_s_median"], 5),
-        "tokens_per_s": round(p["micro_batch"] * p["seq_len"] / timing["step_s_median"], 1),
+        "tokens_per_s": round(ranks * tokens_per_gpu, 1),
+        "tokens_per_s_per_gpu": round(tokens_per_gpu, 1),
         "model_tflops": round(tflops, 2),
         "mfu": round(tflops / args.peak_tflops, 4),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
@@ -65,17 +81,30 @@ def worker(args: argparse.Namespace) -> dict:
     }
     if not math.isfinite(out["final_loss"]):
         raise RuntimeError(f"loss is not finite: {out['final_loss']}")
+    if ranks > 1:
+        dist.destroy_process_group()
     return out
 
 
 def run_subprocess(cmd: list[str], label: str, log: Path, timeout: float) -> dict:
-    """Run one system; its last JSON line, or a row saying why there is none. Output is appended to log."""
+    """Run one system; its last JSON line, or a row saying why there is none. Output is appended to log.
+
+    A run out of time gets SIGTERM first: torchrun passes it on to its ranks, which live in sessions of
+    their own and would outlive a killed torchrun, holding their GPUs through the next runs."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        text, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        text, rc = f"{e.stdout or ''}{e.stderr or ''}\ntimed out after {timeout:.0f} s", None
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                stdout, stderr = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            stderr, rc = f"{stderr}\ntimed out after {timeout:.0f} s", None
+    text = stdout + stderr
     with log.open("a") as f:
         f.write(f"\n===== {label}: {' '.join(cmd)} (rc={rc})\n{text}\n")
     rows = [json.loads(line) for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
@@ -90,9 +119,11 @@ def run_subprocess(cmd: list[str], label: str, log: Path, timeout: float) -> dic
     return {"system": label, "error": why}
 
 
-def mimo_cmd(args: argparse.Namespace, spec: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.bench_vlm", "--worker", "--preset", args.preset, "--options", spec,
-            "--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops),
+def mimo_cmd(args: argparse.Namespace, spec: str, nproc: int) -> list[str]:
+    """The worker's command line; through torchrun for more than one GPU."""
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    return [sys.executable, *launch, "-m", "benchmarks.bench_vlm", "--worker", "--preset", args.preset, "--options",
+            spec, "--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops),
             *(["--profile", "--trace-dir", args.trace_dir or str(Path(args.out) / "traces")] if args.profile else [])]
 
 
@@ -102,22 +133,30 @@ def baseline_cmd(args: argparse.Namespace, flags: str) -> list[str]:
             "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops), *switches]
 
 
+def mimo_label(spec: str, nproc: int) -> str:
+    return "mimo" + (f" [{spec}]" if spec else "") + (f" on {nproc} GPUs" if nproc > 1 else "")
+
+
 def baseline_label(flags: str) -> str:
     return "hf " + (flags.replace(",", "+") if flags else "eager")
 
 
 def table(rows: list[dict], baselines: list[dict]) -> str:
-    """Markdown: one row per system, with its throughput over each baseline variant that ran."""
+    """Markdown: one row per system, with its throughput per GPU over each baseline variant that ran (the
+    baseline's rows, from its own script, are single-GPU and have no per-GPU fields)."""
     ran = [b for b in baselines if "error" not in b]
-    head = ["system", "tokens/s", "model TFLOP/s", "MFU", "peak GiB"] + [f"x {b['label']}" for b in ran]
+    head = ["system", "GPUs", "tokens/s", "tokens/s per GPU", "model TFLOP/s per GPU", "MFU", "peak GiB"]
+    head += [f"per GPU x {b['label']}" for b in ran]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "error" in r:
             cells = [r["label"], r["error"]] + [""] * (len(head) - 2)
         else:
+            per_gpu = r.get("tokens_per_s_per_gpu", r["tokens_per_s"])
             peak = "" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
-            cells = [r["label"], f"{r['tokens_per_s']:,.0f}", f"{r['model_tflops']:.0f}", f"{100 * r['mfu']:.1f}%",
-                     peak] + [f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}" for b in ran]
+            cells = [r["label"], str(r.get("gpus", 1)), f"{r['tokens_per_s']:,.0f}", f"{per_gpu:,.0f}",
+                     f"{r['model_tflops']:.0f}", f"{100 * r['mfu']:.1f}%", peak]
+            cells += [f"{per_gpu / b['tokens_per_s']:.2f}" for b in ran]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -129,9 +168,10 @@ def driver(args: argparse.Namespace) -> None:
     log.write_text("")
     jsonl.write_text("")
     specs = args.mimo if args.mimo is not None else [""]
+    nprocs = args.nproc or [1]
     flags = args.baseline if args.baseline is not None else DEFAULT_BASELINES.get(args.preset, [""])
     # A mimo spec "A|B" runs B only if A failed (e.g. "|ckpt_layers=12": checkpointing only if needed).
-    jobs = [([("mimo" + (f" [{a}]" if a else ""), mimo_cmd(args, a)) for a in s.split("|")], False) for s in specs]
+    jobs = [([(mimo_label(a, n), mimo_cmd(args, a, n)) for a in s.split("|")], False) for s in specs for n in nprocs]
     jobs += [([(baseline_label(f), baseline_cmd(args, f))], True) for f in flags]
     rows, baselines = [], []
     for alternatives, is_baseline in jobs:
@@ -147,7 +187,8 @@ def driver(args: argparse.Namespace) -> None:
             (baselines if is_baseline else rows).append(r)
             if "error" not in r:
                 break
-    text = f"preset `{args.preset}`, {args.steps} timed steps after {args.warmup} warm-up\n\n"
+    text = (f"preset `{args.preset}`, {args.steps} timed steps after {args.warmup} warm-up; tokens/s over all GPUs, "
+            "'per GPU x' columns: tokens/s per GPU over the baseline's tokens/s (one GPU)\n\n")
     text += table(rows + baselines, baselines)
     (out / f"{args.preset}.md").write_text(text + "\n")
     print(text)
@@ -164,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline", action="append", metavar="FLAGS",
                     help="baseline switches to run (repeatable); '' = eager; default per preset: "
                          + "; ".join(f"{k}: {v}" for k, v in DEFAULT_BASELINES.items()) + "; others: ['']")
+    ap.add_argument("--nproc", action="append", type=int, metavar="N",
+                    help="GPUs of each mimo run, data-parallel through torchrun (repeatable, for a scaling table); "
+                         "default 1. The baselines always run on one GPU")
     ap.add_argument("--no-baseline", action="store_true", help="run mimo only")
     ap.add_argument("--out", default="runs/bench", help="folder for the table, the JSON lines and the log")
     ap.add_argument("--timeout", type=float, default=900, help="seconds allowed to each run")
@@ -176,8 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.no_baseline:
         args.baseline = []
+    if any(n < 1 for n in args.nproc or []):
+        ap.error(f"--nproc takes a number of GPUs >= 1, got {args.nproc}")
     if args.worker:
-        print(json.dumps(worker(args)), flush=True)
+        out = worker(args)
+        if int(os.environ.get("RANK", "0")) == 0:  # one row per run, however many ranks
+            print(json.dumps(out), flush=True)
     else:
         driver(args)
 

@@ -175,6 +175,9 @@ class DataConfig:
     # sample attending only to itself with positions restarting; pack_length must hold the longest sample.
     packing: bool = False
     pack_length: int = 0
+    # For name = "synthetic" (random tokens and images, for benchmarks): images per sample, whose placeholders
+    # open each seq_len-token sequence.
+    images_per_sample: int = 1
 
 
 @dataclass
@@ -440,6 +443,11 @@ def validate(cfg: Config) -> None:
                           "webdataset, a .jsonl manifest for jsonl)")
     if cfg.data.seq_len < 8 or cfg.data.seq_len % 8:
         raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must be a positive multiple of 8")
+    if cfg.data.images_per_sample < 1:
+        raise ConfigError(f"data.images_per_sample ({cfg.data.images_per_sample}) must be >= 1")
+    if cfg.data.images_per_sample != 1 and cfg.data.name != "synthetic":
+        raise ConfigError(f"data.images_per_sample = {cfg.data.images_per_sample} is read by data.name = 'synthetic' "
+                          f"only; data.name = '{cfg.data.name}' fixes its own images per sample, so leave it at 1")
     if cfg.data.packing and cfg.data.pack_length < 1:
         raise ConfigError(f"data.packing = true needs data.pack_length (tokens per packed row) >= 1, got "
                           f"{cfg.data.pack_length}; set it to at least the longest sample, e.g. 2-4x its length")

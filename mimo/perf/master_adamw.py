@@ -7,6 +7,12 @@ views of two flat bf16 buffers, so the update is one elementwise pass over a few
 kernel per chunk when compiled, which also writes the new bf16 weights) instead of hundreds of small
 ones. The step count and learning rate live on the device, so a step never makes the host wait for
 the GPU.
+
+Data parallelism (ZeRO-1): given a process group of N ranks, the flat buffers are split into N equal
+shards and each rank keeps master weights and moments for its own shard only (12 of the 16 bytes per
+parameter that AdamW holds, divided by N), while every rank still holds the full bf16 weights and
+gradients its model needs. A step reduce-scatters the gradients (each rank receives the sum over
+ranks of its shard), updates its shard with the mean, and all-gathers the new bf16 weights.
 """
 
 from __future__ import annotations
@@ -14,17 +20,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed import ProcessGroup
+
+from mimo.parallel.comm import all_gather_single, reduce_scatter_single
 
 _ALIGN = 64  # elements: every view starts 128-byte aligned, as vectorised kernels like
 
 
 def adamw_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor,
                  weight: torch.Tensor, step: torch.Tensor, lr: torch.Tensor, beta1: float, beta2: float, eps: float,
-                 weight_decay: float) -> None:
-    """One AdamW update of fp32 tensors in place, torch.optim.AdamW's formula; `grad` may be bf16. The
-    updated master weights are also written, rounded, to `weight` (the model's low-precision copy)."""
+                 weight_decay: float, grad_scale: float = 1.0) -> None:
+    """One AdamW update of fp32 tensors in place, torch.optim.AdamW's formula, on the gradient
+    `grad * grad_scale` (`grad` may be bf16; the scale turns a sum over ranks into their mean in fp32).
+    The updated master weights are also written, rounded, to `weight` (the model's low-precision copy)."""
     g = grad.float()
+    if grad_scale != 1.0:
+        g = g * grad_scale
     master.mul_(1 - lr * weight_decay)
     exp_avg.lerp_(g, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
@@ -40,45 +53,68 @@ class MasterAdamW:
     Call `step()` after backward and `zero_grad()` before the next one; gradients accumulate in place
     in the flat buffer, so `.grad` must not be set to None by other code. `chunk` bounds the elements
     of one update call (and the temporaries of the uncompiled update).
+
+    With `group` (more than one rank), `step()` is collective and takes the mean of the ranks'
+    gradients (each rank's loss being a mean over its own micro-batch). Every rank must pass the same
+    initial weights (e.g. a model built from the same seed): each keeps a copy of its own shard only,
+    so nothing is broadcast.
     """
 
     def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, dtype: torch.dtype = torch.bfloat16,
-                 compile: bool = False, chunk: int = 1 << 28):
+                 compile: bool = False, chunk: int = 1 << 28, group: ProcessGroup | None = None):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("MasterAdamW got no trainable parameters")
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay = eps, weight_decay
+        ranks = dist.get_world_size(group) if group is not None else 1
+        self.group = group if ranks > 1 else None
         device = self.params[0].device
         offsets, total = [], 0
         for p in self.params:
             offsets.append(total)
             total += -(-p.numel() // _ALIGN) * _ALIGN
-        self.master = torch.zeros(total, dtype=torch.float32, device=device)
-        self.exp_avg = torch.zeros_like(self.master)
-        self.exp_avg_sq = torch.zeros_like(self.master)
+        total = -(-total // (ranks * _ALIGN)) * ranks * _ALIGN  # equal shards, each starting aligned
+        size = total // ranks
+        start = (dist.get_rank(group) if self.group is not None else 0) * size
         self.grad = torch.zeros(total, dtype=dtype, device=device)
         self.weight = torch.zeros(total, dtype=dtype, device=device)
-        self.master_views = [self.master[off:off + p.numel()].view_as(p) for p, off in zip(self.params, offsets)]
+        # this rank's shard: fp32 state of its elements; their summed gradients land in grad_shard
+        self.master = torch.zeros(size, dtype=torch.float32, device=device)
+        self.exp_avg = torch.zeros_like(self.master)
+        self.exp_avg_sq = torch.zeros_like(self.master)
+        self.weight_shard = self.weight[start:start + size]
+        self.grad_shard = self.grad[start:start + size] if self.group is None else torch.zeros_like(self.weight_shard)
         with torch.no_grad():
-            for p, off, master in zip(self.params, offsets, self.master_views):
-                master.copy_(p)
+            for p, off in zip(self.params, offsets):
+                lo, hi = max(off, start), min(off + p.numel(), start + size)
+                if lo < hi:  # the part of p in this rank's shard, copied before p turns bf16
+                    self.master[lo - start:hi - start].copy_(p.detach().reshape(-1)[lo - off:hi - off])
                 weight = self.weight[off:off + p.numel()].view_as(p)
                 weight.copy_(p)
                 p.data = weight
                 p.grad = self.grad[off:off + p.numel()].view_as(p)
+        self.grad_scale = 1.0 / ranks
         self.step_count = torch.zeros((), dtype=torch.float32, device=device)
         self.lr = torch.full((), lr, dtype=torch.float32, device=device)
-        self.slices = [slice(s, min(s + chunk, total)) for s in range(0, total, chunk)]
+        self.slices = [slice(s, min(s + chunk, size)) for s in range(0, size, chunk)]
         self.update = torch.compile(adamw_update) if compile else adamw_update
 
     @torch.no_grad()
     def step(self) -> None:
+        """Collective with a group: the gradients are reduce-scattered in the flat buffer's dtype (bf16 by
+        default: half the bytes of fp32, and the sum rounds about as coarsely as the bf16 gradients
+        already are), scaled to their mean in fp32, and the new weights all-gathered from each shard."""
+        if self.group is not None:
+            reduce_scatter_single(self.grad_shard, self.grad, group=self.group)
         self.step_count += 1
         for s in self.slices:
-            self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad[s], self.weight[s],
-                        self.step_count, self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
+            self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad_shard[s],
+                        self.weight_shard[s], self.step_count, self.lr, self.beta1, self.beta2, self.eps,
+                        self.weight_decay, self.grad_scale)
+        if self.group is not None:
+            all_gather_single(self.weight, self.weight_shard, group=self.group)
 
     def zero_grad(self) -> None:
         self.grad.zero_()

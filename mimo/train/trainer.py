@@ -18,6 +18,7 @@ from mimo.data.batching import split_microbatches, to_device
 from mimo.data.demo import DemoVLMData
 from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
 from mimo.data.packing import PackedBatches
+from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
 from mimo.data.text_to_image import build_text_to_image_data
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.plan import ParallelPlan
@@ -39,6 +40,7 @@ from mimo.train.resume import RunCheckpointer
 DEMO_SETS: dict[str, tuple[Callable[[Config, MimoModel], Any], Callable[[MimoModel, Any], dict]]] = {
     "avlm": (build_avlm_data, evaluate_avlm),
     "text_to_image": (build_text_to_image_data, evaluate_text_to_image),
+    "synthetic": (build_synthetic_data, evaluate_synthetic),
 }
 
 
@@ -85,6 +87,9 @@ class Trainer:
         self.device = torch.device(cfg.train.device)
         if self.device.type == "cuda" and self.world > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.type == "cuda":
+            # float32 means float32: cuDNN would otherwise run the ViT's patch conv in TF32 (matmuls already don't)
+            torch.backends.cudnn.allow_tf32 = cfg.train.dtype != "float32"
         self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model().to(self.device)

@@ -1,0 +1,83 @@
+"""Random tokens and random images of fixed shapes: a data set for measuring throughput, not for learning.
+
+`data.name = "synthetic"`: every sample is `data.seq_len` tokens, the placeholders of its
+`data.images_per_sample` images first (as the benchmark presets lay a sample out), then random text
+ids. The loss covers the text only: each label sits at the position that predicts it, so the last
+placeholder predicts the first text token. Shapes never change, so every step costs the same.
+
+The global batch at a step is a pure function of (seed, step, batch size), so every layout sees the
+same tokens and images; the trainer cuts it into its own lanes as for any data set. A step's images
+are a window at a random offset into a pool of random images made once per batch size: drawing
+fresh pixels (or gathering them) every step would cost the host a sizeable part of a small model's
+step, and an encoder's cost does not depend on pixel values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mimo.config import Config
+from mimo.data.batching import COUNTS
+from mimo.mimo_model import MimoModel
+from mimo.train.loss import IGNORE_INDEX
+
+POOL_SLACK = 64
+"""Images beyond one batch's in the pool: how many different windows (offsets) a step can pick from."""
+
+
+class SyntheticData:
+    """The trainer's data interface (`global_batch(step, size, seed)`) over random samples."""
+
+    def __init__(self, seq_len: int, images_per_sample: int, image_tokens: int, image_token_id: int,
+                 image_shape: tuple[int, int, int], vocab: int, reserved_ids: set[int], modality: str = "images",
+                 encoder: str = "vit"):
+        placeholders = images_per_sample * image_tokens
+        if seq_len <= placeholders:
+            raise ValueError(f"data.seq_len ({seq_len}) must exceed data.images_per_sample ({images_per_sample}) x "
+                             f"the image's {image_tokens} tokens = {placeholders}, to leave text to predict; raise "
+                             "data.seq_len or lower data.images_per_sample")
+        self.seq_len, self.images_per_sample, self.placeholders = seq_len, images_per_sample, placeholders
+        self.image_token_id, self.image_shape = image_token_id, image_shape
+        self.modality, self.encoder = modality, encoder
+        # Text never uses a placeholder or generation id, which would turn it into a modality position.
+        self.text_ids = torch.tensor(sorted(set(range(vocab)) - reserved_ids), dtype=torch.long)
+        self._pools: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _pool(self, images: int, seed: int) -> torch.Tensor:
+        key = (images, seed)
+        if key not in self._pools:
+            gen = torch.Generator().manual_seed(seed)
+            self._pools[key] = torch.randn(images + POOL_SLACK, *self.image_shape, generator=gen)
+        return self._pools[key]
+
+    def global_batch(self, step: int, global_batch: int, seed: int) -> dict:
+        """The batch at `step`: the same on every rank and every layout."""
+        n, s, p, k = global_batch, self.seq_len, self.placeholders, self.images_per_sample
+        rng = np.random.default_rng([seed, step])
+        ids = torch.full((n, s), self.image_token_id, dtype=torch.long)
+        ids[:, p:] = self.text_ids[torch.from_numpy(rng.integers(0, len(self.text_ids), (n, s - p)))]
+        labels = torch.full((n, s), IGNORE_INDEX, dtype=torch.long)
+        labels[:, p - 1 : -1] = ids[:, p:]
+        offset = int(rng.integers(0, POOL_SLACK + 1))
+        pixels = self._pool(n * k, seed)[offset : offset + n * k]
+        return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(s).expand(n, s).contiguous(),
+                "modality_inputs": {self.modality: {self.encoder: {"pixel_values": pixels}}},
+                COUNTS: {self.modality: torch.full((n,), k, dtype=torch.long)}}
+
+
+def build_synthetic_data(cfg: Config, model: MimoModel) -> SyntheticData:
+    """The data set for `data.name = "synthetic"` (one vision modality)."""
+    if [m.kind for m in cfg.model.modalities.values()] != ["vision"]:
+        raise ValueError("data.name = 'synthetic' needs exactly one modality under model.modalities, of kind 'vision'")
+    (name, m), = cfg.model.modalities.items()
+    vit = model.modality_submodules[name].encoders["vit"]
+    reserved = {*model.special_token_ids.values(), *model.output_token_ids.values()}
+    return SyntheticData(cfg.data.seq_len, cfg.data.images_per_sample, vit.tokens_per_image, m.token_id,
+                         (vit.cfg.channels, vit.cfg.image, vit.cfg.image), model.language_model.cfg.vocab, reserved,
+                         modality=name)
+
+
+def evaluate_synthetic(model: MimoModel, data: SyntheticData) -> dict:
+    """Random text has nothing to learn, so there is no held-out evaluation."""
+    return {}
