@@ -39,6 +39,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from benchmarks import trace_gaps
 from benchmarks.bench_vlm import PEAK_TFLOPS
 from benchmarks.workload import (
     MODALITY,
@@ -237,6 +239,7 @@ def worker(args: argparse.Namespace) -> dict | None:
         times.append(time.perf_counter() - t0)
     if not (math.isfinite(rec["loss"]) and rec["stepped"]):
         raise RuntimeError(f"step {rec['step']} was not a clean step: loss {rec['loss']}, stepped {rec['stepped']}")
+    split = profile_step(trainer, args.warmup + args.steps) if args.profile else None
     peak = peak_memory_gib(trainer.device)
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -253,7 +256,27 @@ def worker(args: argparse.Namespace) -> dict | None:
             "dtype": cfg.train.dtype, "torch": torch.__version__, "step_s_median": round(step_s, 5),
             "first_step_s": round(times[0], 2), "tokens_per_s": round(tokens_per_s, 1),
             "tokens_per_s_per_gpu": round(tokens_per_s / world, 1), "model_tflops_per_gpu": float(f"{tflops:.4g}"),
-            "mfu": float(f"{tflops / args.peak_tflops:.4g}"), "peak_mem_gib": peak, "final_loss": round(rec["loss"], 4)}
+            "mfu": float(f"{tflops / args.peak_tflops:.4g}"), "peak_mem_gib": peak, "final_loss": round(rec["loss"], 4),
+            **({"profile": split} if split is not None else {})}
+
+
+def profile_step(trainer: Trainer, step: int) -> list[dict[str, float]]:
+    """One more step under the profiler on every rank: how each GPU spent it (compute, communication not
+    hidden behind compute or waiting for a peer, idle; trace_gaps.compute_and_communication), in rank order."""
+    fence(trainer.device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        trainer.train_step(step)
+        torch.cuda.synchronize(trainer.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = trace_gaps.device_events(json.loads(trace.read_text()))
+    split = {k: round(v, 2) for k, v in trace_gaps.compute_and_communication(events).items()}
+    if not dist.is_initialized():
+        return [split]
+    splits: list = [None] * dist.get_world_size()
+    dist.all_gather_object(splits, split)
+    return splits
 
 
 def worker_cmd(args: argparse.Namespace, name: str, global_batch: int) -> list[str]:
@@ -261,7 +284,7 @@ def worker_cmd(args: argparse.Namespace, name: str, global_batch: int) -> list[s
             "-m", "benchmarks.bench_layouts", "--layout", name, "--preset", args.preset, "--images", str(args.images),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--global-batch", str(global_batch),
             "--microbatches", str(args.microbatches), "--pipe-microbatches", str(args.pipe_microbatches),
-            "--out", args.out, "--peak-tflops", str(args.peak_tflops)]
+            "--out", args.out, "--peak-tflops", str(args.peak_tflops), *(["--profile"] if args.profile else [])]
 
 
 def failure(text: str, rc: int | None) -> str:
@@ -326,6 +349,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def profile_table(rows: list[dict]) -> str:
+    """Markdown: each profiled GPU's step split into compute, exposed communication (with waits) and idle."""
+    lines = ["| layout | rank | step ms | compute ms | communication + waits ms (not hidden) | idle ms |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        for rank, split in enumerate(r.get("profile", [])):
+            lines.append(f"| {r['layout']} | {rank} | {split['span']:.1f} | {split['compute']:.1f} | "
+                         f"{split['exposed_comm']:.1f} | {split['idle']:.1f} |")
+    return "\n".join(lines)
+
+
 def plan_runs(args: argparse.Namespace) -> tuple[list[BenchLayout], int]:
     """Every layout resolved and checked against the model and the global batch before any run starts
     (pure: a typo or an impossible layout costs no GPU time). Raises ValueError naming the layout."""
@@ -373,6 +407,8 @@ def driver(args: argparse.Namespace, layouts: list[BenchLayout], global_batch: i
             f"({args.images} x {n} image + {p['seq_len'] - n} text), global batch {global_batch} samples, "
             f"{args.nproc} x {device}; median of {args.steps} steps after {args.warmup} warm-up, MFU against "
             f"{args.peak_tflops:g} TFLOP/s per GPU\n\n{table(rows)}")
+    if any("profile" in r for r in rows):
+        text += f"\n\nOne profiled step per layout, each GPU's device time:\n\n{profile_table(rows)}"
     (out / f"{stem}.md").write_text(text + "\n")
     print(text)
 
@@ -396,7 +432,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="dense bf16 peak per GPU, for MFU")
     ap.add_argument("--out", default="runs/bench_layouts", help="folder for the table, the JSON lines and the log")
     ap.add_argument("--timeout", type=float, default=600, help="seconds allowed to each layout's run")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, profile one step and split each GPU's time into compute, communication "
+                         "not hidden behind compute (waits for a peer included) and idle (CUDA only)")
     args = ap.parse_args(argv)
+    if args.profile and not torch.cuda.is_available():
+        ap.error("--profile splits the GPUs' kernel timelines and needs CUDA; drop --profile on a CPU")
     for flag in ("nproc", "images", "steps", "microbatches", "pipe_microbatches"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1")

@@ -32,6 +32,20 @@ def busy_time(events: list[tuple[float, float, str]]) -> float:
     return total
 
 
+def compute_and_communication(events: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Where one GPU's profiled step went, in ms: `span` from its first to its last device event;
+    `compute`, time some non-NCCL kernel ran; `exposed_comm`, time only NCCL kernels ran (communication
+    not hidden behind compute, and waiting for a peer: an NCCL kernel runs until its peer joins);
+    `idle`, time nothing ran. compute + exposed_comm + idle = span."""
+    if not events:
+        return {"span": 0.0, "compute": 0.0, "exposed_comm": 0.0, "idle": 0.0}
+    busy = busy_time(events)
+    compute = busy_time([e for e in events if "nccl" not in e[2].lower()])
+    span = max(e for _, e, _ in events) - events[0][0]
+    return {"span": span / 1e3, "compute": compute / 1e3, "exposed_comm": (busy - compute) / 1e3,
+            "idle": (span - busy) / 1e3}
+
+
 def phase_table(events: list[tuple[float, float, str]], names: list[str]) -> list[dict]:
     """One row per phase: the events between consecutive markers, named in order by `names`."""
     marks = [i for i, ev in enumerate(events) if MARKER in ev[2]]

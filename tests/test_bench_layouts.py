@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from benchmarks.bench_layouts import default_layouts, failure, parse_layout, plan_runs
+from benchmarks.bench_layouts import default_layouts, failure, parse_layout, plan_runs, profile_table
 from benchmarks.workload import BASELINE_DIR, baseline_module, images_seq_len, train_flops_per_images_sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,3 +93,17 @@ def test_driver_runs_three_layouts_on_two_cpu_processes(tmp_path):
         assert row["final_loss"] == pytest.approx(rows[0]["final_loss"], rel=1e-3)
     assert (tmp_path / "tiny_k2_n2" / "pipe" / "config.toml").is_file()
     assert "| enc-dp_lm-tp | colocated |" in (tmp_path / "tiny_k2_n2.md").read_text()
+
+
+def test_profile_table_lists_every_rank_of_every_profiled_layout():
+    split = {"span": 10.0, "compute": 6.0, "exposed_comm": 3.0, "idle": 1.0}
+    text = profile_table([{"layout": "dp2", "profile": [split, split]}, {"layout": "tp2", "error": "out of memory"}])
+    assert text.splitlines()[2:] == ["| dp2 | 0 | 10.0 | 6.0 | 3.0 | 1.0 |", "| dp2 | 1 | 10.0 | 6.0 | 3.0 | 1.0 |"]
+
+
+def test_profile_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --profile is allowed here")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.bench_layouts", "--profile", "--preset", "tiny"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "--profile splits the GPUs' kernel timelines and needs CUDA" in r.stderr

@@ -181,3 +181,11 @@ def test_trace_gaps_split_phases_at_markers():
                                                    (0.005, "k2", "k3"), (0.004, "void spin_kernel(long)", "k4")]
     with pytest.raises(ValueError, match="2 marker kernels in the trace but 1 phase names"):
         trace_gaps.phase_table(events, ["a"])
+
+
+def test_step_time_splits_into_compute_exposed_communication_and_idle():
+    # compute 0-10 and 20-30; NCCL 5-25 (hidden behind compute 5-10 and 20-25, exposed 10-20); idle 30-40
+    events = [(0.0, 10e3, "gemm"), (5e3, 25e3, "ncclDevKernel_AllReduce"), (20e3, 30e3, "gemm"), (40e3, 41e3, "add")]
+    split = trace_gaps.compute_and_communication(events)
+    assert split == {"span": 41.0, "compute": 21.0, "exposed_comm": 10.0, "idle": 10.0}
+    assert trace_gaps.compute_and_communication([])["span"] == 0.0
