@@ -37,7 +37,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ import torch.distributed as dist
 
 from benchmarks import trace_gaps
 from benchmarks.bench_vlm import PEAK_TFLOPS
+from benchmarks.launch import run_row
 from benchmarks.workload import (
     MODALITY,
     image_tokens,
@@ -71,15 +71,11 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.plan import LANGUAGE, validate_plan
 from mimo.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
 HOMOGENEOUS, COLOCATED, PIPELINED = "homogeneous", "colocated", "pipelined"
 _SPEC = re.compile(r"(?:(?:tp|pp|dp)\d*|sp|fsdp)+")
 _TOKEN = re.compile(r"(tp|pp|dp)(\d*)|sp|fsdp")
 _COLOCATED = re.compile(r"enc-([a-z0-9]+)_lm-([a-z0-9]+)")
 _PIPELINED = re.compile(r"pipe-enc(\d+)(?:-([a-z0-9]+))?_lm(\d+)(?:-([a-z0-9]+))?")
-_ERROR_LINE = re.compile(r"[\w.]*(Error|Exception): ")
-STOP_GRACE_S = 60
-"""How long torchrun gets to stop its ranks after a timeout."""
 
 
 @dataclass(frozen=True)
@@ -287,48 +283,6 @@ def worker_cmd(args: argparse.Namespace, name: str, global_batch: int) -> list[s
             "--out", args.out, "--peak-tflops", str(args.peak_tflops), *(["--profile"] if args.profile else [])]
 
 
-def failure(text: str, rc: int | None) -> str:
-    """Why a run gave no row, in one line: the last exception a rank raised (not torchrun's summary of it)."""
-    if rc is None:
-        return "timed out"
-    if "out of memory" in text.lower() or "OutOfMemoryError" in text:
-        return "out of memory"
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if _ERROR_LINE.match(line) and "ChildFailedError" not in line]
-    return f"failed (rc={rc}): " + ((errors or lines or ["no output"])[-1])[:200]
-
-
-def stop(proc: subprocess.Popen) -> str:
-    """Stop a torchrun with its ranks and return what it printed. torchrun starts each rank in a session of
-    its own and stops them on SIGTERM (SIGKILL after 30 s), so it is asked to; its output is read only while
-    it lives, since ranks left behind would hold the pipe open."""
-    proc.terminate()
-    try:
-        return proc.communicate(timeout=STOP_GRACE_S)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return f"torchrun did not stop within {STOP_GRACE_S} s of SIGTERM and was killed; its ranks may be left"
-
-
-def run_layout(cmd: list[str], label: str, log: Path, timeout: float) -> dict:
-    """One layout's torchrun; its JSON row, or a row saying why there is none. Output is appended to `log`."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
-        try:
-            text, rc = proc.communicate(timeout=timeout)[0], proc.returncode
-        except BaseException as e:  # the timeout, or Ctrl-C
-            text, rc = stop(proc) + f"\ntimed out after {timeout:.0f} s", None
-            if not isinstance(e, subprocess.TimeoutExpired):
-                raise
-    with log.open("a") as f:
-        f.write(f"\n===== {label}: {' '.join(cmd)} (rc={rc})\n{text}\n")
-    rows = [json.loads(line) for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
-    if rc == 0 and rows:
-        return rows[-1]
-    return {"layout": label, "error": failure(text, rc)}
-
-
 def table(rows: list[dict]) -> str:
     """Markdown: one row per layout, throughput relative to the best homogeneous layout that ran."""
     homogeneous = [r["tokens_per_s"] for r in rows if r.get("kind") == HOMOGENEOUS and "error" not in r]
@@ -394,8 +348,9 @@ def driver(args: argparse.Namespace, layouts: list[BenchLayout], global_batch: i
     rows = []
     for layout in layouts:
         print(f"running {layout.name}: {layout.describe(args.nproc)} ...", flush=True)
-        r = {"kind": layout.kind, "modules": layout.describe(args.nproc),
-             **run_layout(worker_cmd(args, layout.name, global_batch), layout.name, log, args.timeout)}
+        cmd = worker_cmd(args, layout.name, global_batch)
+        r = {"kind": layout.kind, "modules": layout.describe(args.nproc), "layout": layout.name,
+             **run_row(cmd, layout.name, log, args.timeout)}
         print(json.dumps(r), flush=True)
         with jsonl.open("a") as f:
             f.write(json.dumps(r) + "\n")

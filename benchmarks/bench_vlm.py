@@ -23,18 +23,17 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from benchmarks.launch import run_row
 from benchmarks.runner import Options, Run
 from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, train_flops_per_sample
 from mimo.parallel.runtime import init_distributed
 
-ROOT = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = 989.0
 DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}
 
@@ -84,39 +83,6 @@ def worker(args: argparse.Namespace) -> dict:
     if ranks > 1:
         dist.destroy_process_group()
     return out
-
-
-def run_subprocess(cmd: list[str], label: str, log: Path, timeout: float) -> dict:
-    """Run one system; its last JSON line, or a row saying why there is none. Output is appended to log.
-
-    A run out of time gets SIGTERM first: torchrun passes it on to its ranks, which live in sessions of
-    their own and would outlive a killed torchrun, holding their GPUs through the next runs."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                stdout, stderr = proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                stdout, stderr = proc.communicate()
-            stderr, rc = f"{stderr}\ntimed out after {timeout:.0f} s", None
-    text = stdout + stderr
-    with log.open("a") as f:
-        f.write(f"\n===== {label}: {' '.join(cmd)} (rc={rc})\n{text}\n")
-    rows = [json.loads(line) for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
-    if rc == 0 and rows:
-        return rows[-1]
-    if rc is None:
-        why = "timed out"
-    elif "out of memory" in text.lower() or "OutOfMemoryError" in text:
-        why = "out of memory"
-    else:
-        why = f"failed (rc={rc}): " + (text.strip().splitlines() or ["no output"])[-1][:160]
-    return {"system": label, "error": why}
 
 
 def mimo_cmd(args: argparse.Namespace, spec: str, nproc: int) -> list[str]:
@@ -180,7 +146,7 @@ def driver(args: argparse.Namespace) -> None:
             continue
         for label, cmd in alternatives:
             print(f"running {label} ...", flush=True)
-            r = {**run_subprocess(cmd, label, log, args.timeout), "label": label}
+            r = {"system": label, **run_row(cmd, label, log, args.timeout), "label": label}
             print(json.dumps(r), flush=True)
             with jsonl.open("a") as f:
                 f.write(json.dumps(r) + "\n")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.bench_layouts import default_layouts, failure, parse_layout, plan_runs, profile_table
+from benchmarks.bench_layouts import default_layouts, parse_layout, plan_runs, profile_table
+from benchmarks.launch import failure
 from benchmarks.workload import BASELINE_DIR, baseline_module, images_seq_len, train_flops_per_images_sample
 
 ROOT = Path(__file__).resolve().parents[1]
