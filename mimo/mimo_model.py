@@ -18,6 +18,7 @@ from mimo.config import ModelConfig
 from mimo.data.batching import check_counts, check_placeholders
 from mimo.models.audio import AudioEncoder
 from mimo.models.decoders import build_image_output
+from mimo.models.layers import document_mask
 from mimo.models.llm import DecoderLM
 from mimo.models.projector import MLPProjector
 from mimo.models.sample_rows import leading_rows, run_encoder
@@ -198,6 +199,12 @@ def lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
     return cross_entropy_sum(lm.logits(hidden), labels, loss_mask)
 
 
+def _whole_row(seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Single process: attention runs every query of the row against every key, in row order."""
+    positions = torch.arange(seq, device=device)
+    return positions, positions
+
+
 class MimoModel(nn.Module):
     """An LM plus modality submodules keyed by modality name (`images`, `audio`, ...)."""
 
@@ -220,6 +227,9 @@ class MimoModel(nn.Module):
         # Hooks that parallel/ sets from outside; the defaults are the single-process behaviour.
         self.bridges: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {}
         self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # Row positions of the queries this rank's attention runs and of the keys it sees, for masks built
+        # from document ids (context parallel: a zigzag of queries, keys in all-gathered order).
+        self.mask_positions: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = _whole_row
         self.loss_fn: LossFn = lm_loss
         self.logits_fn: Callable[[torch.Tensor, DecoderLM], torch.Tensor] = lambda h, lm: lm.logits(h)
 
@@ -291,11 +301,20 @@ class MimoModel(nn.Module):
                 modality_inputs: dict | None = None,
                 modality_token_indices: dict[str, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None,
-                modality_targets: dict[str, torch.Tensor] | None = None) -> MimoOutput:
+                modality_targets: dict[str, torch.Tensor] | None = None,
+                document_ids: torch.Tensor | None = None) -> MimoOutput:
         """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean).
 
         With `modality_targets` (`{modality: [B, K, D]}`, sample-aligned, see `output_losses`) the Out
-        path also returns each modality's decoder loss sum and output-token count."""
+        path also returns each modality's decoder loss sum and output-token count. `document_ids` `[B, S]`
+        (packed rows, mimo.data.packing) builds the block-diagonal causal mask on the ids' device, in place
+        of an explicit `attention_mask`."""
+        if document_ids is not None:
+            if attention_mask is not None:
+                raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
+            queries, keys = self.mask_positions(input_ids.shape[1], document_ids.device)
+            attention_mask = document_mask(document_ids.index_select(1, queries), queries,
+                                           document_ids.index_select(1, keys), keys)
         embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)

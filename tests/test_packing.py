@@ -11,8 +11,9 @@ import torch
 
 from mimo.config import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.batching import COUNTS
-from mimo.data.packing import document_mask, first_fit, pack_batch, sample_lengths
+from mimo.data.packing import first_fit, pack_batch, sample_lengths
 from mimo.mimo_model import build_model
+from mimo.models.layers import document_mask
 from mimo.train.trainer import Trainer
 from tests.dist import run_distributed
 from tests.tiny_run import metrics, tiny_config, train_rank
@@ -52,11 +53,20 @@ def test_pack_batch_layout():
     assert packed[COUNTS]["images"].tolist() == [3, 0, 0, 0]
     # images follow their samples: sample 0's image, then sample 2's two
     assert packed["modality_inputs"]["images"]["vit"]["pixel_values"][:, 0, 0, 0].tolist() == [0.0, 1.0, 2.0]
-    mask = packed["attention_mask"][0, 0]
-    assert mask[6].tolist() == [False] * 5 + [True, True] + [False] * 3  # document 2 sees only itself
-    assert mask[9].tolist() == [False] * 8 + [True, True]  # padding is a document of its own
+    assert packed["document_ids"][0].tolist() == [0] * 5 + [1, 1, 1] + [2, 2]  # padding is a document of its own
+    assert "attention_mask" not in packed  # the model builds it from document_ids, where its tensors live
+    positions = torch.arange(10)
+    mask = document_mask(packed["document_ids"], positions)[0, 0]
+    assert mask[6].tolist() == [False] * 5 + [True, True] + [False] * 3  # a document sees only itself, causally
+    assert mask[9].tolist() == [False] * 8 + [True, True]
     assert (stats.real, stats.unpacked, stats.packed) == (15, 24, 40)
-    assert document_mask(torch.zeros(1, 3, dtype=torch.long))[0, 0].equal(torch.ones(3, 3, dtype=torch.bool).tril())
+    assert document_mask(torch.zeros(1, 3, dtype=torch.long), torch.arange(3))[0, 0].equal(
+        torch.ones(3, 3, dtype=torch.bool).tril())
+    # keys in another order (context parallel's gathered order): still causal by row position
+    order = torch.tensor([2, 0, 1])
+    shuffled = document_mask(torch.zeros(1, 3, dtype=torch.long), torch.arange(3), torch.zeros(1, 3, dtype=torch.long),
+                             order)[0, 0]
+    assert shuffled.equal(torch.ones(3, 3, dtype=torch.bool).tril()[:, order])
     with pytest.raises(ValueError, match="cannot pack batch entries"):
         pack_batch({**_batch(), "attention_mask": torch.ones(1)}, PAD, 10)
 
@@ -87,6 +97,9 @@ def test_packed_step_equals_padded_step():
         # paths compute is rounding noise: bound it against the largest gradient instead.
         bound = 1e-6 * largest if name.endswith("k_proj.bias") else 1e-5 * ref.abs().max()
         assert (g[name] - ref).abs().max() <= bound, name
+    packed = {k: v for k, v in pack_batch(_batch(), PAD, 10)[0].items() if k != COUNTS}
+    with pytest.raises(ValueError, match="pass attention_mask or document_ids, not both"):
+        model(**packed, attention_mask=torch.ones(4, 1, 10, 10, dtype=torch.bool))
 
 
 LAYOUT = ["--model.llm.kv_heads=2", "--train.steps=3", "--data.global_batch=8"]

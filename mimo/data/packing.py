@@ -4,8 +4,10 @@ A padded batch spends most of its tokens on padding when samples are much shorte
 Packing moves each sample's real tokens (its prefix up to the last non-pad token or label) into rows
 of `pack_length` tokens by greedy first fit, in batch order. Inside a row every sample is one
 *document*: positions restart at 0 (RoPE sees the same positions as unpacked), and a block-diagonal
-causal `attention_mask` `[R, 1, L, L]` keeps documents apart, so each sample's hidden states, loss and
-loss-token count equal those of the unpacked batch. Labels are shifted inside each sample by the
+causal attention mask keeps documents apart, so each sample's hidden states, loss and loss-token count
+equal those of the unpacked batch. The batch carries only each token's `document_ids` `[R, L]`; the
+model builds the `[R, 1, L, L]` mask from them where its tensors live (on a GPU, not on the host, and
+never copied: at L = 4096 a row's mask is 16 MiB). Labels are shifted inside each sample by the
 data set, so no label ever points into the next document. The padding at a row's end is one more
 document of its own (every query sees at least itself, so SDPA never meets an all-masked row).
 
@@ -58,14 +60,6 @@ def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """`[R, L]` document ids -> `[R, 1, L, L]` bool: a query sees earlier (or same) keys of its document."""
-    length = document_ids.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=document_ids.device).tril()
-    same = document_ids[:, :, None] == document_ids[:, None, :]
-    return (same & causal)[:, None]
-
-
 @dataclass
 class PackStats:
     """Token counts of packed batches: real tokens, and the row tokens spent before and after packing."""
@@ -94,7 +88,7 @@ def _reorder_inputs(inputs: Any, index: torch.Tensor) -> Any:
 def pack_batch(batch: dict, pad_id: int, pack_length: int, row_multiple: int = 1) -> tuple[dict, PackStats]:
     """A padded batch (MimoModel.forward keyword arguments plus `modality_counts`) -> a packed batch.
 
-    The packed batch holds `input_ids`, `labels`, `position_ids`, `attention_mask`, `loss_mask` if the
+    The packed batch holds `input_ids`, `labels`, `position_ids`, `document_ids`, `loss_mask` if the
     input had one, `modality_inputs` and `modality_counts` (per packed row). Pure, deterministic.
     """
     unknown = sorted(set(batch) - PACKABLE)
@@ -128,7 +122,7 @@ def pack_batch(batch: dict, pad_id: int, pack_length: int, row_multiple: int = 1
             at += k
         docs[r, at:] = len(members)
         out["position_ids"][r, at:] = torch.arange(pack_length - at)
-    out["attention_mask"] = document_mask(docs)
+    out["document_ids"] = docs
     order = [i for members in rows for i in members]
     out["modality_inputs"], out[COUNTS] = {}, {}
     for name, inputs in batch.get("modality_inputs", {}).items():

@@ -100,6 +100,19 @@ class KVCache:
         return next(iter(self.k.values())).shape[2] if self.k else 0
 
 
+def document_mask(query_docs: torch.Tensor, query_pos: torch.Tensor, key_docs: torch.Tensor | None = None,
+                  key_pos: torch.Tensor | None = None) -> torch.Tensor:
+    """`[B, Sq]` document ids and positions of the queries (keys: the same unless given, `[B, Sk]`) ->
+    `[B, 1, Sq, Sk]` bool: a query sees the keys of its own document at or before its position.
+
+    Positions are indices into the row, so the mask is causal whatever order the queries and keys come in
+    (context parallel hands each rank a zigzag of queries and the keys in all-gathered order)."""
+    if key_docs is None:
+        key_docs, key_pos = query_docs, query_pos
+    same = query_docs[:, :, None] == key_docs[:, None, :]
+    return (same & (key_pos[..., None, :] <= query_pos[..., :, None]))[:, None]
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               mask: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA over `[B, heads, S, D]`; k and v may have fewer (grouped-query) heads than q.

@@ -92,7 +92,8 @@ class ContextParallel:
         `input_ids` (and precomputed modality indices) stay whole: alignment needs the full sequence.
         Labels, loss mask and position ids (`arange` when absent) keep this rank's positions; an
         attention mask `[..., S, S]` keeps this rank's query rows and orders its key columns as the
-        all-gathered keys. Raises ValueError on a sequence length CP cannot split.
+        all-gathered keys; packed rows' `document_ids` stay whole (the model builds this rank's mask from
+        them, `MimoModel.mask_positions`). Raises ValueError on a sequence length CP cannot split.
         """
         ids = batch["input_ids"]
         seq = ids.shape[SEQ_DIM]
@@ -166,6 +167,8 @@ class ContextParallel:
             return inner(local) if inner is not None else local
 
         model.shard_sequence = shard
+        model.mask_positions = lambda seq, device: (self.local_index(seq, device),
+                                                    gathered_order(seq, self.cp).to(device))
         for module in model.language_model.modules():
             if isinstance(module, SelfAttention):
                 module.attention_fn = self.attend

@@ -87,9 +87,9 @@ class LMStage(_Stage):
 
     def _embed(self, mb: dict) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         ids = mb["input_ids"]
-        if mb.get("attention_mask") is not None:
-            raise ValueError("attention_mask (packed sequences) is not supported by the pipeline schedule; "
-                             "train packed data on a colocated layout")
+        if mb.get("attention_mask") is not None or mb.get("document_ids") is not None:
+            raise ValueError("attention_mask and document_ids (packed sequences) are not supported by the pipeline "
+                             "schedule; train packed data on a colocated layout")
         model = self.model
         width = model.language_model.cfg.hidden
         rows = {name: bridge.recv_forward((ids == model.special_token_ids[name]).sum(1), width, self.device)
