@@ -69,10 +69,17 @@ class VisionTransformer(nn.Module):
         x = x + self.position_embedding.weight.to(x.dtype)
         return self.pre_layrnorm(x)
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        x = self.embed(pixel_values)
+    def run_layers(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():
             x = layer(x)
+        return x
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """The last layer's output -> patch features: final norm, class token dropped if configured."""
         if self.post_layernorm is not None:
             x = self.post_layernorm(x)
         return x[:, 1:] if self.cfg.class_token and self.cfg.drop_class_token else x
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """embed -> run_layers -> finish; a pipeline stage of a split ViT runs its share of the three."""
+        return self.finish(self.run_layers(self.embed(pixel_values)))

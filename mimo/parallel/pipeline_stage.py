@@ -148,20 +148,13 @@ class EncoderStage(_Stage):
         self.split = not (first and last)  # the encoder's layers are cut over several stages
 
     def _run(self, x: torch.Tensor | dict) -> torch.Tensor:
-        """The encoder's layers on this stage; unsplit encoders run whole (mirrors VisionTransformer.forward)."""
+        """The encoder's share on this stage: a split ViT's embedding on the first stage, its layers here,
+        its finish on the last (VisionTransformer.forward in parts); an unsplit encoder runs whole."""
         if not self.split:
             return run_encoder(self.encoder, x, self.encoder_name)
         vit = self.encoder
-        if self.first:
-            x = vit.embed(x["pixel_values"])
-        for layer in vit.layers.values():
-            x = layer(x)
-        if self.last:
-            if vit.post_layernorm is not None:
-                x = vit.post_layernorm(x)
-            if vit.cfg.class_token and vit.cfg.drop_class_token:
-                x = x[:, 1:]
-        return x
+        x = vit.run_layers(vit.embed(x["pixel_values"]) if self.first else x)
+        return vit.finish(x) if self.last else x
 
     def _rows(self, y: torch.Tensor, x: torch.Tensor | dict, counts: torch.Tensor,
               n: int) -> tuple[torch.Tensor, torch.Tensor]:
