@@ -214,6 +214,9 @@ class TrainConfig:
     resume: bool | str = False
     # Stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient norm.
     max_bad_steps: int = 10
+    # Peak TFLOP/s of one GPU that MFU (model FLOP/s / peak) is measured against: 989 = H100/H200 SXM dense
+    # bf16 (the benchmarks' figure). Set your card's (e.g. A100: 312) for a meaningful MFU.
+    peak_tflops: float = 989.0
 
 
 @dataclass
@@ -434,6 +437,8 @@ def validate(cfg: Config) -> None:
     for key in ("save_every", "max_bad_steps"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0 (0 turns it off)")
+    if cfg.train.peak_tflops <= 0:
+        raise ConfigError(f"train.peak_tflops ({cfg.train.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
     if cfg.train.keep_checkpoints < 1:
         raise ConfigError("train.keep_checkpoints must be >= 1")
     if cfg.train.resume == "":

@@ -35,6 +35,7 @@ from mimo.parallel.pipeline_bridge import lane_overlaps
 from mimo.parallel.pipeline_split import stage_layers
 from mimo.parallel.plan import ParallelPlan, validate_plan
 from mimo.parallel.schedule import warmup_microbatches
+from mimo.train.flops import train_step_flops
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.dist import rank_device, run_distributed
@@ -115,6 +116,7 @@ def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool
     result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])
     assert worst <= RTOL, f"{what}: loss {result.loss} vs {ref['loss']}"
+    assert result.flops == train_step_flops(cfg.model, batch), f"{what}: the step's FLOPs are counted once"
     plan.finalize_grads(par)
     grads = plan.gather_full(par, grads=True)
     stepped, _, _ = opt.step(0)

@@ -1,6 +1,7 @@
 """A short demo run: the loss falls, every run output is written, and the CLI can generate from it."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,9 @@ def test_short_run_learns_and_writes_outputs(tmp_path):
     summary = Trainer(cfg).train()
     run = tmp_path / "demo_vlm"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert {"step", "loss", "lr", "grad_norm", "tokens", "elapsed_s"} <= set(records[0])
+    assert {"step", "loss", "lr", "grad_norm", "tokens", "elapsed_s", "model_tflops"} <= set(records[0])
+    assert all(0 < r["model_tflops"] < math.inf for r in records)
+    assert not {"mfu", "peak_mem_gib"} & set(records[0]), "on a CPU there is no peak to compare against"
     first, last = records[0]["loss"], sum(r["loss"] for r in records[-3:]) / 3
     assert last < 0.35 * first, (first, last)
     for name in ("config.toml", "loss.png", "summary.json", "checkpoint/model.safetensors"):
@@ -25,6 +28,7 @@ def test_short_run_learns_and_writes_outputs(tmp_path):
     assert any((run / "tensorboard").iterdir())
     saved = json.loads((run / "summary.json").read_text())
     assert saved["steps"] == 80 and saved["eval"]["eval_samples"] == 30 == summary["eval"]["eval_samples"]
+    assert 0 < saved["model_tflops"] < math.inf and "mfu" not in saved
 
     img = tmp_path / "x.png"
     from PIL import Image

@@ -33,6 +33,7 @@ from mimo.parallel.pipeline_p2p import Outbox, pair_groups
 from mimo.parallel.pipeline_split import drop_parameters, only_encoder, split_encoder, split_lm
 from mimo.parallel.pipeline_stage import EncoderStage, LMStage, StageLink
 from mimo.parallel.schedule import run_1f1b, stage_index, warmup_microbatches
+from mimo.train.flops import train_step_flops
 from mimo.train.loss import loss_weights
 
 LANGUAGE = "language"
@@ -102,11 +103,13 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
 
 @dataclass(frozen=True)
 class StepResult:
-    """A step's numbers, identical on every rank: mean loss per token, loss tokens, input tokens."""
+    """A step's numbers, identical on every rank: mean loss per token, loss tokens, input tokens, model FLOPs
+    (mimo.train.flops; carried in float64, so exact below 2^53)."""
 
     loss: float
     loss_tokens: int
     tokens: int
+    flops: int
 
 
 def _stage_pairs(grid: Grid) -> list[tuple[int, int]]:
@@ -245,16 +248,21 @@ class PipelinePlan:
                                  inputs, model.language_model.cfg.hidden, **kw)
         run_1f1b(stage, m, warmup_microbatches(self.total_stages, self.stage, m))
         outbox.drain()
-        return self._report(stage, local_tokens, tokens, device)
+        # The global batch's FLOPs, counted once: by the lead rank of the LM's first stage, which holds it.
+        counts_flops = self.module == LANGUAGE and self.first and self.is_lead
+        flops = train_step_flops(self.cfg.model, batch) if counts_flops else 0
+        return self._report(stage, local_tokens, tokens, flops, device)
 
-    def _report(self, stage: LMStage | EncoderStage, local_tokens: torch.Tensor, tokens: int,
+    def _report(self, stage: LMStage | EncoderStage, local_tokens: torch.Tensor, tokens: int, flops: int,
                 device: torch.device) -> StepResult:
-        """Collective over the world: loss sum, loss tokens and input tokens, counted once per LM lane."""
-        report = torch.zeros(3, dtype=torch.float64, device=device)
+        """Collective over the world: loss sum, loss tokens and input tokens, counted once per LM lane;
+        the step's FLOPs, counted once."""
+        report = torch.zeros(4, dtype=torch.float64, device=device)
         if self.module == LANGUAGE and self.groups.rank_in(("tp", "cp")) == 0:
             if self.last:
                 report[0], report[1] = stage.loss_sum.double(), local_tokens.double()
             report[2] = tokens
+        report[3] = flops
         dist.all_reduce(report)
-        loss_sum, n, total = report.tolist()
-        return StepResult(loss=loss_sum / max(n, 1.0), loss_tokens=int(n), tokens=int(total))
+        loss_sum, n, total, flops = report.tolist()
+        return StepResult(loss=loss_sum / max(n, 1.0), loss_tokens=int(n), tokens=int(total), flops=int(flops))

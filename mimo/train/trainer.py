@@ -29,12 +29,14 @@ from mimo.train.evaluate import evaluate_answers
 from mimo.train.evaluate_avlm import evaluate_avlm
 from mimo.train.evaluate_text_to_image import evaluate_text_to_image
 from mimo.train.faults import StepGuard, skip_step
+from mimo.train.flops import train_step_flops
 from mimo.train.loss import loss_weights
 from mimo.train.metrics import MetricsLogger
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve
 from mimo.train.resume import RunCheckpointer
+from mimo.train.throughput import Throughput
 
 # Demo sets beyond "shapes", by data.name: (build from the config, held-out evaluation of a model).
 DEMO_SETS: dict[str, tuple[Callable[[Config, MimoModel], Any], Callable[[MimoModel, Any], dict]]] = {
@@ -159,7 +161,7 @@ class Trainer:
         out_objective, out_losses = self.out_loss.end(self.all_reduce_sum)
         loss = float(self.all_reduce_sum(loss_total) * scale) + out_objective
         return {**self.update(step, loss), "tokens": int(batch["input_ids"].numel()), "loss_tokens": int(n_global),
-                **out_losses}
+                "flops": train_step_flops(self.cfg.model, batch), **out_losses}
 
     def pipeline_step(self, step: int) -> dict:
         """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline) runs every microbatch's
@@ -172,7 +174,8 @@ class Trainer:
                                           enabled=self.cfg.train.dtype == "bfloat16")
         result = pipe.train_step(self.model, batch, self.device, autocast)
         self.plan.finalize_grads(self.model)
-        return {**self.update(step, result.loss), "tokens": result.tokens, "loss_tokens": result.loss_tokens}
+        return {**self.update(step, result.loss), "tokens": result.tokens, "loss_tokens": result.loss_tokens,
+                "flops": result.flops}
 
     def update(self, step: int, loss: float) -> dict:
         """The optimizer step after finalised gradients, or a skip that every rank agrees on when the loss
@@ -193,6 +196,7 @@ class Trainer:
                                start_step=start)
         self.model.train()
         t0 = time.perf_counter()
+        throughput = Throughput(self.world, cfg.train.peak_tflops, self.device, t0)
         tokens = 0
         losses: list[tuple[int, float]] = []
         skipped = 0
@@ -201,12 +205,13 @@ class Trainer:
             for step in range(start, steps):
                 rec = self.train_step(step)
                 tokens += rec["tokens"]
+                throughput.add(rec["flops"])
                 skipped += not rec["stepped"]
                 losses.append((step, rec["loss"]))
                 if step % cfg.train.log_every == 0 or step == steps - 1 or not rec["stepped"]:
-                    logger.log({k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "stepped",
-                                                    "bad_steps", *self.out_loss.keys)})
-                logger.progress(1, loss=rec["loss"], tok_s=tokens / (time.perf_counter() - t0))
+                    logger.log({**{k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "stepped",
+                                                       "bad_steps", *self.out_loss.keys)}, **throughput.interval()})
+                logger.progress(1, loss=rec["loss"], tok_s=tokens / (time.perf_counter() - t0), **throughput.running())
                 if self.checkpointer.after_step(step):
                     logger.close()
                     return {"steps": step + 1, "stopped": "SIGTERM", "final_loss": rec["loss"],
@@ -219,7 +224,7 @@ class Trainer:
             evaluation = evaluate_demo(cfg, full, self.data, self.device) if self.is_main else {}
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
                    "eval": evaluation, "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1),
-                   "world_size": self.world}
+                   **throughput.summary(wall), "world_size": self.world}
         if isinstance(self.data, PackedBatches):
             summary["padding"] = self.data.padding_report()
         if self.is_main:

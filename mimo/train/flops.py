@@ -1,0 +1,106 @@
+"""Model FLOPs of one training step, from the model config and the global batch's shapes.
+
+The convention is the benchmark baseline's (benchmarks/baseline/hf_vlm_baseline.py,
+`train_flops_per_sample`), so `mimo train` and the benchmarks report the same MFU:
+
+- a matmul costs 2 FLOPs per multiply-add; norms, activations, biases, softmax and embedding lookups
+  are free;
+- attention score and value products are counted in full for bidirectional encoders and at half for
+  the causal LM (flash kernels skip the masked half); a packed row counts as one causal sequence;
+- a training step is 3 x forward (backward = 2 x forward), for every module, frozen or not: a frozen
+  module does skip its weight gradients, but the baseline counts it in full and so does this.
+
+Per module type, forward FLOPs:
+
+- LM, per sample of S tokens: 2 (layers * layer_params + hidden * vocab) S + layers * 2 S^2 (heads *
+  head_dim), layer_params = q and o (2 hidden heads head_dim) + k and v (2 hidden kv_heads head_dim) +
+  SwiGLU (3 hidden mlp). The output head counts even when tied to the embedding.
+- ViT, per image: 2 vit_params s + layers * 4 s^2 hidden, s = patches (+ the class token),
+  vit_params = layers (4 hidden^2 + 2 hidden mlp) + channels patch^2 hidden (the patch conv).
+- Whisper-style audio encoder, per clip of T mel frames padded as given (the encoder runs over the
+  padding): the same rule, each weight counted at the positions it runs at: conv1 (3 n_mels hidden)
+  at T frames, conv2 (3 hidden^2) and the blocks at T' = (T - 1) // 2 + 1 positions, attention
+  layers * 4 T'^2 hidden. It leaves out the same things as the ViT rule does.
+- Projector, per row it projects: 2 (in * lm_hidden + lm_hidden^2).
+
+Not counted: the Out path's output projections and decoders, and the stand-in input an encoder runs
+on when a microbatch holds none of its inputs (no model work).
+
+Only shapes and host-side integers are read (the global batch is built on the host), so the trainer
+can call it every step without waiting for the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mimo.config import AudioConfig, LLMConfig, ModelConfig, ViTConfig
+from mimo.models.audio import AudioEncoder
+from mimo.models.sample_rows import OUTPUT_LENGTHS
+
+TRAIN_FACTOR = 3  # forward + backward, backward = 2 x forward
+
+
+def lm_flops(cfg: LLMConfig, seq: int) -> int:
+    """Forward FLOPs of one causal LM sequence of `seq` tokens."""
+    h, head_dim = cfg.hidden, cfg.head_dim or cfg.hidden // cfg.heads
+    layer_params = 2 * h * cfg.heads * head_dim + 2 * h * cfg.kv_heads * head_dim + 3 * h * cfg.mlp
+    return 2 * (cfg.layers * layer_params + h * cfg.vocab) * seq + cfg.layers * 2 * seq * seq * cfg.heads * head_dim
+
+
+def encoder_flops(params: int, positions: int, layers: int, hidden: int) -> int:
+    """Forward FLOPs of a bidirectional transformer over one input: weights times positions, full attention."""
+    return 2 * params * positions + layers * 4 * positions * positions * hidden
+
+
+def block_params(hidden: int, mlp: int, layers: int) -> int:
+    """Matmul weights of pre-LN encoder blocks: q, k, v, o and a two-matrix MLP."""
+    return layers * (4 * hidden * hidden + 2 * hidden * mlp)
+
+
+def vit_flops(cfg: ViTConfig) -> int:
+    """Forward FLOPs of one image."""
+    positions = (cfg.image // cfg.patch) ** 2 + int(cfg.class_token)
+    params = block_params(cfg.hidden, cfg.mlp, cfg.layers) + cfg.channels * cfg.patch ** 2 * cfg.hidden
+    return encoder_flops(params, positions, cfg.layers, cfg.hidden)
+
+
+def vit_rows(cfg: ViTConfig) -> int:
+    """Rows one image hands the projector (VisionTransformer.tokens_per_image)."""
+    return (cfg.image // cfg.patch) ** 2 + int(cfg.class_token and not cfg.drop_class_token)
+
+
+def audio_flops(cfg: AudioConfig, frames: int) -> int:
+    """Forward FLOPs of one clip of `frames` mel frames (padding included)."""
+    positions = AudioEncoder.output_frames(frames)
+    conv = 2 * 3 * cfg.n_mels * cfg.hidden * frames + 2 * 3 * cfg.hidden * cfg.hidden * positions
+    return conv + encoder_flops(block_params(cfg.hidden, cfg.mlp, cfg.layers), positions, cfg.layers, cfg.hidden)
+
+
+def projector_flops(dim_in: int, lm_hidden: int, rows: int) -> int:
+    """Forward FLOPs of the two-layer MLP projector over `rows` rows."""
+    return 2 * (dim_in * lm_hidden + lm_hidden * lm_hidden) * rows
+
+
+def modality_flops(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> int:
+    """Forward FLOPs of one modality's encoder and projector over all its inputs in the batch."""
+    m, lm_hidden = cfg.modalities[name], cfg.llm.hidden
+    kwargs = next(iter(encoder_inputs.values()), {})
+    if m.kind == "audio":
+        features = kwargs["input_features"]
+        n, frames = features.shape[0], features.shape[-1]
+        lengths = kwargs.get(OUTPUT_LENGTHS)
+        rows = int(lengths.sum()) if lengths is not None else n * AudioEncoder.output_frames(frames)
+        return n * audio_flops(m.audio, frames) + projector_flops(m.audio.hidden, lm_hidden, rows)
+    n = next((v.shape[0] for v in kwargs.values() if isinstance(v, torch.Tensor)), 0)
+    return n * vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, n * vit_rows(m.vit))
+
+
+def train_step_flops(cfg: ModelConfig, batch: dict) -> int:
+    """Model FLOPs of one training step (forward + backward) over a global batch: `input_ids` `[B, S]`
+    and `modality_inputs` `{modality: {encoder: {kwarg: tensor}}}` (the keys MimoModel.forward takes)."""
+    samples, seq = batch["input_ids"].shape
+    forward = samples * lm_flops(cfg.llm, seq)
+    for name, encoder_inputs in batch.get("modality_inputs", {}).items():
+        forward += modality_flops(cfg, name, encoder_inputs)
+    return TRAIN_FACTOR * forward

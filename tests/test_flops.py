@@ -1,0 +1,68 @@
+"""Step FLOPs: the benchmark baseline's count on its presets, and hand-counted multi-image and audio batches."""
+
+import pytest
+import torch
+
+from benchmarks.workload import MODALITY, load_preset, model_config, train_flops_per_sample
+from mimo.config import AudioConfig, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.models.sample_rows import OUTPUT_LENGTHS
+from mimo.train.flops import train_step_flops
+from mimo.train.throughput import Throughput
+
+
+def meta(*shape: int) -> torch.Tensor:
+    """A tensor with a shape and no storage: the count must read shapes only."""
+    return torch.empty(*shape, device="meta")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "medium"])
+def test_matches_baseline_on_presets(preset):
+    p = load_preset(preset)
+    b, size = p["micro_batch"], p["vision"]["image"]
+    batch = {"input_ids": meta(b, p["seq_len"]),
+             "modality_inputs": {MODALITY: {"vit": {"pixel_values": meta(b, 3, size, size)}}}}
+    assert train_step_flops(model_config(p), batch) == train_flops_per_sample(p) * b
+
+
+LLM = LLMConfig(vocab=10, hidden=4, layers=1, heads=2, kv_heads=1, mlp=6)
+# Per token: q, o 2*4*4; k, v 2*4*1*2; SwiGLU 3*4*6; head 4*10 -> 32 + 16 + 72 + 40 = 160 weights.
+# LM forward of S tokens: 2*160*S + 1*2*S^2*4.
+
+
+def lm(seq: int) -> int:
+    return 2 * 160 * seq + 8 * seq * seq
+
+
+def test_multi_image_batch_by_hand():
+    vit = ViTConfig(image=4, patch=2, channels=3, hidden=2, layers=1, heads=1, mlp=3)
+    cfg = ModelConfig(llm=LLM, modalities={"img": ModalityConfig(vit=vit, token_id=9)})
+    # 3 images in 2 samples of 20 tokens. Per image: 4 patches + class token = 5 positions;
+    # weights 1*(4*2*2 + 2*2*3) + 3*2*2*2 = 28 + 24 = 52; attention 1*4*5*5*2 = 200.
+    # Projector: 4 rows per image (class token dropped), 2*(2*4 + 4*4) = 48 FLOPs a row.
+    batch = {"input_ids": meta(2, 20), "modality_counts": {"img": torch.tensor([1, 2])},
+             "modality_inputs": {"img": {"vit": {"pixel_values": meta(3, 3, 4, 4)}}}}
+    image = 2 * 52 * 5 + 200 + 48 * 4
+    assert train_step_flops(cfg, batch) == 3 * (2 * lm(20) + 3 * image)
+
+
+def test_audio_batch_by_hand():
+    audio = AudioConfig(n_mels=3, hidden=2, layers=1, heads=1, mlp=4)
+    cfg = ModelConfig(llm=LLM, modalities={"speech": ModalityConfig(kind="audio", audio=audio, token_id=9)})
+    # 2 clips of 7 mel frames -> 4 positions after the stride-2 conv; 3 + 2 rows kept for the projector.
+    # conv1 2*3*3*2*7 = 252, conv2 2*3*2*2*4 = 96; blocks 2*(4*2*2 + 2*2*4)*4 = 256; attention 4*4*4*2 = 128.
+    features = {"input_features": meta(2, 3, 7), OUTPUT_LENGTHS: torch.tensor([3, 2])}
+    batch = {"input_ids": meta(1, 12), "modality_counts": {"speech": torch.tensor([2])},
+             "modality_inputs": {"speech": {"whisper": features}}}
+    clip = 252 + 96 + 256 + 128
+    projector = 2 * (2 * 4 + 4 * 4) * 5
+    assert train_step_flops(cfg, batch) == 3 * (lm(12) + 2 * clip + projector)
+
+
+def test_rates_per_gpu_with_mfu_and_memory_on_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30)
+    gpu = Throughput(world=4, peak_tflops=1000.0, device=torch.device("cuda", 0), start=0.0)
+    gpu.add(8 * 10**15)
+    assert gpu.summary(wall=2.0) == {"model_tflops": 1000.0, "mfu": 1.0, "peak_mem_gib": 3.0}
+    cpu = Throughput(world=1, peak_tflops=1000.0, device=torch.device("cpu"), start=0.0)
+    cpu.add(10**12)
+    assert cpu.summary(wall=4.0) == {"model_tflops": 0.25}
