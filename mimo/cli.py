@@ -1,4 +1,4 @@
-"""`mimo train | generate | eval`: a thin layer over the library."""
+"""`mimo train | generate | eval | export | plan`: a thin layer over the library."""
 
 from __future__ import annotations
 
@@ -98,6 +98,25 @@ def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+PLAN_HELP = """Suggest parallel layouts for N GPUs and estimate each one's peak memory per GPU, from the
+config's model (model.*), data.global_batch, data.seq_len, parallel.microbatches and train.dtype.
+Every row passes the same checks as `mimo train`; the best is printed first as the [parallel...]
+tables to paste into the config. Overrides work as for train, e.g.
+`mimo plan configs/demo_vlm.toml --gpus 8 --model.llm.hidden=4096 --model.llm.layers=32`.
+Ranking (from BENCHMARKS.md): among layouts that fit, plain data parallelism, then FSDP, then the
+LM alone tensor parallel, then layouts that split the encoder too, then pipelined ones.
+The memory model is an estimate; mimo/parallel/memory_estimate.py states it."""
+
+
+def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
+    from mimo.parallel.planner import default_gpu_memory_gib, make_plan, render
+
+    cfg = load_config(args.config, overrides)
+    memory = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
+    print(render(cfg, make_plan(cfg, args.gpus, memory)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mimo", description="Train multimodal in/out models with a parallel "
                                 "layout per module (encoders and LM each on their own TP/CP/PP/DP).")
@@ -127,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--to", required=True, help="new or empty output folder")
     x.add_argument("--lm-only", action="store_true", help="export only the language model")
     x.set_defaults(func=cmd_export)
+    pl = sub.add_parser("plan", help="suggest layouts and estimate memory per GPU for N GPUs", description=PLAN_HELP,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pl.add_argument("config", help="path of a TOML config, e.g. configs/demo_vlm.toml")
+    pl.add_argument("--gpus", type=int, required=True, help="number of GPUs to plan for, e.g. 8")
+    pl.add_argument("--gpu-memory-gib", type=float, default=None,
+                    help="memory of one GPU in GiB (default: this machine's GPU, else 80)")
+    pl.set_defaults(func=cmd_plan)
     return p
 
 

@@ -1,0 +1,180 @@
+"""Peak memory per GPU of a layout, estimated from the config alone (what `mimo plan` ranks layouts by).
+
+An estimate, not a measurement; it is simple on purpose so its numbers can be checked by hand:
+
+- **Model states**, 16 bytes per trainable parameter: the trainer keeps fp32 weights, fp32 gradients
+  and AdamW's two fp32 moments (bf16 autocast computes in bf16 but stores fp32). A frozen parameter
+  costs its 4-byte weight only. Tensor parallelism divides a module's *sharded* parameters by tp:
+  every >= 2-D weight of a transformer layer, and the LM's embedding and head (vocabulary-parallel);
+  1-D weights (norms, biases), position/patch embeddings and projectors count whole on every TP rank.
+  Pipeline parallelism divides the layers by pp (ceil); the LM's first stage also holds the embedding
+  and its last the head, and the largest stage is the one reported. FSDP divides all of a module's
+  states by its dp (dp x cp for the LM: FSDP shards over both).
+- **Activations** held for the backward, per microbatch, no recompute: per transformer layer about
+  tokens x hidden x 34 bytes in bf16 (Megatron's estimate with flash attention: no s^2 score term);
+  under tensor parallelism (10 + 24/tp) instead of 34, or 34/tp with sequence parallel. Twice that in
+  float32 (train.dtype = "float32"). The LM's tokens per microbatch per lane are
+  global_batch / (microbatches x LM dp) x seq_len / cp, with seq_len = data.seq_len (data.pack_length
+  when packing; the built-in demo tasks size their own rows, close to data.seq_len). An encoder's are
+  samples per encoder lane x data.images_per_sample x its tokens per input: a ViT's patches (+ class
+  token); for an audio encoder its max_positions, the most rows a clip can give (a rough upper bound).
+  The LM head adds its fp32 logits and their gradient: tokens x vocab x 8 bytes / tp.
+- **Pipelined layouts** (1F1B): the stage at position i of s stages holds min(s - i, microbatches)
+  microbatches of activations in flight (the first stage the most); every stage is costed and the worst
+  GPU is reported. Colocated layouts hold one microbatch at a time (gradient accumulation) and add up
+  every module on each GPU.
+- A fixed **2 GiB** for the CUDA context, the NCCL buffers and the allocator's workspace.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from mimo.config import Config, ModuleLayoutConfig
+from mimo.parallel.grid import Grid
+from mimo.parallel.layout import Layout
+
+GIB = 1024**3
+FIXED_BYTES = 2 * GIB
+"""CUDA context, NCCL buffers and allocator workspace, per GPU."""
+STATE_BYTES, FROZEN_BYTES = 16, 4
+"""fp32 weight + grad + two AdamW moments; a frozen parameter keeps its weight only."""
+ACT_BYTES_PER_TOKEN_HIDDEN = 34
+"""Megatron's per-layer activation bytes per token per hidden unit, bf16, flash attention."""
+LOGIT_BYTES = 8
+"""fp32 logits and their gradient, per token per vocabulary entry."""
+
+LANGUAGE = "language"
+_LAYER = re.compile(r"^(language_model|modality_submodules\.[^.]+\.encoders\.[^.]+)\.layers\.\d+\.")
+
+
+@dataclass(frozen=True)
+class ModuleSize:
+    """One module's model-state bytes by how TP/PP split them, and its activation shape."""
+
+    layers: int
+    layer_sharded: float  # state bytes of all layers' >= 2-D weights (TP-split, PP-split)
+    layer_replicated: float  # state bytes of all layers' 1-D weights (PP-split only)
+    first: float  # LM embedding state bytes (first stage, TP-split); 0 for encoders
+    last: float  # LM head state bytes (last stage, TP-split); 0 for encoders
+    other: float  # everything else (norms, patch/position embeddings, projectors): whole on every rank
+    params: int
+    hidden: int
+    tokens_per_sample: int  # LM: seq_len; encoder: inputs per sample x tokens per input
+    vocab: int = 0  # LM only: the logits' width
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Estimated bytes on the worst GPU of a layout, by kind."""
+
+    states: float
+    activations: float
+
+    @property
+    def peak(self) -> float:
+        return self.states + self.activations + FIXED_BYTES
+
+
+def module_sizes(cfg: Config) -> dict[str, ModuleSize]:
+    """Count every module's parameters exactly by building the model on the meta device (no memory)."""
+    from mimo.mimo_model import build_model
+
+    model_cfg = copy.deepcopy(cfg.model)
+    if model_cfg.llm.hf_path or any(m.hf_path for m in model_cfg.modalities.values()):
+        from mimo.interop.hf_build import resolve_hf_architecture
+
+        resolve_hf_architecture(model_cfg)  # reads config.json only; the weights are not needed to count
+        model_cfg.llm.hf_path = ""
+        for m in model_cfg.modalities.values():
+            m.hf_path = ""
+    with torch.device("meta"):
+        model = build_model(model_cfg)
+    buckets: dict[str, dict[str, float]] = {}
+    counts: dict[str, int] = {}
+    for pname, p in model.named_parameters():
+        name = LANGUAGE if pname.startswith("language_model.") else pname.split(".")[1]
+        b = buckets.setdefault(name, dict.fromkeys(("sharded", "replicated", "first", "last", "other"), 0.0))
+        counts[name] = counts.get(name, 0) + p.numel()
+        nbytes = p.numel() * (STATE_BYTES if p.requires_grad else FROZEN_BYTES)
+        b[_bucket(pname, p.dim())] += nbytes
+    if model_cfg.llm.tie_embeddings:  # one tensor, kept on the first and the last stage
+        buckets[LANGUAGE]["last"] = buckets[LANGUAGE]["first"]
+    return {name: _size(cfg, model_cfg, name, b, counts[name]) for name, b in buckets.items()}
+
+
+def _bucket(pname: str, dim: int) -> str:
+    """Which split applies to a parameter, from its name (see the module docstring)."""
+    if _LAYER.match(pname):
+        return "sharded" if dim >= 2 else "replicated"
+    if pname.startswith("language_model.embed_tokens."):
+        return "first"
+    if pname.startswith("language_model.lm_head."):
+        return "last"
+    return "other"
+
+
+def _size(cfg: Config, model_cfg, name: str, b: dict[str, float], params: int) -> ModuleSize:
+    """A ModuleSize from its byte buckets and the config's shapes."""
+    if name == LANGUAGE:
+        llm = model_cfg.llm
+        seq = cfg.data.pack_length if cfg.data.packing else cfg.data.seq_len
+        return ModuleSize(llm.layers, b["sharded"], b["replicated"], b["first"], b["last"], b["other"], params,
+                          llm.hidden, seq, llm.vocab)
+    m = model_cfg.modalities[name]
+    if m.kind == "audio":
+        layers, hidden, per_input = m.audio.layers, m.audio.hidden, m.audio.max_positions
+    else:
+        v = m.vit
+        layers, hidden = v.layers, v.hidden
+        per_input = (v.image // v.patch) ** 2 + int(v.class_token)
+    return ModuleSize(layers, b["sharded"], b["replicated"], 0.0, 0.0, b["other"], params, hidden,
+                      cfg.data.images_per_sample * per_input)
+
+
+def _layer_activation(tokens: float, hidden: int, tp: int, sp: bool, dtype: str) -> float:
+    """Bytes one transformer layer keeps for the backward (Megatron's estimate, flash attention)."""
+    per = ACT_BYTES_PER_TOKEN_HIDDEN / tp if sp else 10 + 24 / tp
+    return tokens * hidden * per * (2 if dtype == "float32" else 1)
+
+
+def stage_usage(cfg: Config, size: ModuleSize, grid: Grid, flags: ModuleLayoutConfig, stage: int,
+                in_flight: int) -> Usage:
+    """Bytes on one GPU of pipeline stage `stage` of a module, holding `in_flight` microbatches."""
+    first, last = stage == 0, stage == grid.pp - 1
+    share = math.ceil(size.layers / grid.pp) / max(size.layers, 1)
+    sharded = share * size.layer_sharded + first * size.first + last * size.last
+    states = sharded / grid.tp + share * size.layer_replicated + size.other
+    if flags.fsdp:
+        states /= grid.dp * grid.cp
+    samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
+    tokens = samples * size.tokens_per_sample / grid.cp
+    acts = math.ceil(size.layers / grid.pp) * _layer_activation(tokens, size.hidden, grid.tp,
+                                                                 flags.sequence_parallel, cfg.train.dtype)
+    if last and size.vocab:
+        acts += tokens * size.vocab * LOGIT_BYTES / grid.tp
+    return Usage(states, acts * in_flight)
+
+
+def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
+             modules: dict[str, ModuleLayoutConfig]) -> Usage:
+    """The worst GPU's estimated bytes under `layout` (see the module docstring for the model)."""
+    flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
+    if layout.colocated and all(g.pp == 1 for g in layout.grids.values()):
+        parts = [stage_usage(cfg, sizes[n], g, flags[n], 0, 1) for n, g in layout.grids.items()]
+        return Usage(sum(u.states for u in parts), sum(u.activations for u in parts))
+    depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
+    total = depth + layout.grids[LANGUAGE].pp
+    worst = Usage(0.0, 0.0)
+    for name, grid in layout.grids.items():
+        start = depth if name == LANGUAGE else 0
+        for stage in range(grid.pp):
+            in_flight = min(total - (start + stage), cfg.parallel.microbatches)
+            u = stage_usage(cfg, sizes[name], grid, flags[name], stage, in_flight)
+            worst = max(worst, u, key=lambda x: x.peak)
+    return worst

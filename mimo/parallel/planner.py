@@ -1,0 +1,302 @@
+"""`mimo plan`: candidate layouts for N GPUs, each checked by `validate_plan`, costed and ranked.
+
+The candidates are a small deterministic set (at most a few dozen): homogeneous layouts (every module
+tp t, dp N/t, replicated or FSDP, the LM with and without sequence parallel), colocated mixes (encoder
+tp_e, LM tp_l, the LM sequence parallel when tp_l > 1) and pipelined ones (each encoder alone on the
+first N/2, N/4 or N/8 ranks, the LM on the rest with the least tp x pp that fits). A candidate the
+trainer would refuse (`validate_plan`, `Layout`) is dropped, so the planner never suggests a layout that
+cannot run. Memory comes from `mimo.parallel.memory_estimate`.
+
+Ranking follows what BENCHMARKS.md measured on H200s: for a model that fits, plain data parallelism
+beat every heterogeneous layout; tensor parallelism of the LM costs compute and communication; a
+pipelined layout with a small encoder alone on its GPUs idles. So among layouts that fit: plain DP,
+then FSDP, then colocated with the encoder data parallel and the smallest LM tp, then layouts that
+split the encoder too, then pipelined; ties by lower memory. When nothing fits, the lowest estimate
+comes first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mimo.config import Config, ConfigError, ModuleLayoutConfig
+from mimo.parallel.grid import Grid
+from mimo.parallel.layout import Layout
+from mimo.parallel.memory_estimate import GIB, LANGUAGE, ModuleSize, Usage, estimate, module_sizes
+from mimo.parallel.plan import validate_plan
+
+PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)
+"""Preference classes, best first (see the module docstring)."""
+KIND = {PLAIN_DP: "data parallel", FSDP: "fsdp", LM_TP: "colocated", SPLIT_ENCODER: "tensor parallel",
+        PIPELINED: "pipelined"}
+PIPELINE_SHARES = (2, 4, 8)
+"""A pipelined candidate puts each encoder on N / share ranks."""
+
+Modules = dict[str, ModuleLayoutConfig]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One costed candidate."""
+
+    modules: Modules
+    layout: Layout
+    usage: Usage
+    fits: bool
+    klass: int
+    why: str
+
+    @property
+    def peak_gib(self) -> float:
+        return self.usage.peak / GIB
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every valid candidate, best first, and what they were costed for."""
+
+    rows: list[Row]
+    gpus: int
+    gpu_memory_gib: float
+    sizes: dict[str, ModuleSize]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def with_modules(cfg: Config, modules: Modules) -> Config:
+    """`cfg` with its parallel tables replaced (the original is left alone)."""
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, modules=modules))
+
+
+def vision(cfg: Config) -> list[str]:
+    """Encoders that can take tensor parallelism (the ViT; audio encoders stay tp1)."""
+    return [n for n, m in cfg.model.modalities.items() if m.kind == "vision"]
+
+
+def colocated_candidates(cfg: Config, gpus: int) -> list[Modules]:
+    """Every module on all ranks: homogeneous (same tp, with/without FSDP and LM SP) and encoder/LM tp mixes."""
+    out: list[Modules] = []
+    tps = divisors(gpus)
+    for tp in tps:
+        for fsdp in (False, True) if gpus // tp > 1 else (False,):
+            for sp in (False, True) if tp > 1 else (False,):
+                out.append(_colocated(cfg, tp, tp, sp, fsdp))
+    if vision(cfg):
+        for enc_tp in tps:
+            for lm_tp in tps:
+                if enc_tp != lm_tp:
+                    out.append(_colocated(cfg, enc_tp, lm_tp, lm_tp > 1, False))
+    return out
+
+
+def _colocated(cfg: Config, enc_tp: int, lm_tp: int, sp: bool, fsdp: bool) -> Modules:
+    mods = {n: ModuleLayoutConfig(tp=enc_tp if n in vision(cfg) else 1, fsdp=fsdp) for n in cfg.model.modalities}
+    mods[LANGUAGE] = ModuleLayoutConfig(tp=lm_tp, sequence_parallel=sp, fsdp=fsdp)
+    return mods
+
+
+def pipelined_candidates(cfg: Config, gpus: int, fits: Callable[[Modules], bool | None]) -> list[Modules]:
+    """Each encoder dp on its own N/share ranks, the LM on the rest with the least tp x pp that fits
+    (`fits(modules)`), else the valid one with the lowest estimate."""
+    names = list(cfg.model.modalities)
+    out: list[Modules] = []
+    for enc in sorted({gpus // s for s in PIPELINE_SHARES}, reverse=True):
+        rest = gpus - enc * len(names)
+        if enc < 1 or rest < 1 or not names:
+            continue
+        mods = {n: ModuleLayoutConfig(offset=i * enc, size=enc) for i, n in enumerate(names)}
+        options = [{**mods, LANGUAGE: ModuleLayoutConfig(offset=enc * len(names), size=rest, tp=tp, pp=pp)}
+                   for tp in divisors(rest) for pp in divisors(rest // tp)]
+        options = [o for o in options if fits(o) is not None]
+        if options:
+            fitting = [o for o in options if fits(o)]
+            out.append(fitting[0] if fitting else options[0])
+    return out
+
+
+def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
+    """The Layout, or None when the trainer would refuse it (the same checks as `mimo train`)."""
+    try:
+        layout = Layout.from_config(modules, [LANGUAGE, *cfg.model.modalities], gpus)
+        validate_plan(with_modules(cfg, modules), layout)
+    except (ConfigError, ValueError):
+        return None
+    return layout
+
+
+def preference(cfg: Config, layout: Layout, modules: Modules) -> int:
+    """The row's preference class (see the module docstring)."""
+    if not layout.colocated or any(g.pp > 1 for g in layout.grids.values()):
+        return PIPELINED
+    enc_tp = max((g.tp for n, g in layout.grids.items() if n != LANGUAGE), default=1)
+    lm_tp = layout.grids[LANGUAGE].tp
+    if enc_tp > 1:
+        return SPLIT_ENCODER
+    if lm_tp > 1:
+        return LM_TP
+    return FSDP if any(m.fsdp for m in modules.values()) else PLAIN_DP
+
+
+def why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float) -> str:
+    """The row's reason in words."""
+    if not fits:
+        return (f"does not fit: needs {usage.peak / GIB:.1f} GiB > {limit_gib:g} (states "
+                f"{usage.states / GIB:.1f}, activations {usage.activations / GIB:.1f})")
+    lm = layout.grids[LANGUAGE]
+    enc = {n: g for n, g in layout.grids.items() if n != LANGUAGE}
+    enc_dp = "/".join(sorted({f"dp{g.dp}" for g in enc.values()})) or "-"
+    if klass == PLAIN_DP:
+        return "fits replicated: no model parallelism needed"
+    if klass == FSDP:
+        return f"fits with states sharded 1/{lm.dp} (FSDP); no tensor parallelism"
+    if klass == LM_TP:
+        return f"LM states need 1/{lm.tp}: LM tp{lm.tp}, encoder stays {enc_dp}"
+    if klass == SPLIT_ENCODER:
+        enc_tp = max(g.tp for g in enc.values())
+        return f"encoder split too (tp{enc_tp}): TP costs compute and communication on a small encoder"
+    ranks = ", ".join(f"{n} on {g.size} GPU{'s' if g.size > 1 else ''}" for n, g in enc.items())
+    return f"pipelined: {ranks} {'idles' if len(enc) == 1 else 'idle'} while the LM runs (1F1B)"
+
+
+def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float) -> Plan:
+    """Every valid candidate for `gpus` GPUs of `gpu_memory_gib` GiB, costed and ranked best first."""
+    if gpus < 1:
+        raise ConfigError(f"--gpus must be >= 1, got {gpus}; pass the number of GPUs to plan for, e.g. --gpus 8")
+    if gpu_memory_gib <= 0:
+        raise ConfigError(f"--gpu-memory-gib must be > 0, got {gpu_memory_gib:g}; e.g. --gpu-memory-gib 80")
+    sizes = module_sizes(cfg)
+    limit = gpu_memory_gib * GIB
+
+    def fits(modules: Modules) -> bool | None:
+        layout = layout_of(cfg, modules, gpus)
+        return None if layout is None else estimate(cfg, layout, sizes, modules).peak <= limit
+
+    rows: list[Row] = []
+    seen: set[str] = set()
+    for modules in colocated_candidates(cfg, gpus) + pipelined_candidates(cfg, gpus, fits):
+        key = repr(sorted(modules.items()))
+        layout = layout_of(cfg, modules, gpus)
+        if key in seen or layout is None:
+            continue
+        seen.add(key)
+        usage = estimate(cfg, layout, sizes, modules)
+        klass = preference(cfg, layout, modules)
+        ok = usage.peak <= limit
+        rows.append(Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib)))
+    if not rows:
+        raise ConfigError(f"--gpus {gpus}: no candidate layout for {gpus} GPUs passes the config's checks "
+                          f"(data.global_batch = {cfg.data.global_batch} must divide by parallel.microbatches x "
+                          f"every module's dp; heads, vocab and mlp by tp); use a GPU count that divides "
+                          f"data.global_batch, e.g. --gpus {_nearest_divisor(cfg.data.global_batch, gpus)}")
+    rows.sort(key=_rank_key)
+    return Plan(rows, gpus, gpu_memory_gib, sizes)
+
+
+def _rank_key(row: Row) -> tuple:
+    """Fitting rows by preference class, LM tp, encoder tp, then memory; the rest by memory alone."""
+    if not row.fits:
+        return (1, 0, 0, 0, row.usage.peak)
+    enc_tp = max((g.tp for n, g in row.layout.grids.items() if n != LANGUAGE), default=1)
+    return (0, row.klass, row.layout.grids[LANGUAGE].tp, enc_tp, row.usage.peak)
+
+
+def _nearest_divisor(batch: int, gpus: int) -> int:
+    return min((d for d in divisors(batch) if d > 1), key=lambda d: (abs(d - gpus), d), default=1)
+
+
+def label(layout: Layout, modules: Modules) -> str:
+    """A short name: 'dp8', 'tp2 dp4 +LM sp', 'images dp8 | LM tp2+sp dp4', 'images[0-1] dp2 | LM[2-7] pp3 dp2'."""
+    grids = layout.grids
+    flags = {n: modules.get(n, ModuleLayoutConfig()) for n in grids}
+
+    def one(name: str) -> str:
+        g, f = grids[name], flags[name]
+        parts = [f"tp{g.tp}" + ("+sp" if f.sequence_parallel else "")] if g.tp > 1 else []
+        parts += [f"cp{g.cp}"] if g.cp > 1 else []
+        parts += [f"pp{g.pp}"] if g.pp > 1 else []
+        parts += [f"dp{g.dp}"] + (["fsdp"] if f.fsdp else [])
+        return " ".join(parts)
+
+    same = len({(g.tp, g.cp, g.pp, g.dp, flags[n].fsdp) for n, g in grids.items()}) == 1
+    if layout.colocated and same:
+        enc = [n for n in grids if n != LANGUAGE]
+        base = one(enc[0]) if enc else one(LANGUAGE)
+        extra = flags[LANGUAGE].sequence_parallel and not (enc and flags[enc[0]].sequence_parallel)
+        return f"{base} +LM sp" if extra else base
+    names = {n: "LM" if n == LANGUAGE else n for n in grids}
+    if layout.colocated:
+        return " | ".join(f"{names[n]} {one(n)}" for n in sorted(grids, key=lambda n: n == LANGUAGE))
+    return " | ".join(f"{names[n]}[{_span(g)}] {one(n)}" for n, g in
+                      sorted(grids.items(), key=lambda x: x[1].offset))
+
+
+def _span(grid: Grid) -> str:
+    return str(grid.offset) if grid.size == 1 else f"{grid.offset}-{grid.end - 1}"
+
+
+def to_toml(modules: Modules, microbatches: int, layout: Layout) -> str:
+    """The `[parallel...]` tables to paste into a config (only the keys that differ from the defaults,
+    offset/size only when modules sit on disjoint ranks)."""
+    lines = ["[parallel]", f"microbatches = {microbatches}", ""]
+    for name in sorted(modules, key=lambda n: (n == LANGUAGE, n)):
+        m, grid = modules[name], layout.grids[name]
+        lines.append(f"[parallel.modules.{name}]")
+        if not layout.colocated:
+            lines += [f"offset = {m.offset}", f"size = {m.size}"]
+        lines.append(f"tp = {m.tp}  # dp = {grid.dp}")
+        lines += [f"{k} = {getattr(m, k)}" for k in ("cp", "pp") if getattr(m, k) > 1]
+        lines += [f"{k} = true" for k in ("sequence_parallel", "fsdp") if getattr(m, k)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _params(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def render(cfg: Config, plan: Plan) -> str:
+    """The suggestion as TOML, then the table of every candidate, then the model's assumptions."""
+    best = plan.rows[0]
+    seq = cfg.data.pack_length if cfg.data.packing else cfg.data.seq_len
+    micro = cfg.parallel.microbatches
+    model = ", ".join(f"{n} {_params(s.params)} params" for n, s in plan.sizes.items())
+    out = [f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''} of {plan.gpu_memory_gib:g} GiB; {model}; global batch "
+           f"{cfg.data.global_batch} x seq_len {seq}, {micro} microbatch{'es' if micro > 1 else ''}, "
+           f"{cfg.train.dtype}", ""]
+    if best.fits:
+        out.append(f"suggested: {label(best.layout, best.modules)} (estimated {best.peak_gib:.1f} GiB per GPU) - "
+                   f"{best.why}")
+    else:
+        out.append(f"warning: no candidate fits in {plan.gpu_memory_gib:g} GiB; the lowest estimate is "
+                   f"{best.peak_gib:.1f} GiB. Raise parallel.microbatches, shorten data.seq_len, lower "
+                   "data.global_batch or add GPUs.")
+    out += ["", to_toml(best.modules, micro, best.layout)]
+    head = ("#", "layout", "kind", "peak GiB", "states", "acts", "fits", "why")
+    table = [head] + [(str(i + 1), label(r.layout, r.modules), KIND[r.klass], f"{r.peak_gib:.2f}",
+                       f"{r.usage.states / GIB:.2f}", f"{r.usage.activations / GIB:.2f}",
+                       "yes" if r.fits else "no", r.why) for i, r in enumerate(plan.rows)]
+    widths = [max(len(row[c]) for row in table) for c in range(len(head) - 1)]
+    for row in table:
+        out.append("  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1])
+    out += ["", "Estimate per GPU (mimo/parallel/memory_estimate.py): 16 B per trainable parameter (fp32 weights, "
+            "grads, AdamW moments) / tp for sharded weights, / dp with FSDP; activations ~34 B x tokens x hidden "
+            "per layer (bf16, flash attention; 10+24/tp under TP, 34/tp with SP; x2 in float32) plus fp32 logits "
+            "and their grad; 1F1B stages hold up to min(stages, microbatches) microbatches; + 2 GiB fixed."]
+    return "\n".join(out)
+
+
+def default_gpu_memory_gib() -> float:
+    """The local GPU's memory where CUDA is available, else 80 GiB (an H100/A100-80GB)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return math.floor(torch.cuda.get_device_properties(0).total_memory / GIB * 10) / 10
+    return 80.0

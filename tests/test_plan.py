@@ -1,0 +1,111 @@
+"""`mimo plan`: the memory estimate by hand, the ranking, and the CLI (CPU, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+import tomllib
+
+from mimo.cli import main
+from mimo.config import ModuleLayoutConfig, load_config
+from mimo.parallel.layout import Layout
+from mimo.parallel.memory_estimate import GIB, estimate, module_sizes
+from mimo.parallel.plan import validate_plan
+from mimo.parallel.planner import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, to_toml, with_modules
+
+# A text-only LM small enough to count by hand (no biases, untied head):
+#   embedding 64 x 32 = 2048, head 2048, final norm 32;
+#   per layer: q 32x32 = 1024, k and v 16x32 = 512 each (2 kv heads of 8), o 1024, gate/up/down 3 x 64x32 = 6144
+#   -> 9216 in 2-D weights, + 2 x 32 = 64 in the two norms.
+#   total = 2048 + 2048 + 32 + 2 x (9216 + 64) = 22688 parameters.
+TINY = ["--model.llm.vocab=64", "--model.llm.hidden=32", "--model.llm.layers=2", "--model.llm.heads=4",
+        "--model.llm.kv_heads=2", "--model.llm.mlp=64", "--model.llm.qkv_bias=false", "--data.global_batch=8",
+        "--data.seq_len=16", "--train.dtype=bfloat16"]
+LLAMA_7B = ["--model.llm.hidden=4096", "--model.llm.layers=32", "--model.llm.heads=32", "--model.llm.kv_heads=8",
+            "--model.llm.mlp=11008", "--model.llm.vocab=32000"]
+FIXED = 2 * GIB
+
+
+def _usage(cfg, modules, gpus):
+    layout = layout_of(cfg, modules, gpus)
+    assert layout is not None
+    return estimate(cfg, layout, module_sizes(cfg), modules)
+
+
+def test_estimate_matches_hand_computation():
+    cfg = load_config(None, TINY)
+    assert module_sizes(cfg)["language"].params == 22688
+    # dp2: tokens per lane = 8 / (1 x 2) x 16 = 64. States 16 B x 22688. Activations per layer 64 x 32 x 34 B,
+    # two layers, plus fp32 logits and their grad 64 x 64 x 8 B.
+    dp = _usage(cfg, {"language": ModuleLayoutConfig()}, 2)
+    assert dp.states == 16 * 22688
+    assert dp.activations == 2 * 64 * 32 * 34 + 64 * 64 * 8
+    assert dp.peak == 16 * 22688 + 2 * 64 * 32 * 34 + 64 * 64 * 8 + FIXED
+    # FSDP over dp2 halves the states; activations are unchanged.
+    fsdp = _usage(cfg, {"language": ModuleLayoutConfig(fsdp=True)}, 2)
+    assert fsdp.states == 16 * 22688 / 2 and fsdp.activations == dp.activations
+    # tp2 (dp1, 128 tokens): sharded = 2 x 9216 + 2048 + 2048 = 22528 -> /2; norms 2 x 64 / 2 + 32 stay whole.
+    # Activations without SP: 128 x 32 x (10 + 24/2) per layer; logits 128 x 64 x 8 / 2.
+    tp = _usage(cfg, {"language": ModuleLayoutConfig(tp=2)}, 2)
+    assert tp.states == 16 * (22528 / 2 + 128 + 32)
+    assert tp.activations == 2 * 128 * 32 * 22 + 128 * 64 * 8 / 2
+    # With sequence parallel the layers' activations are 34 / tp per token per hidden unit.
+    sp = _usage(cfg, {"language": ModuleLayoutConfig(tp=2, sequence_parallel=True)}, 2)
+    assert sp.activations == 2 * 128 * 32 * 17 + 128 * 64 * 8 / 2
+
+
+def test_pipeline_first_stage_holds_microbatches_in_flight():
+    # pp2 over 2 ranks, 4 microbatches: stage 0 holds min(2, 4) = 2 microbatches of 8/4 x 16 = 32 tokens of its
+    # one layer, plus the embedding; stage 1 one microbatch, the head and its logits. Stage 0 is the worst.
+    cfg = load_config(None, [*TINY, "--parallel.microbatches=4"])
+    u = _usage(cfg, {"language": ModuleLayoutConfig(pp=2)}, 2)
+    assert u.states == 16 * (9216 + 2048 + 64 + 32)
+    assert u.activations == 2 * 32 * 32 * 34
+
+
+def test_demo_on_8_gpus_suggests_plain_data_parallel():
+    cfg = load_config("configs/demo_vlm.toml")
+    plan = make_plan(cfg, 8, 80)
+    best = plan.rows[0]
+    assert best.klass == PLAIN_DP and label(best.layout, best.modules) == "dp8" and best.fits
+    assert 1 < len(plan.rows) <= 40
+    for row in plan.rows:  # every printed row is a layout the trainer accepts
+        validate_plan(with_modules(cfg, row.modules), row.layout)
+    # The printed TOML is the suggestion, and it passes the trainer's checks too.
+    tables = tomllib.loads(to_toml(best.modules, cfg.parallel.microbatches, best.layout))["parallel"]
+    modules = {n: ModuleLayoutConfig(**t) for n, t in tables["modules"].items()}
+    layout = Layout.from_config(modules, ["language", "images"], 8)
+    validate_plan(with_modules(cfg, modules), layout)
+    assert all(g.dp == 8 and g.tp == 1 for g in layout.grids.values())
+
+
+def test_7b_lm_does_not_fit_replicated():
+    cfg = load_config("configs/demo_vlm.toml", LLAMA_7B)
+    assert 5.5e9 < module_sizes(cfg)["language"].params < 7e9
+    plan = make_plan(cfg, 8, 80)
+    (dp8,) = [r for r in plan.rows if r.klass == PLAIN_DP]
+    assert not dp8.fits and dp8.peak_gib > 80 and "does not fit" in dp8.why
+    assert plan.rows[0].fits and plan.rows[0].klass in (FSDP, LM_TP)
+
+
+def test_cli_plan_prints_table_and_toml(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "configs/demo_vlm.toml", "--gpus", "8", "--gpu-memory-gib", "80"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "suggested: dp8" in out and "[parallel.modules.language]" in out and "peak GiB" in out
+
+
+@pytest.mark.parametrize("argv", [["--gpus", "0"], ["--gpus", "16", "--data.global_batch=30"]])
+def test_cli_plan_bad_gpus(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "configs/demo_vlm.toml", *argv])
+    assert e.value.code == 2
+    assert "--gpus" in capsys.readouterr().err
+
+
+def test_cli_plan_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--gpus" in out and "--gpu-memory-gib" in out
