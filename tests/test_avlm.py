@@ -9,13 +9,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mimo.config import load_config
+from mimo.config import ConfigError, load_config
 from mimo.data.audio_demo import AVLMData
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
 from mimo.mimo_model import build_model
 from mimo.parallel.data import GradReducer, apply_fsdp
 from mimo.parallel.grid import Grid
+from mimo.parallel.layout import Layout
+from mimo.parallel.plan import validate_plan
 from mimo.train.out_loss import OutPathLoss
 from mimo.train.trainer import Trainer, module_map
 from tests.dist import run_distributed
@@ -182,3 +184,15 @@ def _participation(rank: int, world: int) -> None:
 
 def test_two_ranks_with_absent_modalities_match_one_process():
     run_distributed(_participation, 2, timeout=240)
+
+
+def test_tensor_parallel_audio_encoder_is_refused_by_name():
+    """Only ViT encoders have a tensor-parallel plan; an audio encoder with tp > 1 is a config error, not a
+    KeyError deep inside the plan (and not a check of the unused ViT settings)."""
+    cfg = load_config(AVLM, ["--parallel.modules.audio.tp=2"])
+    layout = Layout.from_config(cfg.parallel.modules, ["language", *cfg.model.modalities], 2)
+    with pytest.raises(ConfigError, match=r"parallel.modules.audio.tp = 2: tensor parallelism splits ViT encoders "
+                                          r"only, and 'audio' is not a vision modality \(kind = 'audio'\)"):
+        validate_plan(cfg, layout)
+    cfg = load_config(AVLM, ["--parallel.modules.images.tp=2"])
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", *cfg.model.modalities], 2))

@@ -71,6 +71,12 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
                           "newer torch")
     for name, m in cfg.model.modalities.items():
         tp = layout.grids[name].tp
+        if m.kind != "vision":
+            if tp > 1:
+                raise ConfigError(f"parallel.modules.{name}.tp = {tp}: tensor parallelism splits ViT encoders only, "
+                                  f"and '{name}' is not a vision modality (kind = '{m.kind}'); use tp = 1 (it stays "
+                                  "data parallel)")
+            continue
         check_heads_divisible(name, m.vit.heads, m.vit.heads, tp)
         if m.vit.mlp % tp:
             raise ConfigError(f"model.modalities.{name}.vit.mlp ({m.vit.mlp}) must be divisible by its tp ({tp})")
