@@ -8,8 +8,8 @@ and the text keeps the preset's length, so seq_len = K * image_tokens(p) + (p["s
 (small, K = 4: 4 * 576 + 1472 = 3776). The data is mimo's `synthetic` set (random text and images, loss
 on the text). The global batch (--global-batch; default: the smallest multiple of every layout's
 granularity that is >= 2N) is the same for every layout, so each LM data lane takes global / (microbatches
-x LM dp) samples per microbatch. Model FLOPs: the baseline's formula for K images
-(workload.train_flops_per_images_sample); MFU against --peak-tflops per GPU.
+x LM dp) samples per microbatch. Model FLOPs: the step's own count (`mimo.train.flops`, the baseline's
+formula, extended to K images); MFU against --peak-tflops per GPU.
 
 Each layout runs in its own `torchrun` (a fresh process group and clean memory; a failed or out-of-memory
 run is a table row with its reason) and calls Trainer.train_step, the step of `mimo train`: bf16 autocast
@@ -47,7 +47,6 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import trace_gaps
-from benchmarks.bench_vlm import PEAK_TFLOPS
 from benchmarks.launch import run_row
 from benchmarks.workload import (
     MODALITY,
@@ -55,7 +54,6 @@ from benchmarks.workload import (
     images_seq_len,
     load_preset,
     model_config,
-    train_flops_per_images_sample,
 )
 from mimo.config import (
     Config,
@@ -241,10 +239,9 @@ def worker(args: argparse.Namespace) -> dict | None:
         dist.destroy_process_group()
     if trainer.rank != 0:
         return None
-    p = load_preset(args.preset)
     step_s = statistics.median(times[args.warmup:])
     tokens_per_s = global_batch * cfg.data.seq_len / step_s
-    tflops = train_flops_per_images_sample(p, args.images) * global_batch / step_s / world / 1e12
+    tflops = rec["flops"] / step_s / world / 1e12
     return {"layout": layout.name, "kind": layout.kind, "modules": layout.describe(world), "preset": args.preset,
             "images": args.images, "seq_len": cfg.data.seq_len, "world_size": world, "global_batch": global_batch,
             "microbatches": cfg.parallel.microbatches,
@@ -384,7 +381,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--microbatches", type=int, default=1,
                     help="gradient-accumulation microbatches of colocated layouts")
     ap.add_argument("--pipe-microbatches", type=int, default=4, help="1F1B microbatches of pipelined layouts")
-    ap.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="dense bf16 peak per GPU, for MFU")
+    ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops,
+                    help="dense bf16 peak per GPU, for MFU")
     ap.add_argument("--out", default="runs/bench_layouts", help="folder for the table, the JSON lines and the log")
     ap.add_argument("--timeout", type=float, default=600, help="seconds allowed to each layout's run")
     ap.add_argument("--profile", action="store_true",

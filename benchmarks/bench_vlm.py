@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 from pathlib import Path
@@ -32,15 +31,17 @@ import torch.distributed as dist
 from benchmarks.launch import run_row
 from benchmarks.runner import Options, Run
 from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, train_flops_per_sample
+from mimo.config import TrainConfig
 from mimo.parallel.runtime import init_distributed
 
-PEAK_TFLOPS = 989.0
+PEAK_TFLOPS = TrainConfig.peak_tflops
 DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}
 
 
-def worker(args: argparse.Namespace) -> dict:
+def worker(args: argparse.Namespace) -> dict | None:
     """Train mimo on the preset in this process, one rank of a data-parallel group when torchrun started
-    it, and return the baseline's JSON fields plus a few more (throughput global, FLOP/s per GPU)."""
+    it; on rank 0 return the baseline's JSON fields plus a few more (throughput global, FLOP/s per GPU),
+    elsewhere None (one row per run)."""
     p = load_preset(args.preset)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     rank, ranks = init_distributed(device_type)
@@ -82,7 +83,7 @@ def worker(args: argparse.Namespace) -> dict:
         raise RuntimeError(f"loss is not finite: {out['final_loss']}")
     if ranks > 1:
         dist.destroy_process_group()
-    return out
+    return out if rank == 0 else None
 
 
 def mimo_cmd(args: argparse.Namespace, spec: str, nproc: int) -> list[str]:
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--nproc takes a number of GPUs >= 1, got {args.nproc}")
     if args.worker:
         out = worker(args)
-        if int(os.environ.get("RANK", "0")) == 0:  # one row per run, however many ranks
+        if out is not None:
             print(json.dumps(out), flush=True)
     else:
         driver(args)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from benchmarks import trace_gaps
@@ -85,11 +84,15 @@ class Options:
 class Run:
     """A model, its optimizer and a training step, built as `opts` says. `state` loads given weights
     (so that several runs start from the same ones). With `group`, data parallelism: every rank builds
-    the same model from `seed`, and a step trains on the mean of the ranks' gradients."""
+    the same model from `seed`, and MasterAdamW (sharded over the group) steps on the mean of the ranks'
+    gradients."""
 
     def __init__(self, p: dict, opts: Options, device: torch.device, seed: int = 0,
                  state: dict[str, torch.Tensor] | None = None, group: ProcessGroup | None = None):
-        self.opts, self.device, self.group = opts, device, group
+        if group is not None and opts.precision != "bf16":
+            raise ValueError(f"data parallelism (--nproc > 1) runs MasterAdamW sharded over the ranks, which needs "
+                             f"precision=bf16; got precision={opts.precision}: use --nproc 1 for it")
+        self.opts, self.device = opts, device
         if device.type == "cuda":
             use_sdpa_backend(opts.sdpa)
             torch.backends.cudnn.allow_tf32 = opts.precision != "fp32"
@@ -152,23 +155,10 @@ class Run:
         loss = self.loss(batch, mark)
         loss.backward()
         mark("backward: embeddings + projector + vision")
-        self.mean_grads()
         self.opt.step()
         self.opt.zero_grad()
         mark("optimizer")
         return loss.detach()
-
-    def mean_grads(self) -> None:
-        """Data parallelism for torch's AdamW: the ranks' mean gradient, in one all-reduce of all gradients
-        (sum then divide: gloo has no average). MasterAdamW reduces its gradients itself, sharded."""
-        if self.group is None or isinstance(self.opt, MasterAdamW):
-            return
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.group)
-        flat.div_(dist.get_world_size(self.group))
-        for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
-            g.copy_(mean.view_as(g))
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -223,7 +213,7 @@ class Run:
         state = {}
         phases = (("forward", lambda: state.update(loss=self.loss(batch))),
                   ("backward", lambda: state["loss"].backward()),
-                  ("optimizer", lambda: (self.mean_grads(), self.opt.step(), self.opt.zero_grad())))
+                  ("optimizer", lambda: (self.opt.step(), self.opt.zero_grad())))
         for name, fn in phases:
             torch.cuda.set_sync_debug_mode("error")
             try:

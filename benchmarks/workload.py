@@ -39,15 +39,6 @@ def train_flops_per_sample(p: dict) -> int:
     return baseline_module().train_flops_per_sample(p)
 
 
-def train_flops_per_images_sample(p: dict, images: int) -> int:
-    """The baseline's formula for a sample of `images` images (images_seq_len tokens): the vision and
-    projector terms once per image, the LM terms at the longer sequence. The formula's LM terms vanish at
-    seq_len 0, so it is evaluated there for the per-image terms: both sides keep counting the same work,
-    and images = 1 gives train_flops_per_sample(p) exactly."""
-    per_image = train_flops_per_sample({**p, "seq_len": 0})
-    return (images - 1) * per_image + train_flops_per_sample({**p, "seq_len": images_seq_len(p, images)})
-
-
 def image_tokens(p: dict) -> int:
     return baseline_module().image_tokens(p)
 

@@ -199,12 +199,6 @@ def lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
     return cross_entropy_sum(lm.logits(hidden), labels, loss_mask)
 
 
-def _whole_row(seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Single process: attention runs every query of the row against every key, in row order."""
-    positions = torch.arange(seq, device=device)
-    return positions, positions
-
-
 class MimoModel(nn.Module):
     """An LM plus modality submodules keyed by modality name (`images`, `audio`, ...)."""
 
@@ -228,8 +222,9 @@ class MimoModel(nn.Module):
         self.bridges: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {}
         self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
         # Row positions of the queries this rank's attention runs and of the keys it sees, for masks built
-        # from document ids (context parallel: a zigzag of queries, keys in all-gathered order).
-        self.mask_positions: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = _whole_row
+        # from document ids (context parallel: a zigzag of queries, keys in all-gathered order); None: the
+        # whole row in order.
+        self.mask_positions: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]] | None = None
         self.loss_fn: LossFn = lm_loss
         self.logits_fn: Callable[[torch.Tensor, DecoderLM], torch.Tensor] = lambda h, lm: lm.logits(h)
 
@@ -312,9 +307,13 @@ class MimoModel(nn.Module):
         if document_ids is not None:
             if attention_mask is not None:
                 raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
-            queries, keys = self.mask_positions(input_ids.shape[1], document_ids.device)
-            attention_mask = document_mask(document_ids.index_select(1, queries), queries,
-                                           document_ids.index_select(1, keys), keys)
+            if self.mask_positions is None:
+                row = torch.arange(input_ids.shape[1], device=document_ids.device)
+                attention_mask = document_mask(document_ids, row)
+            else:
+                queries, keys = self.mask_positions(input_ids.shape[1], document_ids.device)
+                attention_mask = document_mask(document_ids.index_select(1, queries), queries,
+                                               document_ids.index_select(1, keys), keys)
         embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)

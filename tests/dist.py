@@ -65,7 +65,10 @@ def rank_device() -> torch.device:
 
 class _OnGpu(TorchFunctionMode):
     """Tensor factories without a device build on `device`, as under torch.set_default_device; one drawn
-    from a CPU generator is drawn on the CPU and moved, so a test's seeded data is the same as on gloo."""
+    from a CPU generator is drawn on the CPU and moved, so a test's seeded data is the same as on gloo.
+
+    It also moves library code's device-less tensors, so these suites cannot catch a missing `.to(device)`;
+    tests/test_multi_gpu.py, which trains through `mimo train` without it, covers real placement."""
 
     def __init__(self, device: torch.device):
         super().__init__()

@@ -14,19 +14,9 @@ import torch
 
 from benchmarks.bench_layouts import default_layouts, parse_layout, plan_runs, profile_table
 from benchmarks.launch import failure
-from benchmarks.workload import BASELINE_DIR, baseline_module, images_seq_len, train_flops_per_images_sample
+from benchmarks.workload import baseline_module, images_seq_len
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = [n for n in json.loads((BASELINE_DIR / "presets.json").read_text()) if not n.startswith("_")]
-
-
-@pytest.mark.parametrize("preset", PRESETS)
-def test_flops_for_one_image_are_the_baselines(preset):
-    p = baseline_module().load_preset(preset)
-    assert train_flops_per_images_sample(p, 1) == baseline_module().train_flops_per_sample(p)
-    # Each further image adds its vision and projector work and its placeholders' LM work.
-    assert train_flops_per_images_sample(p, 3) - train_flops_per_images_sample(p, 2) > \
-        train_flops_per_images_sample(p, 2) - train_flops_per_images_sample(p, 1) > 0
 
 
 def test_sequence_length_keeps_the_presets_text():
@@ -90,7 +80,8 @@ def test_driver_runs_three_layouts_on_two_cpu_processes(tmp_path):
         for key in ("step_s_median", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"):
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
         assert row["seq_len"] == 2 * 16 + 48 and row["global_batch"] == 4
-        # every layout computes what one process would, so the losses agree
+        # same data and model on every layout (a smoke check only: random text keeps the loss near ln(vocab),
+        # so layout bugs are the parity suites' job, tests/test_colocated.py and tests/test_pipeline.py)
         assert row["final_loss"] == pytest.approx(rows[0]["final_loss"], rel=1e-3)
     assert (tmp_path / "tiny_k2_n2" / "pipe" / "config.toml").is_file()
     assert "| enc-dp_lm-tp | colocated |" in (tmp_path / "tiny_k2_n2.md").read_text()

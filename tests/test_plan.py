@@ -109,3 +109,20 @@ def test_cli_plan_help(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--gpus" in out and "--gpu-memory-gib" in out
+
+
+def test_pipelined_split_takes_its_cheapest_lm_layout_when_none_fits():
+    """At 24 GiB no LM layout on 4 of 8 GPUs fits the 5.9B LM; the row for that split must then be the
+    lowest estimate among the LM layouts the trainer accepts there, not the first one tried (tp1 pp1)."""
+    cfg = load_config("configs/demo_vlm.toml", LLAMA_7B)
+    sizes = module_sizes(cfg)
+    (row,) = [r for r in make_plan(cfg, 8, 24).rows if r.layout.grids["images"].size == 4]
+    assert not row.fits
+    enc = ModuleLayoutConfig(offset=0, size=4)
+    peaks = []
+    for tp, pp in ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)):
+        mods = {"images": enc, "language": ModuleLayoutConfig(offset=4, size=4, tp=tp, pp=pp)}
+        layout = layout_of(cfg, mods, 8)
+        if layout is not None:
+            peaks.append(estimate(cfg, layout, sizes, mods).peak)
+    assert len(peaks) > 1 and row.usage.peak == min(peaks) < max(peaks)

@@ -30,8 +30,7 @@ class SyntheticData:
     """The trainer's data interface (`global_batch(step, size, seed)`) over random samples."""
 
     def __init__(self, seq_len: int, images_per_sample: int, image_tokens: int, image_token_id: int,
-                 image_shape: tuple[int, int, int], vocab: int, reserved_ids: set[int], modality: str = "images",
-                 encoder: str = "vit"):
+                 image_shape: tuple[int, int, int], vocab: int, reserved_ids: set[int], modality: str = "images"):
         placeholders = images_per_sample * image_tokens
         if seq_len <= placeholders:
             raise ValueError(f"data.seq_len ({seq_len}) must exceed data.images_per_sample ({images_per_sample}) x "
@@ -39,7 +38,7 @@ class SyntheticData:
                              "data.seq_len or lower data.images_per_sample")
         self.seq_len, self.images_per_sample, self.placeholders = seq_len, images_per_sample, placeholders
         self.image_token_id, self.image_shape = image_token_id, image_shape
-        self.modality, self.encoder = modality, encoder
+        self.modality = modality
         # Text never uses a placeholder or generation id, which would turn it into a modality position.
         self.text_ids = torch.tensor(sorted(set(range(vocab)) - reserved_ids), dtype=torch.long)
         self._pools: dict[tuple[int, int], torch.Tensor] = {}
@@ -62,7 +61,7 @@ class SyntheticData:
         offset = int(rng.integers(0, POOL_SLACK + 1))
         pixels = self._pool(n * k, seed)[offset : offset + n * k]
         return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(s).expand(n, s).contiguous(),
-                "modality_inputs": {self.modality: {self.encoder: {"pixel_values": pixels}}},
+                "modality_inputs": {self.modality: {"vit": {"pixel_values": pixels}}},
                 COUNTS: {self.modality: torch.full((n,), k, dtype=torch.long)}}
 
 

@@ -81,10 +81,20 @@ class ContextParallel:
         self.cp = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.sp_tp = sp_tp
+        self._positions: dict[tuple[int, torch.device | None], tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[tuple[int, torch.device], torch.Tensor] = {}
 
+    def positions(self, seq: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row positions of this rank's queries (zigzag) and of the all-gathered keys, made and copied to
+        `device` once per sequence length (a fresh host-to-device copy every forward would wait for the GPU)."""
+        key = (seq, device)
+        if key not in self._positions:
+            self._positions[key] = (zigzag_index(seq, self.cp, self.rank).to(device),
+                                    gathered_order(seq, self.cp).to(device))
+        return self._positions[key]
+
     def local_index(self, seq: int, device: torch.device | None = None) -> torch.Tensor:
-        return zigzag_index(seq, self.cp, self.rank).to(device)
+        return self.positions(seq, device)[0]
 
     def shard_batch(self, batch: dict) -> dict:
         """This rank's cut of one microbatch's per-token entries (pure, no collective).
@@ -110,7 +120,7 @@ class ContextParallel:
             if mask.shape[-2:] != (seq, seq):
                 raise ValueError(f"attention_mask must end in [S, S] = [{seq}, {seq}] under context parallel, got "
                                  f"shape {tuple(mask.shape)}")
-            order = gathered_order(seq, self.cp).to(ids.device)
+            order = self.positions(seq, ids.device)[1]
             out["attention_mask"] = mask.index_select(-2, index).index_select(-1, order)
         return out
 
@@ -124,8 +134,7 @@ class ContextParallel:
         """`[S/cp, S]` bool: local query at position i may see gathered key at position j <= i."""
         key = (seq, device)
         if key not in self._masks:
-            q = self.local_index(seq, device)
-            k = gathered_order(seq, self.cp).to(device)
+            q, k = self.positions(seq, device)
             self._masks[key] = k[None, :] <= q[:, None]
         return self._masks[key]
 
@@ -167,8 +176,7 @@ class ContextParallel:
             return inner(local) if inner is not None else local
 
         model.shard_sequence = shard
-        model.mask_positions = lambda seq, device: (self.local_index(seq, device),
-                                                    gathered_order(seq, self.cp).to(device))
+        model.mask_positions = self.positions
         for module in model.language_model.modules():
             if isinstance(module, SelfAttention):
                 module.attention_fn = self.attend

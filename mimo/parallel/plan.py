@@ -63,7 +63,7 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
     validate_context_parallel(cfg, layout)
     check_fast_paths(cfg, layout)
     outs = out_modalities(cfg)
-    sharded = [n for n, m in cfg.parallel.modules.items() if m.fsdp]
+    sharded = [n for n in outs if n in cfg.parallel.modules and cfg.parallel.modules[n].fsdp]  # decoders live there
     if outs and sharded and not FSDP_REDUCES_UNUSED_PARAMS:
         raise ConfigError(f"parallel.modules.{sharded[0]}.fsdp = true with the Out path of {outs} needs FSDP2's "
                           f"set_reduce_scatter_unused_params, which torch {torch.__version__} lacks (a rank with no "

@@ -100,22 +100,26 @@ def _colocated(cfg: Config, enc_tp: int, lm_tp: int, sp: bool, fsdp: bool) -> Mo
     return mods
 
 
-def pipelined_candidates(cfg: Config, gpus: int, fits: Callable[[Modules], bool | None]) -> list[Modules]:
-    """Each encoder dp on its own N/share ranks, the LM on the rest with the least tp x pp that fits
-    (`fits(modules)`), else the valid one with the lowest estimate."""
+def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row | None]) -> list[Row]:
+    """Each encoder dp on its own N/share ranks, the LM on the rest: per split, of the LM layouts the
+    trainer accepts, the one with the least tp x pp (then tp, then memory) that fits, else the one with
+    the lowest estimate."""
     names = list(cfg.model.modalities)
-    out: list[Modules] = []
+    out: list[Row] = []
     for enc in sorted({gpus // s for s in PIPELINE_SHARES}, reverse=True):
         rest = gpus - enc * len(names)
         if enc < 1 or rest < 1 or not names:
             continue
         mods = {n: ModuleLayoutConfig(offset=i * enc, size=enc) for i, n in enumerate(names)}
-        options = [{**mods, LANGUAGE: ModuleLayoutConfig(offset=enc * len(names), size=rest, tp=tp, pp=pp)}
+        options = [cost({**mods, LANGUAGE: ModuleLayoutConfig(offset=enc * len(names), size=rest, tp=tp, pp=pp)})
                    for tp in divisors(rest) for pp in divisors(rest // tp)]
-        options = [o for o in options if fits(o) is not None]
-        if options:
-            fitting = [o for o in options if fits(o)]
-            out.append(fitting[0] if fitting else options[0])
+        rows = [r for r in options if r is not None]
+        fitting = [r for r in rows if r.fits]
+        if fitting:
+            lm = lambda r: r.layout.grids[LANGUAGE]  # noqa: E731
+            out.append(min(fitting, key=lambda r: (lm(r).tp * lm(r).pp, lm(r).tp, r.usage.peak)))
+        elif rows:
+            out.append(min(rows, key=lambda r: r.usage.peak))
     return out
 
 
@@ -129,15 +133,18 @@ def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
     return layout
 
 
-def preference(cfg: Config, layout: Layout, modules: Modules) -> int:
+def encoder_tp(layout: Layout) -> int:
+    """The widest tensor parallelism of any encoder (1 when none splits)."""
+    return max((g.tp for n, g in layout.grids.items() if n != LANGUAGE), default=1)
+
+
+def preference(layout: Layout, modules: Modules) -> int:
     """The row's preference class (see the module docstring)."""
     if not layout.colocated or any(g.pp > 1 for g in layout.grids.values()):
         return PIPELINED
-    enc_tp = max((g.tp for n, g in layout.grids.items() if n != LANGUAGE), default=1)
-    lm_tp = layout.grids[LANGUAGE].tp
-    if enc_tp > 1:
+    if encoder_tp(layout) > 1:
         return SPLIT_ENCODER
-    if lm_tp > 1:
+    if layout.grids[LANGUAGE].tp > 1:
         return LM_TP
     return FSDP if any(m.fsdp for m in modules.values()) else PLAIN_DP
 
@@ -157,8 +164,8 @@ def why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float) 
     if klass == LM_TP:
         return f"LM states need 1/{lm.tp}: LM tp{lm.tp}, encoder stays {enc_dp}"
     if klass == SPLIT_ENCODER:
-        enc_tp = max(g.tp for g in enc.values())
-        return f"encoder split too (tp{enc_tp}): TP costs compute and communication on a small encoder"
+        return (f"encoder split too (tp{encoder_tp(layout)}): TP costs compute and communication on a small "
+                "encoder")
     ranks = ", ".join(f"{n} on {g.size} GPU{'s' if g.size > 1 else ''}" for n, g in enc.items())
     return f"pipelined: {ranks} {'idles' if len(enc) == 1 else 'idle'} while the LM runs (1F1B)"
 
@@ -172,22 +179,17 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float) -> Plan:
     sizes = module_sizes(cfg)
     limit = gpu_memory_gib * GIB
 
-    def fits(modules: Modules) -> bool | None:
+    def cost(modules: Modules) -> Row | None:
+        """The costed row, or None when the trainer would refuse the layout."""
         layout = layout_of(cfg, modules, gpus)
-        return None if layout is None else estimate(cfg, layout, sizes, modules).peak <= limit
-
-    rows: list[Row] = []
-    seen: set[str] = set()
-    for modules in colocated_candidates(cfg, gpus) + pipelined_candidates(cfg, gpus, fits):
-        key = repr(sorted(modules.items()))
-        layout = layout_of(cfg, modules, gpus)
-        if key in seen or layout is None:
-            continue
-        seen.add(key)
+        if layout is None:
+            return None
         usage = estimate(cfg, layout, sizes, modules)
-        klass = preference(cfg, layout, modules)
-        ok = usage.peak <= limit
-        rows.append(Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib)))
+        klass, ok = preference(layout, modules), usage.peak <= limit
+        return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib))
+
+    rows = [r for r in map(cost, colocated_candidates(cfg, gpus)) if r is not None]
+    rows += pipelined_candidates(cfg, gpus, cost)
     if not rows:
         raise ConfigError(f"--gpus {gpus}: no candidate layout for {gpus} GPUs passes the config's checks "
                           f"(data.global_batch = {cfg.data.global_batch} must divide by parallel.microbatches x "
@@ -201,8 +203,7 @@ def _rank_key(row: Row) -> tuple:
     """Fitting rows by preference class, LM tp, encoder tp, then memory; the rest by memory alone."""
     if not row.fits:
         return (1, 0, 0, 0, row.usage.peak)
-    enc_tp = max((g.tp for n, g in row.layout.grids.items() if n != LANGUAGE), default=1)
-    return (0, row.klass, row.layout.grids[LANGUAGE].tp, enc_tp, row.usage.peak)
+    return (0, row.klass, row.layout.grids[LANGUAGE].tp, encoder_tp(row.layout), row.usage.peak)
 
 
 def _nearest_divisor(batch: int, gpus: int) -> int:

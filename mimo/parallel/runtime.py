@@ -17,8 +17,8 @@ def launched_distributed() -> bool:
 
 
 GPU_BACKEND = "cpu:gloo,cuda:nccl"
-"""On GPUs, CUDA tensors travel over NCCL and the few host-side tensors (counts, flags, metadata that
-the host reads anyway) over gloo, so no collective needs a device copy just to be sent."""
+"""On GPUs, CUDA tensors travel over NCCL and a tensor left on the host (a flag or count the host made)
+over gloo: every collective works whichever side its tensor is on."""
 
 
 def init_distributed(device_type: str) -> tuple[int, int]:
