@@ -30,6 +30,7 @@ from mimo.perf import (
 
 PRECISIONS = ("bf16", "autocast", "fp32")
 VIT_COMPILE = ("blocks", "whole", "graphs")
+LM_COMPILE = ("blocks", "graphs")
 
 
 def _no_mark(phase: str) -> None:
@@ -43,9 +44,13 @@ class Options:
     compile: per-block torch.compile, plus the compiled loss chunk and AdamW update.
     chunked_ce: head + cross-entropy over row chunks (else mimo's plain path with full fp32 logits).
     text_rows_only: run head + loss on the rows that have a label only (with chunked_ce).
+    ce_kernel (with chunked_ce and compile): how each loss chunk runs, "triton" (one hand-written kernel),
+    "compiled" (torch.compile) or "auto" (triton where it runs).
     ckpt_layers: activation checkpointing of the first k decoder layers.
     vit_compile (with compile): "blocks" compiles each ViT block, "whole" the ViT as one graph, "graphs"
     the whole ViT replayed as CUDA graphs (its blocks are short enough for launch overhead to show).
+    lm_compile (with compile): "blocks" compiles each decoder layer (one graph shared by all), "graphs" also
+    replays each as CUDA graphs.
     sdpa: the only attention backend allowed (on CUDA).
     lr, weight_decay: AdamW as the baseline builds it (torch defaults apart from lr)."""
 
@@ -53,9 +58,11 @@ class Options:
     compile: bool = True
     chunked_ce: bool = True
     text_rows_only: bool = True
+    ce_kernel: str = "auto"
     ckpt_layers: int = 0
     vit_compile: str = "graphs"
-    sdpa: str = "flash"
+    lm_compile: str = "graphs"
+    sdpa: str = "cudnn"
     lr: float = 1e-5
     weight_decay: float = 1e-2
 
@@ -78,6 +85,8 @@ class Options:
             raise ValueError(f"precision must be one of {PRECISIONS}, got '{opts.precision}'")
         if opts.vit_compile not in VIT_COMPILE:
             raise ValueError(f"vit_compile must be one of {VIT_COMPILE}, got '{opts.vit_compile}'")
+        if opts.lm_compile not in LM_COMPILE:
+            raise ValueError(f"lm_compile must be one of {LM_COMPILE}, got '{opts.lm_compile}'")
         return opts
 
 
@@ -110,7 +119,7 @@ class Run:
                 compile_blocks(vit.layers.values())
             else:
                 vit.compile(mode="reduce-overhead" if opts.vit_compile == "graphs" else None)
-            compile_blocks(lm.layers.values())
+            compile_blocks(lm.layers.values(), mode="reduce-overhead" if opts.lm_compile == "graphs" else None)
         if opts.precision == "bf16":
             self.opt = MasterAdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
                                    compile=opts.compile, group=group)
@@ -144,13 +153,13 @@ class Run:
                 hidden, labels = hidden.index_select(0, batch.loss_rows), labels.index_select(0, batch.loss_rows)
             loss_sum, count = linear_cross_entropy(hidden.to(self.compute_dtype),
                                                    lm.output_weight().to(self.compute_dtype), labels,
-                                                   compiled=self.opts.compile)
+                                                   kernel=self.opts.ce_kernel if self.opts.compile else "torch")
             loss = loss_sum / count
             mark("forward + gradients: head and loss")
             return loss
 
     def step(self, batch: Batch, mark: Callable[[str], None] = _no_mark) -> torch.Tensor:
-        if self.opts.compile and self.opts.vit_compile == "graphs":
+        if self.opts.compile and "graphs" in (self.opts.vit_compile, self.opts.lm_compile):
             torch.compiler.cudagraph_mark_step_begin()
         loss = self.loss(batch, mark)
         loss.backward()

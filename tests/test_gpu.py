@@ -24,7 +24,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def test_compiled_chunked_head_and_loss_match_fp32_full_logits():
+@pytest.mark.parametrize("kernel", ["compiled", "triton"])
+def test_chunked_head_and_loss_match_fp32_full_logits(kernel):
     torch.manual_seed(0)
     hidden = torch.randn(3000, 256, device=CUDA)
     weight = torch.randn(5000, 256, device=CUDA) * 0.05
@@ -34,7 +35,7 @@ def test_compiled_chunked_head_and_loss_match_fp32_full_logits():
     ref = F.cross_entropy(h32 @ w32.t(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
     ref.backward()
     hb, wb = hidden.bfloat16().requires_grad_(), weight.bfloat16().requires_grad_()
-    loss, count = linear_cross_entropy(hb, wb, labels, chunk_rows=1024, compiled=True)
+    loss, count = linear_cross_entropy(hb, wb, labels, chunk_rows=1024, kernel=kernel)
     loss.backward()
     assert count == (labels != IGNORE_INDEX).sum()
     assert abs(float(loss.detach()) - float(ref.detach())) <= 5e-3 * float(ref.detach())

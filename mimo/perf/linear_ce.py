@@ -17,8 +17,10 @@ from collections.abc import Callable
 
 import torch
 
+from mimo.perf import cross_entropy_triton
 from mimo.train.loss import IGNORE_INDEX
 
+CHUNK_KERNELS = ("torch", "compiled", "triton")
 ChunkFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -49,6 +51,22 @@ def chunk_loss_into_grad(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 @functools.cache
 def _compiled_chunk_fn() -> ChunkFn:
     return torch.compile(chunk_loss_into_grad)
+
+
+def chunk_kernel(kernel: str, device: torch.device) -> ChunkFn:
+    """The loss chunk as `kernel` says: "torch" (eager), "compiled" (torch.compile) or "triton" (one
+    hand-written kernel, on GPUs); "auto" is triton where it runs, else compiled on GPUs, else torch."""
+    if kernel == "auto":
+        kernel = ("triton" if cross_entropy_triton.available(device) else
+                  "compiled" if device.type == "cuda" else "torch")
+    if kernel not in CHUNK_KERNELS:
+        raise ValueError(f"unknown loss-chunk kernel '{kernel}'; choose one of auto, {', '.join(CHUNK_KERNELS)}")
+    if kernel == "triton":
+        if not cross_entropy_triton.available(device):
+            raise ValueError(f"the triton loss chunk needs Triton and a GPU (got device {device}); use kernel "
+                             "'compiled' or 'torch'")
+        return cross_entropy_triton.chunk_loss_into_grad
+    return _compiled_chunk_fn() if kernel == "compiled" else chunk_loss_into_grad
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -86,16 +104,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                         chunk_rows: int = 4096, compiled: bool = False,
+                         chunk_rows: int = 4096, kernel: str = "torch",
                          group_bytes: int = 8 << 30) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of token losses, number of loss tokens) of `hidden @ weight.T` against `labels`.
 
     hidden `[..., H]` and weight `[V, H]` share one dtype (the matmuls run in it); labels `[...]` are
     aligned with the rows that predict them, IGNORE_INDEX where no loss is taken. Same contract as
     `mimo.train.loss.cross_entropy_sum(hidden @ weight.T, labels)`. Chunks are near-equal in size so
-    that a compiled chunk function sees at most two shapes; `compiled` fuses each chunk's softmax,
-    loss and logit gradient into a couple of kernels. `group_bytes` bounds the buffer of logit
-    gradients (whole chunks; at least one).
+    that a compiled chunk function sees at most two shapes; `kernel` picks how each chunk's softmax,
+    loss and logit gradient run (`chunk_kernel`). `group_bytes` bounds the buffer of logit gradients
+    (whole chunks; at least one).
     """
     if hidden.dtype != weight.dtype:
         raise ValueError(f"hidden ({hidden.dtype}) and weight ({weight.dtype}) must share a dtype")
@@ -105,6 +123,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     chunks = max(1, -(-n // chunk_rows))
     rows = -(-n // chunks)
     group = max(1, group_bytes // (weight.shape[0] * hidden.element_size() * rows)) * rows
-    fn = _compiled_chunk_fn() if compiled else chunk_loss_into_grad
+    fn = chunk_kernel(kernel, hidden.device)
     loss = _LinearCrossEntropy.apply(hidden, weight, labels, rows, group, fn)
     return loss, (labels != IGNORE_INDEX).sum().float()

@@ -8,6 +8,7 @@ names as the eager model.
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Iterable
 
@@ -18,11 +19,12 @@ from torch.utils.checkpoint import checkpoint
 SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")
 
 
-def compile_blocks(blocks: Iterable[nn.Module]) -> None:
+def compile_blocks(blocks: Iterable[nn.Module], mode: str | None = None) -> None:
     """Compile each block in place. Identical blocks share one compiled graph (parameters are graph
-    inputs), so a 28-layer stack compiles like one layer, and a graph break stays inside one block."""
+    inputs), so a 28-layer stack compiles like one layer, and a graph break stays inside one block.
+    `mode` is torch.compile's ("reduce-overhead": replay each block as CUDA graphs)."""
     for block in blocks:
-        block.compile()
+        block.compile(mode=mode)
 
 
 def _checkpointed_forward(self: nn.Module, *args, **kwargs):
@@ -44,9 +46,19 @@ def use_sdpa_backend(name: str) -> None:
 
     Set before the first compiled call: a compiled graph picks its kernel when it is traced. With one
     backend allowed, an input it cannot take fails loudly instead of silently falling back to math.
+
+    torch.compile's on-disk caches do not key on this choice, so a graph traced under one backend would be
+    reused under another (a run asking for cuDNN got the flash kernels of an earlier run): each backend
+    compiles into a cache folder of its own, below the default one or `TORCHINDUCTOR_CACHE_DIR`.
     """
     if name not in SDPA_BACKENDS:
         raise ValueError(f"unknown SDPA backend '{name}'; choose one of {', '.join(SDPA_BACKENDS)}")
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = cache_dir()
+    if os.path.basename(root).startswith("sdpa-"):
+        root = os.path.dirname(root)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, f"sdpa-{name}")
     torch.backends.cuda.enable_flash_sdp(name == "flash")
     torch.backends.cuda.enable_cudnn_sdp(name == "cudnn")
     torch.backends.cuda.enable_mem_efficient_sdp(name == "efficient")

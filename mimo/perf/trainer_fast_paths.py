@@ -50,8 +50,7 @@ def chunked_lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
         labels = torch.where(loss_mask.bool(), labels, IGNORE_INDEX)
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-    return linear_cross_entropy(hidden.to(dtype), lm.output_weight().to(dtype), labels,
-                                compiled=hidden.is_cuda)
+    return linear_cross_entropy(hidden.to(dtype), lm.output_weight().to(dtype), labels, kernel="auto")
 
 
 def apply_fast_paths(cfg: Config, model: MimoModel) -> None:
