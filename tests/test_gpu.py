@@ -1,6 +1,6 @@
-"""The GPU fast path on a CUDA device: compiled blocks, the ViT as CUDA graphs, bf16 weights with fp32
-master AdamW, the chunked head + loss and the flash kernel with grouped KV heads, each against an
-independent fp32 computation. Marked `gpu`: skipped (never passed) where there is no CUDA device.
+"""The GPU fast path on a CUDA device: compiled blocks replayed as CUDA graphs, bf16 weights with fp32
+master AdamW, the chunked head + loss (compiled or Triton) and the flash kernel with grouped KV heads,
+each against an independent fp32 computation. Marked `gpu`: skipped (never passed) where there is no CUDA device.
 
     python3 -m pytest -q tests/test_gpu.py      # on the GPU machine
 """
@@ -74,8 +74,9 @@ def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
 
 
 def test_benchmarked_fast_path_trains_like_fp32_mimo():
-    """Preset tiny, all optimisations on (compiled blocks, ViT CUDA graphs, bf16 + master AdamW, chunked
-    loss on text rows) against plain fp32 mimo from the same weights: each of 8 losses within 1%."""
+    """Preset tiny, all optimisations on (compiled blocks replayed as CUDA graphs, cuDNN attention, bf16 +
+    master AdamW, the chunked loss on text rows with the Triton chunk where Triton runs) against plain fp32
+    mimo from the same weights: each of 8 losses within 1%."""
     p = load_preset("tiny")
     ref = Run(p, Options.parse("precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,sdpa=math,lr=1e-3"), CUDA)
     state = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
