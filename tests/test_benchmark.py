@@ -188,3 +188,17 @@ def test_step_time_splits_into_compute_exposed_communication_and_idle():
     split = trace_gaps.compute_and_communication(events)
     assert split == {"span": 41.0, "compute": 21.0, "exposed_comm": 10.0, "idle": 10.0}
     assert trace_gaps.compute_and_communication([])["span"] == 0.0
+
+
+def test_attention_benchmark_times_kernels_against_fp32_math_on_tiny():
+    """CPU: the flash kernel's output and gradients against the math backend's, on both shapes of the
+    preset (grouped KV heads in the LM's); a kernel the CPU lacks is a row with its reason."""
+    from benchmarks import bench_attention
+
+    rows = bench_attention.main(["--preset", "tiny", "--device", "cpu", "--iters", "2", "--warmup", "1",
+                                 "--kernel", "flash", "--kernel", "math", "--kernel", "cudnn"])
+    timed = [r for r in rows if "error" not in r]
+    assert {(r["shape"], r["kernel"]) for r in timed} == {(s, k) for s in ("lm", "vit") for k in ("flash", "math")}
+    for r in timed:
+        assert r["forward_ms"] > 0 and r["out_err"] < 1e-5 and r["grad_err"] < 1e-5, r
+    assert {r["kernel"] for r in rows if "error" in r} == {"cudnn"}

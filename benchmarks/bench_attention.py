@@ -1,0 +1,155 @@
+"""Attention kernels on a preset's two attention shapes: forward and backward time, TFLOP/s, error.
+
+The language model's attention (causal, grouped KV heads) and the ViT's (bidirectional) are timed alone
+with each SDPA backend and FlexAttention, so a backend choice (`Options.sdpa` of the benchmark) can be
+checked on a new card or PyTorch in a minute instead of a full training run. Errors are against the math
+backend in fp32 on the same inputs (output: max abs; gradients: max abs over max |reference|).
+
+    python -m benchmarks.bench_attention --preset small                  # on a GPU, bf16
+    python -m benchmarks.bench_attention --preset tiny --device cpu      # CPU kernels, fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from benchmarks.workload import image_tokens, load_preset
+from mimo.models.layers import attention
+
+SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+KERNELS = (*SDPA, "flex")
+
+
+@dataclass
+class Shape:
+    name: str
+    batch: int
+    heads: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+    causal: bool
+
+    def forward_flops(self) -> float:
+        return 4 * self.batch * self.heads * self.seq ** 2 * self.head_dim * (0.5 if self.causal else 1.0)
+
+
+def preset_shapes(p: dict) -> list[Shape]:
+    """The LM's and the ViT's attention of one micro-batch (the ViT keeps its class token)."""
+    v, lm = p["vision"], p["llm"]
+    return [Shape("lm", p["micro_batch"], lm["heads"], lm["kv_heads"], p["seq_len"], lm["hidden"] // lm["heads"],
+                  True),
+            Shape("vit", p["micro_batch"], v["heads"], v["heads"], image_tokens(p) + 1, v["hidden"] // v["heads"],
+                  False)]
+
+
+def attention_fn(kernel: str, s: Shape) -> Callable[..., torch.Tensor]:
+    """`fn(q, k, v)` over `[B, heads, S, D]` running only `kernel`."""
+    gqa = s.heads != s.kv_heads
+    if kernel == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        mask = create_block_mask(lambda b, h, q, k: q >= k, None, None, s.seq, s.seq,
+                                 device="cuda" if torch.cuda.is_available() else "cpu") if s.causal else None
+        flex = torch.compile(flex_attention)
+        return lambda q, k, v: flex(q, k, v, block_mask=mask, enable_gqa=gqa)
+
+    def sdpa(q, k, v):  # the model's own attention call (grouped KV heads passed as they are)
+        with sdpa_kernel(SDPA[kernel]):
+            return attention(q, k, v, causal=s.causal)
+    return sdpa
+
+
+def _median_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def measure(kernel: str, s: Shape, device: torch.device, dtype: torch.dtype, iters: int, warmup: int) -> dict:
+    """One kernel on one shape: times, TFLOP/s (backward = 2.5 x forward FLOPs) and errors vs fp32 math."""
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(s.batch, h, s.seq, s.head_dim, generator=g) for h in (s.heads, s.kv_heads, s.kv_heads)]
+    grad_out = torch.randn(s.batch, s.heads, s.seq, s.head_dim, generator=g).to(device)
+    ref_in = [t.to(device).requires_grad_() for t in base]
+    ref_out = attention_fn("math", s)(*ref_in)
+    ref_out.backward(grad_out)
+    q, k, v = (t.to(device, dtype).requires_grad_() for t in base)
+    fn, dout = attention_fn(kernel, s), grad_out.to(dtype)
+
+    def forward_backward():
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(dout)
+
+    with torch.no_grad():
+        fwd = _median_ms(lambda: fn(q, k, v), device, iters, warmup)
+    both = _median_ms(forward_backward, device, iters, warmup)
+    forward_backward()
+    with torch.no_grad():
+        out_err = float((fn(q, k, v).float() - ref_out).abs().max())
+    grad_err = max(float((t.grad.float() - r.grad).abs().max() / r.grad.abs().max()) for t, r in zip((q, k, v), ref_in))
+    bwd = both - fwd
+    return {"kernel": kernel, "shape": s.name, "forward_ms": fwd, "backward_ms": bwd,
+            "forward_tflops": s.forward_flops() / fwd / 1e9, "backward_tflops": 2.5 * s.forward_flops() / bwd / 1e9,
+            "out_err": out_err, "grad_err": grad_err}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| shape | kernel | forward ms | TFLOP/s | backward ms | TFLOP/s | out err | grad err |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['shape']} | {r['kernel']} | {r['error']} | | | | | |")
+        else:
+            lines.append(f"| {r['shape']} | {r['kernel']} | {r['forward_ms']:.3f} | {r['forward_tflops']:.3g} | "
+                         f"{r['backward_ms']:.3f} | {r['backward_tflops']:.3g} | {r['out_err']:.1e} | "
+                         f"{r['grad_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--kernel", action="append", choices=KERNELS,
+                    help="kernel to time (repeatable); default: all on CUDA, flash and math on CPU")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kernels = args.kernel or (list(KERNELS) if device.type == "cuda" else ["flash", "math"])
+    rows = []
+    for s in preset_shapes(load_preset(args.preset)):
+        for kernel in kernels:
+            try:
+                rows.append(measure(kernel, s, device, dtype, args.iters, args.warmup))
+            except Exception as e:  # a kernel that cannot take this shape (or has no backward here) is a row
+                rows.append({"kernel": kernel, "shape": s.name, "error": str(e).splitlines()[0][:120]})
+    print(f"preset `{args.preset}`, {device.type}, {dtype}, median of {args.iters} calls\n\n{table(rows)}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
