@@ -19,7 +19,7 @@ from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, make
 from mimo.config import LLMConfig
 from mimo.models.layers import rope_cos_sin
 from mimo.models.llm import DecoderLayer
-from mimo.perf import MasterAdamW, checkpoint_blocks, linear_cross_entropy
+from mimo.perf import MasterAdamW, checkpoint_blocks, linear_cross_entropy, use_sdpa_backend
 from mimo.train.loss import IGNORE_INDEX, cross_entropy_sum
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +130,24 @@ def test_options_are_checked():
     for bad in ("nope=1", "compile=maybe", "precision=fp8"):
         with pytest.raises(ValueError):
             Options.parse(bad)
+
+
+def test_each_sdpa_backend_compiles_into_a_cache_folder_of_its_own(monkeypatch, tmp_path):
+    """torch.compile's on-disk caches do not key on the SDPA backend: without a folder per backend, a run
+    asking for one backend replays graphs traced with another."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    flags = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in ("flash", "cudnn", "math")}
+    flags["mem_efficient"] = torch.backends.cuda.mem_efficient_sdp_enabled()
+    try:
+        use_sdpa_backend("math")
+        first = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        use_sdpa_backend("flash")
+        second = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    finally:
+        for name, on in flags.items():
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
+    assert first == str(tmp_path / "cache" / "sdpa-math")
+    assert second == str(tmp_path / "cache" / "sdpa-flash")
 
 
 def test_benchmark_runs_on_tiny(tmp_path):
