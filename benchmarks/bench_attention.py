@@ -30,6 +30,8 @@ KERNELS = (*SDPA, "flex")
 
 @dataclass
 class Shape:
+    """One attention call: `[batch, heads, seq, head_dim]` queries over `kv_heads` key/value heads."""
+
     name: str
     batch: int
     heads: int
@@ -51,14 +53,14 @@ def preset_shapes(p: dict) -> list[Shape]:
                   False)]
 
 
-def attention_fn(kernel: str, s: Shape) -> Callable[..., torch.Tensor]:
-    """`fn(q, k, v)` over `[B, heads, S, D]` running only `kernel`."""
+def attention_fn(kernel: str, s: Shape, device: torch.device) -> Callable[..., torch.Tensor]:
+    """`fn(q, k, v)` over `[B, heads, S, D]` on `device` running only `kernel`."""
     gqa = s.heads != s.kv_heads
     if kernel == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         mask = create_block_mask(lambda b, h, q, k: q >= k, None, None, s.seq, s.seq,
-                                 device="cuda" if torch.cuda.is_available() else "cpu") if s.causal else None
+                                 device=device) if s.causal else None
         flex = torch.compile(flex_attention)
         return lambda q, k, v: flex(q, k, v, block_mask=mask, enable_gqa=gqa)
 
@@ -93,10 +95,10 @@ def measure(kernel: str, s: Shape, device: torch.device, dtype: torch.dtype, ite
     base = [torch.randn(s.batch, h, s.seq, s.head_dim, generator=g) for h in (s.heads, s.kv_heads, s.kv_heads)]
     grad_out = torch.randn(s.batch, s.heads, s.seq, s.head_dim, generator=g).to(device)
     ref_in = [t.to(device).requires_grad_() for t in base]
-    ref_out = attention_fn("math", s)(*ref_in)
+    ref_out = attention_fn("math", s, device)(*ref_in)
     ref_out.backward(grad_out)
     q, k, v = (t.to(device, dtype).requires_grad_() for t in base)
-    fn, dout = attention_fn(kernel, s), grad_out.to(dtype)
+    fn, dout = attention_fn(kernel, s, device), grad_out.to(dtype)
 
     def forward_backward():
         q.grad = k.grad = v.grad = None
@@ -116,6 +118,7 @@ def measure(kernel: str, s: Shape, device: torch.device, dtype: torch.dtype, ite
 
 
 def table(rows: list[dict]) -> str:
+    """Markdown, one row per kernel and shape; a kernel that failed shows why."""
     lines = ["| shape | kernel | forward ms | TFLOP/s | backward ms | TFLOP/s | out err | grad err |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             try:
                 rows.append(measure(kernel, s, device, dtype, args.iters, args.warmup))
             except Exception as e:  # a kernel that cannot take this shape (or has no backward here) is a row
-                rows.append({"kernel": kernel, "shape": s.name, "error": str(e).splitlines()[0][:120]})
+                why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+                rows.append({"kernel": kernel, "shape": s.name, "error": why})
     print(f"preset `{args.preset}`, {device.type}, {dtype}, median of {args.iters} calls\n\n{table(rows)}")
     return rows
 

@@ -4,7 +4,7 @@
 
 Every system runs in its own subprocess (clean peak-memory figures; an out-of-memory run is a table row,
 not a crash). `--mimo` takes Options fields, e.g. `--mimo ""` (all optimisations), `--mimo
-"sdpa=cudnn,ckpt_layers=12"`, or fallbacks `--mimo "|ckpt_layers=12"` (the second only if the first
+"sdpa=flash,ckpt_layers=12"`, or fallbacks `--mimo "|ckpt_layers=12"` (the second only if the first
 failed); `--baseline` takes the baseline's switches, e.g. `--baseline ""` (eager) or `--baseline
 "grad-ckpt,compile"`. The table goes to stdout (last) and to DIR/<preset>.md, one JSON line per run to
 DIR/<preset>.jsonl, every run's output to DIR/<preset>.log.

@@ -21,6 +21,8 @@ from benchmarks import trace_gaps
 from benchmarks.workload import MODALITY, Batch, model_config
 from mimo.mimo_model import build_model
 from mimo.perf import (
+    CHUNK_KERNELS,
+    SDPA_BACKENDS,
     MasterAdamW,
     checkpoint_blocks,
     compile_blocks,
@@ -31,6 +33,7 @@ from mimo.perf import (
 PRECISIONS = ("bf16", "autocast", "fp32")
 VIT_COMPILE = ("blocks", "whole", "graphs")
 LM_COMPILE = ("blocks", "graphs")
+CE_KERNELS = ("auto", *CHUNK_KERNELS)
 
 
 def _no_mark(phase: str) -> None:
@@ -41,11 +44,12 @@ def _no_mark(phase: str) -> None:
 class Options:
     """precision: "bf16" = bf16 weights + fp32 master weights and moments (MasterAdamW); "autocast" = fp32
     weights under bf16 autocast + torch's fused AdamW (the baseline's contract); "fp32" = no bf16 at all.
-    compile: per-block torch.compile, plus the compiled loss chunk and AdamW update.
+    compile: per-block torch.compile, plus the compiled AdamW update (and loss chunk, see ce_kernel).
     chunked_ce: head + cross-entropy over row chunks (else mimo's plain path with full fp32 logits).
     text_rows_only: run head + loss on the rows that have a label only (with chunked_ce).
-    ce_kernel (with chunked_ce and compile): how each loss chunk runs, "triton" (one hand-written kernel),
-    "compiled" (torch.compile) or "auto" (triton where it runs).
+    ce_kernel (with chunked_ce and compile; eager chunks otherwise): how each loss chunk runs, "triton" (one
+    hand-written kernel), "compiled" (torch.compile) or "auto" (triton on a GPU, else compiled on a GPU,
+    else eager).
     ckpt_layers: activation checkpointing of the first k decoder layers.
     vit_compile (with compile): "blocks" compiles each ViT block, "whole" the ViT as one graph, "graphs"
     the whole ViT replayed as CUDA graphs (its blocks are short enough for launch overhead to show).
@@ -87,6 +91,10 @@ class Options:
             raise ValueError(f"vit_compile must be one of {VIT_COMPILE}, got '{opts.vit_compile}'")
         if opts.lm_compile not in LM_COMPILE:
             raise ValueError(f"lm_compile must be one of {LM_COMPILE}, got '{opts.lm_compile}'")
+        if opts.ce_kernel not in CE_KERNELS:
+            raise ValueError(f"ce_kernel must be one of {CE_KERNELS}, got '{opts.ce_kernel}'")
+        if opts.sdpa not in SDPA_BACKENDS:
+            raise ValueError(f"sdpa must be one of {SDPA_BACKENDS}, got '{opts.sdpa}'")
         return opts
 
 

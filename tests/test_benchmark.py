@@ -126,9 +126,10 @@ def test_fast_path_follows_fp32_mimo_on_tiny():
 
 
 def test_options_are_checked():
-    assert Options.parse("sdpa=cudnn,ckpt_layers=3,compile=0") == Options(sdpa="cudnn", ckpt_layers=3, compile=False)
-    for bad in ("nope=1", "compile=maybe", "precision=fp8"):
-        with pytest.raises(ValueError):
+    assert Options.parse("sdpa=flash,ckpt_layers=3,compile=0") == Options(sdpa="flash", ckpt_layers=3, compile=False)
+    for bad in ("nope=1", "compile=maybe", "precision=fp8", "ce_kernel=fused", "sdpa=fa9", "lm_compile=whole"):
+        key = bad.partition("=")[0]
+        with pytest.raises(ValueError, match=key):
             Options.parse(bad)
 
 

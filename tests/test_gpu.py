@@ -82,8 +82,9 @@ def test_benchmarked_fast_path_trains_like_fp32_mimo():
     state = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
     batches = make_batches(p, CUDA)
     ref_losses = [float(ref.step(batches[i % 2])) for i in range(8)]
-    fast = Run(p, Options.parse("lr=1e-3"), CUDA, state=state)  # allows only the flash kernel from here on
-    assert fast.opts.compile and fast.opts.vit_compile == "graphs"
+    fast = Run(p, Options.parse("lr=1e-3"), CUDA, state=state)  # allows only the cuDNN kernel from here on
+    o = fast.opts
+    assert o.compile and o.vit_compile == o.lm_compile == "graphs" and o.sdpa == "cudnn" and o.ce_kernel == "auto"
     fast_losses = [float(fast.step(batches[i % 2])) for i in range(8)]
     assert ref_losses[-1] < ref_losses[0] - 0.1
     for i, (a, b) in enumerate(zip(ref_losses, fast_losses)):

@@ -22,21 +22,28 @@ except ImportError:  # CPU-only installs: linear_ce falls back to the PyTorch ch
     triton = None
 
 
-def available(device: torch.device) -> bool:
-    """Triton is importable and can run on `device` (a GPU, or the CPU under TRITON_INTERPRET=1)."""
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+"""Triton picks its interpreter when a kernel is defined, i.e. when this module is imported."""
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why the kernel cannot run on `device`, or None when it can (a GPU, or the CPU in Triton's
+    interpreter, which TRITON_INTERPRET=1 selects if set before mimo is imported)."""
     if triton is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        return "Triton is not installed (pip install triton)"
+    if device.type == "cuda" or (device.type == "cpu" and _INTERPRET):
+        return None
+    return f"Triton runs this kernel on CUDA devices (or on the CPU in its interpreter), not on {device}"
 
 
 if triton is not None:
 
     @triton.jit
-    def _loss_and_grad_rows(logits_ptr, labels_ptr, losses_ptr, stride, ignore_index, VOCAB: tl.constexpr,
-                            BLOCK: tl.constexpr):
+    def _loss_and_grad_rows(logits_ptr, labels_ptr, losses_ptr, stride, label_stride, ignore_index,
+                            VOCAB: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         ptr = logits_ptr + row * stride
-        label = tl.load(labels_ptr + row).to(tl.int64)
+        label = tl.load(labels_ptr + row * label_stride).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         # pass 1: per-lane running max and sum of exp (a finite floor keeps exp(floor - x) at 0, never NaN)
         lane_max = tl.full([BLOCK], -3.0e38, tl.float32)
@@ -49,24 +56,25 @@ if triton is not None:
         row_max = tl.max(lane_max, 0)
         lse = row_max + tl.log(tl.sum(lane_sum * tl.exp(lane_max - row_max), 0))
         valid = label != ignore_index
-        target = tl.load(ptr + tl.where(valid, label, 0)).to(tl.float32)
-        tl.store(losses_ptr + row, tl.where(valid, lse - target, 0.0))
+        bad = valid & ((label < 0) | (label >= VOCAB))  # no such class: NaN, never a read outside the row
+        target = tl.load(ptr + tl.where(valid & ~bad, label, 0)).to(tl.float32)
+        tl.store(losses_ptr + row, tl.where(bad, float("nan"), tl.where(valid, lse - target, 0.0)))
         # pass 2: d(loss)/d(logits) = softmax - onehot, over the logits; rows without a label get zeros
         for start in range(0, VOCAB, BLOCK):
             idx = start + cols
             x = tl.load(ptr + idx, mask=idx < VOCAB, other=0.0).to(tl.float32)
             grad = tl.exp(x - lse) - (idx == label).to(tl.float32)
-            grad = tl.where(valid, grad, 0.0)
+            grad = tl.where(bad, float("nan"), tl.where(valid, grad, 0.0))
             tl.store(ptr + idx, grad.to(logits_ptr.dtype.element_ty), mask=idx < VOCAB)
 
 
 def chunk_loss_into_grad(logits: torch.Tensor, labels: torch.Tensor, block: int = 4096) -> torch.Tensor:
     """Sum of the row losses of `logits` `[n, V]` (rows contiguous); the logits are overwritten with their
-    gradient. Contract of `linear_ce.chunk_loss_into_grad`."""
+    gradient. Contract of `linear_ce.chunk_loss_into_grad` (a label outside [0, V) gives NaN)."""
     if logits.stride(-1) != 1:
         raise ValueError("the Triton loss chunk needs logits with contiguous rows")
     n, vocab = logits.shape
     losses = torch.empty(n, dtype=torch.float32, device=logits.device)
-    _loss_and_grad_rows[(n,)](logits, labels, losses, logits.stride(0), IGNORE_INDEX, VOCAB=vocab, BLOCK=block,
-                              num_warps=8)
+    _loss_and_grad_rows[(n,)](logits, labels, losses, logits.stride(0), labels.stride(0), IGNORE_INDEX,
+                              VOCAB=vocab, BLOCK=block, num_warps=8)
     return losses.sum()

@@ -21,24 +21,27 @@ from mimo.perf import cross_entropy_triton
 from mimo.train.loss import IGNORE_INDEX
 
 CHUNK_KERNELS = ("torch", "compiled", "triton")
-ChunkFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+ChunkFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of the token losses of `logits` `[n, V]` and d(sum)/d(logits) in the logits' dtype.
 
     Softmax statistics are taken in fp32 (or wider). Rows labelled IGNORE_INDEX add nothing and get a zero
-    gradient.
+    gradient; a label outside [0, V) (a tokenizer larger than the head, say) makes that row's loss and
+    gradient NaN, which the training step reports as a non-finite loss, without a host sync.
     """
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lse = torch.logsumexp(x, dim=-1)
     valid = labels != IGNORE_INDEX
-    safe = labels.clamp_min(0)
+    bad = valid & ((labels < 0) | (labels >= x.shape[1]))
+    safe = torch.where(valid & ~bad, labels, 0)
     target = x.gather(1, safe[:, None]).squeeze(1)
-    loss = torch.where(valid, lse - target, 0.0).sum()
+    loss = torch.where(bad, torch.nan, torch.where(valid, lse - target, 0.0)).sum()
     onehot = torch.arange(x.shape[1], device=x.device)[None, :] == safe[:, None]
     grad = torch.exp(x - lse[:, None]) - onehot.to(x.dtype)
-    return loss, torch.where(valid[:, None], grad, 0.0).to(logits.dtype)
+    grad = torch.where(bad[:, None], torch.nan, torch.where(valid[:, None], grad, 0.0))
+    return loss, grad.to(logits.dtype)
 
 
 def chunk_loss_into_grad(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -55,16 +58,17 @@ def _compiled_chunk_fn() -> ChunkFn:
 
 def chunk_kernel(kernel: str, device: torch.device) -> ChunkFn:
     """The loss chunk as `kernel` says: "torch" (eager), "compiled" (torch.compile) or "triton" (one
-    hand-written kernel, on GPUs); "auto" is triton where it runs, else compiled on GPUs, else torch."""
+    hand-written kernel); "auto" is triton on a GPU where Triton is installed, else compiled on a GPU,
+    else torch."""
     if kernel == "auto":
-        kernel = ("triton" if cross_entropy_triton.available(device) else
+        kernel = ("triton" if device.type == "cuda" and cross_entropy_triton.unavailable(device) is None else
                   "compiled" if device.type == "cuda" else "torch")
     if kernel not in CHUNK_KERNELS:
         raise ValueError(f"unknown loss-chunk kernel '{kernel}'; choose one of auto, {', '.join(CHUNK_KERNELS)}")
     if kernel == "triton":
-        if not cross_entropy_triton.available(device):
-            raise ValueError(f"the triton loss chunk needs Triton and a GPU (got device {device}); use kernel "
-                             "'compiled' or 'torch'")
+        why = cross_entropy_triton.unavailable(device)
+        if why is not None:
+            raise ValueError(f"the triton loss chunk cannot run: {why}; use kernel 'compiled' or 'torch'")
         return cross_entropy_triton.chunk_loss_into_grad
     return _compiled_chunk_fn() if kernel == "compiled" else chunk_loss_into_grad
 

@@ -49,14 +49,15 @@ def use_sdpa_backend(name: str) -> None:
 
     torch.compile's on-disk caches do not key on this choice, so a graph traced under one backend would be
     reused under another (a run asking for cuDNN got the flash kernels of an earlier run): each backend
-    compiles into a cache folder of its own, below the default one or `TORCHINDUCTOR_CACHE_DIR`.
+    compiles into a cache folder of its own, below the default one or `TORCHINDUCTOR_CACHE_DIR`. Caches
+    that inductor already holds in memory are not moved, so call this before anything is compiled.
     """
     if name not in SDPA_BACKENDS:
         raise ValueError(f"unknown SDPA backend '{name}'; choose one of {', '.join(SDPA_BACKENDS)}")
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     root = cache_dir()
-    if os.path.basename(root).startswith("sdpa-"):
+    if os.path.basename(root) in {f"sdpa-{b}" for b in SDPA_BACKENDS}:  # an earlier call's folder
         root = os.path.dirname(root)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, f"sdpa-{name}")
     torch.backends.cuda.enable_flash_sdp(name == "flash")
