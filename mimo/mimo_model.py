@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mimo.config import ModelConfig
-from mimo.data.batching import check_counts, check_placeholders
+from mimo.data.batching import check_counts, check_placeholders, check_token_ids
 from mimo.models.audio import AudioEncoder
 from mimo.models.decoders import build_image_output
 from mimo.models.layers import document_mask
@@ -264,8 +264,11 @@ class MimoModel(nn.Module):
         """A whole global batch (with `modality_counts`) against this model's placeholders: counts against
         inputs, then each sample's placeholders against the rows its inputs will give. Every rank holding
         the batch reaches the same verdict before any collective, whichever lane a bad sample would reach.
-        Modalities with several encoders are left to the alignment's own check."""
+        Modalities with several encoders are left to the alignment's own check. The whole-model check
+        (`modalities` None) also holds every token id and label to the LM's vocabulary."""
         check_counts(batch)
+        if modalities is None:
+            check_token_ids(batch, self.language_model.cfg.vocab, self.special_token_ids.values())
         for name in self.modality_submodules.keys() if modalities is None else modalities:
             encoders = self.modality_submodules[name].encoders
             if len(encoders) == 1:

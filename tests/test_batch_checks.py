@@ -61,3 +61,20 @@ def test_trainer_checks_the_whole_global_batch(tmp_path):
     ids[s, first] = 32
     with pytest.raises(ValueError, match=f"Number of audio tokens .* in sample {s} of the global batch"):
         trainer.model.check_batch(batch)
+
+
+def test_token_ids_and_labels_must_lie_in_the_vocabulary(tmp_path):
+    """Placeholders and IGNORE_INDEX labels pass; an id or label past model.llm.vocab is named with its
+    place and the vocabulary size that would hold it, before anything runs."""
+    trainer = Trainer(load_config(AVLM, [*TINY, f"--run.out_dir={tmp_path}"]))
+    vocab = trainer.model.language_model.cfg.vocab
+    batch = trainer.data.global_batch(0, 8, 1)
+    trainer.model.check_batch(batch)  # placeholders and ignored labels included
+    batch["labels"][3, 5] = vocab + 6
+    with pytest.raises(ValueError, match=rf"labels\[3, 5\] = {vocab + 6} lies outside the LM's vocabulary "
+                                         rf"\[0, {vocab}\); set model.llm.vocab to at least {vocab + 7}"):
+        trainer.model.check_batch(batch)
+    batch = trainer.data.global_batch(0, 8, 1)
+    batch["input_ids"][0, 2] = -4
+    with pytest.raises(ValueError, match=r"input_ids\[0, 2\] = -4 lies outside"):
+        trainer.model.check_batch(batch)

@@ -186,6 +186,8 @@ def _bad_batch_case(rank: int, world: int, damage: str) -> str:
     batch = _batch()
     if damage == "placeholders":
         batch["input_ids"][3, 1] = 7  # sample 3 has one image (4 rows) but now only 3 placeholders
+    elif damage == "labels":
+        batch["labels"][2, 3] = cfg.model.llm.vocab + 1  # a label past the head: only the LM rank reads labels
     else:
         batch[COUNTS]["images"] = batch[COUNTS]["images"].clone()
         batch[COUNTS]["images"][1] = 1  # sample 1 claims one image fewer than the pixels hold
@@ -199,12 +201,16 @@ def _bad_batch_case(rank: int, world: int, damage: str) -> str:
     return str(err.value)
 
 
-@pytest.mark.parametrize("damage, message", [
-    ("placeholders", r"Number of images tokens \(3\) does not match number of images embeddings \(4\) in sample 3"),
-    ("counts", r"modality_counts\['images'\] sums to 10 but input 'images.vit.pixel_values' holds 11 items"),
+@pytest.mark.parametrize("damage, message, origin", [
+    ("placeholders", r"Number of images tokens \(3\) does not match number of images embeddings \(4\) in sample 3",
+     "rank 0 (images stage 0)"),
+    ("counts", r"modality_counts\['images'\] sums to 10 but input 'images.vit.pixel_values' holds 11 items",
+     "rank 0 (images stage 0)"),
+    ("labels", r"labels\[2, 3\] = \d+ lies outside the LM's vocabulary", "rank 1 (language stage 0)"),
 ])
-def test_a_bad_batch_raises_on_every_rank_instead_of_hanging(damage, message):
-    """Only the encoder rank can see these (it alone reads the pixels); the LM rank must raise too."""
+def test_a_bad_batch_raises_on_every_rank_instead_of_hanging(damage, message, origin):
+    """Only the rank that reads the damaged part can see it (the encoder rank the pixels, the LM rank the
+    labels); every other rank must raise too."""
     messages = run_distributed(_bad_batch_case, 2, damage, timeout=60)
     assert len(messages) == 2 and messages[0] == messages[1], messages
-    assert re.search(message, messages[0]) and "rank 0 (images stage 0)" in messages[0], messages[0]
+    assert re.search(message, messages[0]) and origin in messages[0], messages[0]

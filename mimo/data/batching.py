@@ -9,9 +9,12 @@ and modality inputs may come from different (nested) sample ranges, as the coloc
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from mimo.models.sample_rows import OUTPUT_LENGTHS
+from mimo.train.loss import IGNORE_INDEX
 
 COUNTS = "modality_counts"
 LANGUAGE = "language"
@@ -74,6 +77,25 @@ def check_counts(batch: dict) -> None:
             if size != total:
                 raise ValueError(f"modality_counts['{name}'] sums to {total} but input '{name}.{key}' holds {size} "
                                  f"items; give every sample the number of '{name}' inputs it holds")
+
+
+def check_token_ids(batch: dict, vocab: int, placeholder_ids: Iterable[int] = ()) -> None:
+    """Every token id and label of the global batch inside the LM's vocabulary [0, vocab) (labels may be
+    IGNORE_INDEX; placeholders are replaced before the embedding). An id past the embedding table or the
+    head would otherwise stop a GPU with a device-side assert, or make the chunked loss NaN, far from
+    its cause: usually a tokenizer with more ids than model.llm.vocab."""
+    skip = torch.tensor([IGNORE_INDEX, *placeholder_ids])
+    for key in ("input_ids", "labels"):
+        ids = batch.get(key)
+        if ids is None:
+            continue
+        ids = ids.cpu()
+        outside = ~torch.isin(ids, skip) & ((ids < 0) | (ids >= vocab))
+        if outside.any():
+            where = tuple(outside.nonzero()[0].tolist())
+            raise ValueError(f"{key}{list(where)} = {int(ids[where])} lies outside the LM's vocabulary [0, {vocab}); "
+                             f"set model.llm.vocab to at least {int(ids[outside].max()) + 1} (the tokenizer's size) "
+                             "or fix the data")
 
 
 def check_placeholders(batch: dict, name: str, token_id: int, rows_per_input: int | None) -> None:
