@@ -64,6 +64,16 @@ class ViTConfig:
     patch_bias: bool = False
     post_norm: bool = False
 
+    @property
+    def positions(self) -> int:
+        """Tokens the blocks attend over: the patches, and the class token if there is one."""
+        return (self.image // self.patch) ** 2 + int(self.class_token)
+
+    @property
+    def tokens_per_image(self) -> int:
+        """Rows one image hands the projector (the class token dropped if configured)."""
+        return self.positions - int(self.class_token and self.drop_class_token)
+
 
 @dataclass
 class AudioConfig:

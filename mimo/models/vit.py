@@ -35,7 +35,7 @@ class VisionTransformer(nn.Module):
         self.num_patches = (cfg.image // cfg.patch) ** 2
         self.patch_embedding = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch, bias=cfg.patch_bias)
         self.class_embedding = nn.Parameter(torch.zeros(cfg.hidden)) if cfg.class_token else None
-        self.position_embedding = nn.Embedding(self.num_patches + int(cfg.class_token), cfg.hidden)
+        self.position_embedding = nn.Embedding(cfg.positions, cfg.hidden)
         self.pre_layrnorm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
         self.layers = nn.ModuleDict({str(i): ViTBlock(cfg) for i in range(cfg.layers)})
         # SigLIP's final LayerNorm over every output token (CLIP applies its own only to the pooled token).
@@ -44,7 +44,7 @@ class VisionTransformer(nn.Module):
 
     @property
     def tokens_per_image(self) -> int:
-        return self.num_patches + int(self.cfg.class_token and not self.cfg.drop_class_token)
+        return self.cfg.tokens_per_image
 
     def init_weights(self) -> None:
         std = self.cfg.init_std

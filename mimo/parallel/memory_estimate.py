@@ -132,7 +132,7 @@ def _size(cfg: Config, model_cfg, name: str, b: dict[str, float], params: int) -
     else:
         v = m.vit
         layers, hidden = v.layers, v.hidden
-        per_input = (v.image // v.patch) ** 2 + int(v.class_token)
+        per_input = v.positions
     return ModuleSize(layers, b["sharded"], b["replicated"], 0.0, 0.0, b["other"], params, hidden,
                       cfg.data.images_per_sample * per_input)
 

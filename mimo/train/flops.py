@@ -60,14 +60,8 @@ def block_params(hidden: int, mlp: int, layers: int) -> int:
 
 def vit_flops(cfg: ViTConfig) -> int:
     """Forward FLOPs of one image."""
-    positions = (cfg.image // cfg.patch) ** 2 + int(cfg.class_token)
     params = block_params(cfg.hidden, cfg.mlp, cfg.layers) + cfg.channels * cfg.patch ** 2 * cfg.hidden
-    return encoder_flops(params, positions, cfg.layers, cfg.hidden)
-
-
-def vit_rows(cfg: ViTConfig) -> int:
-    """Rows one image hands the projector (VisionTransformer.tokens_per_image)."""
-    return (cfg.image // cfg.patch) ** 2 + int(cfg.class_token and not cfg.drop_class_token)
+    return encoder_flops(params, cfg.positions, cfg.layers, cfg.hidden)
 
 
 def audio_flops(cfg: AudioConfig, frames: int) -> int:
@@ -93,7 +87,7 @@ def modality_flops(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[s
         rows = int(lengths.sum()) if lengths is not None else n * AudioEncoder.output_frames(frames)
         return n * audio_flops(m.audio, frames) + projector_flops(m.audio.hidden, lm_hidden, rows)
     n = next((v.shape[0] for v in kwargs.values() if isinstance(v, torch.Tensor)), 0)
-    return n * vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, n * vit_rows(m.vit))
+    return n * vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, n * m.vit.tokens_per_image)
 
 
 def train_step_flops(cfg: ModelConfig, batch: dict) -> int:
