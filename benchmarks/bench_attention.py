@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.workload import image_tokens, load_preset
+from benchmarks.workload import MODALITY, load_preset, model_config
 from mimo.models.layers import attention
 
 SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -45,12 +45,12 @@ class Shape:
 
 
 def preset_shapes(p: dict) -> list[Shape]:
-    """The LM's and the ViT's attention of one micro-batch (the ViT keeps its class token)."""
-    v, lm = p["vision"], p["llm"]
-    return [Shape("lm", p["micro_batch"], lm["heads"], lm["kv_heads"], p["seq_len"], lm["hidden"] // lm["heads"],
+    """The LM's and the ViT's attention of one micro-batch, as the benchmark's model builds them."""
+    cfg = model_config(p)
+    lm, vit = cfg.llm, cfg.modalities[MODALITY].vit
+    return [Shape("lm", p["micro_batch"], lm.heads, lm.kv_heads, p["seq_len"], lm.head_dim or lm.hidden // lm.heads,
                   True),
-            Shape("vit", p["micro_batch"], v["heads"], v["heads"], image_tokens(p) + 1, v["hidden"] // v["heads"],
-                  False)]
+            Shape("vit", p["micro_batch"], vit.heads, vit.heads, vit.positions, vit.hidden // vit.heads, False)]
 
 
 def attention_fn(kernel: str, s: Shape, device: torch.device) -> Callable[..., torch.Tensor]:

@@ -37,7 +37,6 @@ import math
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -67,6 +66,7 @@ from mimo.config import (
 )
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import LANGUAGE, validate_plan
+from mimo.parallel.runtime import torchrun_cmd
 from mimo.train.trainer import Trainer
 
 HOMOGENEOUS, COLOCATED, PIPELINED = "homogeneous", "colocated", "pipelined"
@@ -273,8 +273,8 @@ def profile_step(trainer: Trainer, step: int) -> list[dict[str, float]]:
 
 
 def worker_cmd(args: argparse.Namespace, name: str, global_batch: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-            "-m", "benchmarks.bench_layouts", "--layout", name, "--preset", args.preset, "--images", str(args.images),
+    return [*torchrun_cmd(args.nproc), "-m", "benchmarks.bench_layouts", "--layout", name, "--preset", args.preset,
+            "--images", str(args.images),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--global-batch", str(global_batch),
             "--microbatches", str(args.microbatches), "--pipe-microbatches", str(args.pipe_microbatches),
             "--out", args.out, "--peak-tflops", str(args.peak_tflops), *(["--profile"] if args.profile else [])]

@@ -32,7 +32,7 @@ from benchmarks.launch import run_row
 from benchmarks.runner import Options, Run
 from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, train_flops_per_sample
 from mimo.config import TrainConfig
-from mimo.parallel.runtime import init_distributed
+from mimo.parallel.runtime import init_distributed, torchrun_cmd
 
 PEAK_TFLOPS = TrainConfig.peak_tflops
 DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}
@@ -88,8 +88,8 @@ def worker(args: argparse.Namespace) -> dict | None:
 
 def mimo_cmd(args: argparse.Namespace, spec: str, nproc: int) -> list[str]:
     """The worker's command line; through torchrun for more than one GPU."""
-    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
-    return [sys.executable, *launch, "-m", "benchmarks.bench_vlm", "--worker", "--preset", args.preset, "--options",
+    launch = torchrun_cmd(nproc) if nproc > 1 else [sys.executable]
+    return [*launch, "-m", "benchmarks.bench_vlm", "--worker", "--preset", args.preset, "--options",
             spec, "--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops),
             *(["--profile", "--trace-dir", args.trace_dir or str(Path(args.out) / "traces")] if args.profile else [])]
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mimo.config import load_config
-from mimo.data.batching import COUNTS, check_counts, check_placeholders
+from mimo.data.batching import COUNTS, check_counts, check_placeholders, check_token_ids
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.trainer import Trainer
 from tests.test_avlm import AVLM, TINY
@@ -78,3 +78,13 @@ def test_token_ids_and_labels_must_lie_in_the_vocabulary(tmp_path):
     batch["input_ids"][0, 2] = -4
     with pytest.raises(ValueError, match=r"input_ids\[0, 2\] = -4 lies outside"):
         trainer.model.check_batch(batch)
+
+
+def test_placeholder_ids_outside_the_vocabulary_pass_as_inputs_but_not_as_labels():
+    """A Hugging Face model's image placeholder may lie past its vocabulary: it is replaced before the
+    embedding, but as a label it would index past the head."""
+    batch = {"input_ids": torch.tensor([[1, 300, 300, 2]]), "labels": torch.tensor([[-100, -100, 2, 3]])}
+    check_token_ids(batch, 272, [300])
+    batch["labels"][0, 3] = 300
+    with pytest.raises(ValueError, match=r"labels\[0, 3\] = 300 lies outside"):
+        check_token_ids(batch, 272, [300])

@@ -51,6 +51,10 @@ def test_estimate_matches_hand_computation():
     # With sequence parallel the layers' activations are 34 / tp per token per hidden unit.
     sp = _usage(cfg, {"language": ModuleLayoutConfig(tp=2, sequence_parallel=True)}, 2)
     assert sp.activations == 2 * 128 * 32 * 17 + 128 * 64 * 8 / 2
+    # A tied head is the embedding: 2048 parameters fewer, counted once where one GPU holds both ends.
+    tied = load_config(None, [*TINY, "--model.llm.tie_embeddings=true"])
+    assert module_sizes(tied)["language"].params == 22688 - 2048
+    assert _usage(tied, {"language": ModuleLayoutConfig()}, 2).states == 16 * (22688 - 2048)
 
 
 def test_pipeline_first_stage_holds_microbatches_in_flight():
@@ -60,6 +64,12 @@ def test_pipeline_first_stage_holds_microbatches_in_flight():
     u = _usage(cfg, {"language": ModuleLayoutConfig(pp=2)}, 2)
     assert u.states == 16 * (9216 + 2048 + 64 + 32)
     assert u.activations == 2 * 32 * 32 * 34
+    # 3 layers: stage 0 holds 1 of them (earlier stages take the smaller share), stage 1 holds 2, the final
+    # norm and the head: stage 1, with one microbatch of 2 layers and the logits, is now the worst.
+    three = load_config(None, [*TINY, "--parallel.microbatches=4", "--model.llm.layers=3"])
+    u = _usage(three, {"language": ModuleLayoutConfig(pp=2)}, 2)
+    assert u.states == 16 * (2 * 9216 + 2 * 64 + 2048 + 32)
+    assert u.activations == 2 * 32 * 32 * 34 + 32 * 64 * 8
 
 
 def test_demo_on_8_gpus_suggests_plain_data_parallel():
@@ -68,14 +78,14 @@ def test_demo_on_8_gpus_suggests_plain_data_parallel():
     best = plan.rows[0]
     assert best.klass == PLAIN_DP and label(best.layout, best.modules) == "dp8" and best.fits
     assert 1 < len(plan.rows) <= 40
-    for row in plan.rows:  # every printed row is a layout the trainer accepts
-        validate_plan(with_modules(cfg, row.modules), row.layout)
-    # The printed TOML is the suggestion, and it passes the trainer's checks too.
-    tables = tomllib.loads(to_toml(best.modules, cfg.parallel.microbatches, best.layout))["parallel"]
-    modules = {n: ModuleLayoutConfig(**t) for n, t in tables["modules"].items()}
-    layout = Layout.from_config(modules, ["language", "images"], 8)
-    validate_plan(with_modules(cfg, modules), layout)
-    assert all(g.dp == 8 and g.tp == 1 for g in layout.grids.values())
+    for row in plan.rows:  # every row's printed TOML, read back as a config, passes the trainer's checks
+        tables = tomllib.loads(to_toml(row.modules, cfg.parallel.microbatches, row.layout))["parallel"]
+        modules = {n: ModuleLayoutConfig(**t) for n, t in tables["modules"].items()}
+        layout = Layout.from_config(modules, ["language", "images"], 8)
+        validate_plan(with_modules(cfg, modules), layout)
+        assert layout.grids == row.layout.grids
+        if row is best:
+            assert all(g.dp == 8 and g.tp == 1 for g in layout.grids.values())
 
 
 def test_7b_lm_does_not_fit_replicated():

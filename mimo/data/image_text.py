@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mimo.config import Config
+from mimo.data.batching import to_device
 from mimo.data.jsonl import read_manifest
 from mimo.data.samples import BadSample, Record, decode_image, encode_text, special_ids
 from mimo.data.seeded_batches import SeededBatches
@@ -199,9 +200,7 @@ class ImageTextData(SeededBatches):
             items = [reader[(r - lo, r, True, True)] for r in rows]
             bad = torch.tensor([float(bool(it[4])) for it in items])
             batch = self._assemble(items, len(rows), bad)
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            batch["modality_inputs"] = {m: {e: {k: v.to(device) for k, v in kw.items()} for e, kw in enc.items()}
-                                        for m, enc in batch["modality_inputs"].items()}
+            batch = to_device(batch, torch.device(device))
             out = model(**batch)
             total += float(out.loss_sum)
             tokens += int((batch["labels"] != IGNORE_INDEX).sum())

@@ -32,7 +32,6 @@ class VisionTransformer(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
-        self.num_patches = (cfg.image // cfg.patch) ** 2
         self.patch_embedding = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch, bias=cfg.patch_bias)
         self.class_embedding = nn.Parameter(torch.zeros(cfg.hidden)) if cfg.class_token else None
         self.position_embedding = nn.Embedding(cfg.positions, cfg.hidden)

@@ -29,7 +29,6 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
 from __future__ import annotations
 
 import copy
-import math
 import re
 from dataclasses import dataclass
 
@@ -38,6 +37,8 @@ import torch
 from mimo.config import Config, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
+from mimo.parallel.pipeline import LANGUAGE, is_pipelined
+from mimo.parallel.pipeline_split import stage_layers
 
 GIB = 1024**3
 FIXED_BYTES = 2 * GIB
@@ -49,7 +50,6 @@ ACT_BYTES_PER_TOKEN_HIDDEN = 34
 LOGIT_BYTES = 8
 """fp32 logits and their gradient, per token per vocabulary entry."""
 
-LANGUAGE = "language"
 _LAYER = re.compile(r"^(language_model|modality_submodules\.[^.]+\.encoders\.[^.]+)\.layers\.\d+\.")
 
 
@@ -67,6 +67,7 @@ class ModuleSize:
     hidden: int
     tokens_per_sample: int  # LM: seq_len; encoder: inputs per sample x tokens per input
     vocab: int = 0  # LM only: the logits' width
+    tied: bool = False  # LM only: the head is the embedding, one tensor on the first and the last stage
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,6 @@ def module_sizes(cfg: Config) -> dict[str, ModuleSize]:
         counts[name] = counts.get(name, 0) + p.numel()
         nbytes = p.numel() * (STATE_BYTES if p.requires_grad else FROZEN_BYTES)
         b[_bucket(pname, p.dim())] += nbytes
-    if model_cfg.llm.tie_embeddings:  # one tensor, kept on the first and the last stage
-        buckets[LANGUAGE]["last"] = buckets[LANGUAGE]["first"]
     return {name: _size(cfg, model_cfg, name, b, counts[name]) for name, b in buckets.items()}
 
 
@@ -125,7 +124,7 @@ def _size(cfg: Config, model_cfg, name: str, b: dict[str, float], params: int) -
         llm = model_cfg.llm
         seq = cfg.data.pack_length if cfg.data.packing else cfg.data.seq_len
         return ModuleSize(llm.layers, b["sharded"], b["replicated"], b["first"], b["last"], b["other"], params,
-                          llm.hidden, seq, llm.vocab)
+                          llm.hidden, seq, llm.vocab, llm.tie_embeddings)
     m = model_cfg.modalities[name]
     if m.kind == "audio":
         layers, hidden, per_input = m.audio.layers, m.audio.hidden, m.audio.max_positions
@@ -147,14 +146,16 @@ def stage_usage(cfg: Config, size: ModuleSize, grid: Grid, flags: ModuleLayoutCo
                 in_flight: int) -> Usage:
     """Bytes on one GPU of pipeline stage `stage` of a module, holding `in_flight` microbatches."""
     first, last = stage == 0, stage == grid.pp - 1
-    share = math.ceil(size.layers / grid.pp) / max(size.layers, 1)
-    sharded = share * size.layer_sharded + first * size.first + last * size.last
+    layers = len(stage_layers(size.layers, grid.pp, stage)) if size.layers else 0
+    share = layers / max(size.layers, 1)
+    # a tied head is the embedding: one tensor, on the first stage and the last (once when they are one)
+    sharded = share * size.layer_sharded + (first or (last and size.tied)) * size.first + last * size.last
     states = sharded / grid.tp + share * size.layer_replicated + size.other
     if flags.fsdp:
         states /= grid.dp * grid.cp
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
     tokens = samples * size.tokens_per_sample / grid.cp
-    acts = math.ceil(size.layers / grid.pp) * _layer_activation(tokens, size.hidden, grid.tp,
+    acts = layers * _layer_activation(tokens, size.hidden, grid.tp,
                                                                  flags.sequence_parallel, cfg.train.dtype)
     if last and size.vocab:
         acts += tokens * size.vocab * LOGIT_BYTES / grid.tp
@@ -165,7 +166,7 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
              modules: dict[str, ModuleLayoutConfig]) -> Usage:
     """The worst GPU's estimated bytes under `layout` (see the module docstring for the model)."""
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
-    if layout.colocated and all(g.pp == 1 for g in layout.grids.values()):
+    if not is_pipelined(layout):
         parts = [stage_usage(cfg, sizes[n], g, flags[n], 0, 1) for n, g in layout.grids.items()]
         return Usage(sum(u.states for u in parts), sum(u.activations for u in parts))
     depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)

@@ -174,13 +174,14 @@ class EncoderStage(_Stage):
     def forward(self, t: int) -> None:
         if self.first:
             x, counts = self.inputs[t]
+            n = int(counts.sum())  # read on the host, before the copy: no wait for the device
             x = to_device(x, self.device)
             counts = counts.to(self.device)
             leaves = []
         else:
             x, counts = self.recv_forward()
+            n = int(counts.sum())
             leaves = [x]
-        n = int(counts.sum())
         with self.autocast():
             y = torch.zeros(0, device=self.device) if n == 0 else self._run(x)
             if self.last:

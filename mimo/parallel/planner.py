@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from mimo.config import Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.memory_estimate import GIB, LANGUAGE, ModuleSize, Usage, estimate, module_sizes
+from mimo.parallel.memory_estimate import GIB, ModuleSize, Usage, estimate, module_sizes
+from mimo.parallel.pipeline import LANGUAGE, is_pipelined
 from mimo.parallel.plan import validate_plan
 
 PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)
@@ -128,7 +129,7 @@ def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
     try:
         layout = Layout.from_config(modules, [LANGUAGE, *cfg.model.modalities], gpus)
         validate_plan(with_modules(cfg, modules), layout)
-    except (ConfigError, ValueError):
+    except ValueError:  # ConfigError included
         return None
     return layout
 
@@ -140,7 +141,7 @@ def encoder_tp(layout: Layout) -> int:
 
 def preference(layout: Layout, modules: Modules) -> int:
     """The row's preference class (see the module docstring)."""
-    if not layout.colocated or any(g.pp > 1 for g in layout.grids.values()):
+    if is_pipelined(layout):
         return PIPELINED
     if encoder_tp(layout) > 1:
         return SPLIT_ENCODER

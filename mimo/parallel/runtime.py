@@ -33,6 +33,11 @@ def init_distributed(device_type: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def torchrun_cmd(nproc: int) -> list[str]:
+    """The command that starts `nproc` local processes through torchrun (append `-m module ...`)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+
+
 def launch_local(nproc: int, argv: list[str]) -> int:
     """Run `python -m mimo <argv>` on `nproc` local processes through torchrun; returns its exit code.
 
@@ -42,8 +47,7 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "mimo", *argv]
+    cmd = [*torchrun_cmd(nproc), "-m", "mimo", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     child = subprocess.Popen(cmd, env=env)
     forward = lambda signum, frame: child.send_signal(signum)
