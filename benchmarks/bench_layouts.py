@@ -39,7 +39,7 @@ import re
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -65,7 +65,8 @@ from mimo.config import (
     validate,
 )
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import LANGUAGE, validate_plan
+from mimo.parallel.plan import LANGUAGE, batch_multiple, validate_plan
+from mimo.parallel.planner import label
 from mimo.parallel.runtime import torchrun_cmd
 from mimo.train.trainer import Trainer
 
@@ -78,31 +79,28 @@ _PIPELINED = re.compile(r"pipe-enc(\d+)(?:-([a-z0-9]+))?_lm(\d+)(?:-([a-z0-9]+))
 
 @dataclass(frozen=True)
 class BenchLayout:
-    """A --layout name resolved for a world size: its kind and the ParallelConfig it stands for."""
+    """A --layout name resolved for a world size: the ParallelConfig it stands for."""
 
     name: str
-    kind: str
     parallel: ParallelConfig
+
+    @property
+    def kind(self) -> str:
+        enc, lm = self.parallel.modules[MODALITY], self.parallel.modules[LANGUAGE]
+        if (enc.offset, enc.size) != (lm.offset, lm.size):
+            return PIPELINED
+        return HOMOGENEOUS if enc == lm else COLOCATED
 
     def grids(self, world: int) -> Layout:
         return Layout.from_config(self.parallel.modules, [LANGUAGE, MODALITY], world)
 
     def granularity(self, world: int) -> int:
-        """The global batch must be a multiple of this: microbatches x every module's dp."""
-        return self.parallel.microbatches * math.lcm(*(g.dp for g in self.grids(world).grids.values()))
+        """The global batch must be a multiple of this."""
+        return batch_multiple(self.grids(world), self.parallel.microbatches)
 
     def describe(self, world: int) -> str:
-        """The per-module layouts in words, for the table."""
-        grids = self.grids(world).grids
-
-        def one(label: str, name: str) -> str:
-            g, m = grids[name], self.parallel.modules[name]
-            parts = [f"{d}{n}" for d, n in (("tp", g.tp), ("pp", g.pp), ("dp", g.dp)) if n > 1] or ["dp1"]
-            parts += [flag for flag, on in (("sp", m.sequence_parallel), ("fsdp", m.fsdp)) if on]
-            span = f"rank {g.offset}" if g.size == 1 else f"ranks {g.offset}-{g.end - 1}"
-            return f"{label} {'·'.join(parts)}" + (f" on {span}" if self.kind == PIPELINED else "")
-
-        text = f"{one('encoder', MODALITY)}, {one('LM', LANGUAGE)}"
+        """The per-module layouts in `mimo plan`'s words, for the table."""
+        text = label(self.grids(world), self.parallel.modules)
         if self.kind == PIPELINED:
             return f"{text}, 1F1B over {self.parallel.microbatches} microbatches"
         accumulation = f", {self.parallel.microbatches} microbatches" if self.parallel.microbatches > 1 else ""
@@ -140,23 +138,21 @@ def parse_layout(name: str, world: int, microbatches: int = 1, pipe_microbatches
         if world < 2:
             raise ValueError("--layout pipe puts the encoder and the LM on disjoint ranks: it needs --nproc >= 2")
         enc = max(1, world // 4)
-        return BenchLayout(name, PIPELINED, parse_layout(f"pipe-enc{enc}_lm{world - enc}", world, microbatches,
-                                                         pipe_microbatches).parallel)
+        return replace(parse_layout(f"pipe-enc{enc}_lm{world - enc}", world, microbatches,
+                                     pipe_microbatches), name=name)
     if m := _PIPELINED.fullmatch(name):
         a, b = int(m[1]), int(m[3])
         if a < 1 or b < 1 or a + b != world:
             raise ValueError(f"--layout {name}: the encoder's {a} and the LM's {b} ranks must both be >= 1 and add "
                              f"up to the {world} ranks of --nproc")
         modules = {MODALITY: module_layout(m[2] or "dp", 0, a, name), LANGUAGE: module_layout(m[4] or "dp", a, b, name)}
-        return BenchLayout(name, PIPELINED, ParallelConfig(modules=modules, microbatches=pipe_microbatches))
+        return BenchLayout(name, ParallelConfig(modules=modules, microbatches=pipe_microbatches))
     if m := _COLOCATED.fullmatch(name):
         modules = {MODALITY: module_layout(m[1], 0, world, name), LANGUAGE: module_layout(m[2], 0, world, name)}
-        kind = HOMOGENEOUS if modules[MODALITY] == modules[LANGUAGE] else COLOCATED
-        return BenchLayout(name, kind, ParallelConfig(modules=modules, microbatches=microbatches))
+        return BenchLayout(name, ParallelConfig(modules=modules, microbatches=microbatches))
     if _SPEC.fullmatch(name):
         grid = module_layout(name, 0, world, name)
-        return BenchLayout(name, HOMOGENEOUS, ParallelConfig(modules={MODALITY: grid, LANGUAGE: grid},
-                                                             microbatches=microbatches))
+        return BenchLayout(name, ParallelConfig(modules={MODALITY: grid, LANGUAGE: grid}, microbatches=microbatches))
     raise ValueError(f"--layout {name}: not a layout name; use SPEC (e.g. dp, tp2), enc-SPEC_lm-SPEC (e.g. "
                      "enc-dp_lm-tp2), pipe-encA_lmB (e.g. pipe-enc1_lm3) or pipe")
 

@@ -463,6 +463,9 @@ def validate(cfg: Config) -> None:
     if cfg.data.images_per_sample != 1 and cfg.data.name != "synthetic":
         raise ConfigError(f"data.images_per_sample = {cfg.data.images_per_sample} is read by data.name = 'synthetic' "
                           f"only; data.name = '{cfg.data.name}' fixes its own images per sample, so leave it at 1")
+    if cfg.data.packing and cfg.data.name == "synthetic":
+        raise ConfigError("data.packing = true with data.name = 'synthetic': synthetic rows are full, with no padding "
+                          "to pack away; set data.packing = false")
     if cfg.data.packing and cfg.data.pack_length < 1:
         raise ConfigError(f"data.packing = true needs data.pack_length (tokens per packed row) >= 1, got "
                           f"{cfg.data.pack_length}; set it to at least the longest sample, e.g. 2-4x its length")

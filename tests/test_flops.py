@@ -61,8 +61,8 @@ def test_audio_batch_by_hand():
 def test_rates_per_gpu_with_mfu_and_memory_on_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30)
     gpu = Throughput(world=4, peak_tflops=1000.0, device=torch.device("cuda", 0), start=0.0)
-    gpu.add(8 * 10**15)
-    assert gpu.summary(wall=2.0) == {"model_tflops": 1000.0, "mfu": 1.0, "peak_mem_gib": 3.0}
+    gpu.add(8 * 10**15, tokens=5000)
+    assert gpu.summary(wall=2.0) == {"tokens_per_s": 2500.0, "model_tflops": 1000.0, "mfu": 1.0, "peak_mem_gib": 3.0}
     cpu = Throughput(world=1, peak_tflops=1000.0, device=torch.device("cpu"), start=0.0)
-    cpu.add(10**12)
-    assert cpu.summary(wall=4.0) == {"model_tflops": 0.25}
+    cpu.add(10**12, tokens=10)
+    assert cpu.summary(wall=4.0) == {"tokens_per_s": 2.5, "model_tflops": 0.25}

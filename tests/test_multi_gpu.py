@@ -9,18 +9,14 @@ Marked `gpu` and skipped with fewer than 2 GPUs. The tensor-by-tensor parity sui
 """
 
 import functools
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["--train.steps=20", "--train.log_every=1", "--run.progress=false", "--run.tensorboard=false",
-         "--data.train_samples=640", "--data.eval_samples=12", "--train.device=cuda"]
+from tests.cli_curve import loss_curve
+
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
 # layout name: (config, overrides); demo_packed's curve equals demo_vlm's (see test_parallel_cli)
 LAYOUTS = {
@@ -41,11 +37,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 
 def _train(out: Path, name: str, config: str, overrides: list[str], nproc: int, dtype: str) -> list[float]:
-    cmd = [sys.executable, "-m", "mimo", "train", str(ROOT / "configs" / config), f"--nproc={nproc}",
-           f"--run.out_dir={out}", f"--run.name={name}", f"--train.dtype={dtype}", *STEPS, *overrides]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return [json.loads(line)["loss"] for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    return loss_curve(out, name, config, nproc, "--train.device=cuda", f"--train.dtype={dtype}", *overrides,
+                      timeout=600)
 
 
 @functools.cache

@@ -7,26 +7,15 @@ tp2 on ranks 0-1, LM tp2 x pp3 on ranks 2-7, 1F1B over 4 microbatches), context 
 cp2 x tp2) on 4 ranks, and sequence packing on one process.
 """
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["--train.steps=20", "--train.log_every=1", "--run.progress=false", "--run.tensorboard=false",
-         "--data.train_samples=640", "--data.eval_samples=12"]
+from tests.cli_curve import loss_curve
 
 
 def _train(tmp: Path, config: str, nproc: int) -> list[float]:
-    name = f"{Path(config).stem}_{nproc}"
-    cmd = [sys.executable, "-m", "mimo", "train", str(ROOT / "configs" / config), f"--nproc={nproc}",
-           f"--run.out_dir={tmp}", f"--run.name={name}", *STEPS]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-4000:]
-    lines = (tmp / name / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in lines]
+    return loss_curve(tmp, f"{Path(config).stem}_{nproc}", config, nproc)
 
 
 @pytest.fixture(scope="module")

@@ -136,3 +136,18 @@ def test_pipelined_split_takes_its_cheapest_lm_layout_when_none_fits():
         if layout is not None:
             peaks.append(estimate(cfg, layout, sizes, mods).peak)
     assert len(peaks) > 1 and row.usage.peak == min(peaks) < max(peaks)
+
+
+def test_a_hugging_face_lm_is_planned_with_its_own_shapes(tmp_path):
+    """The trainer's checks and the sizes both see config.json's shapes: 8 KV heads allow LM tp8 (the
+    TOML's 4 would not), and its 2 layers allow no pp3 (the TOML's 3 would)."""
+    transformers = pytest.importorskip("transformers")
+    lm_cfg = transformers.LlamaConfig(vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=8)
+    transformers.LlamaForCausalLM(lm_cfg).save_pretrained(tmp_path / "lm")
+    cfg = load_config("configs/demo_vlm.toml", [f"--model.llm.hf_path={tmp_path / 'lm'}"])
+    assert (cfg.model.llm.kv_heads, cfg.model.llm.layers) == (4, 3)
+    plan = make_plan(cfg, 8, 80)
+    lm = [r.layout.grids["language"] for r in plan.rows]
+    assert max(g.tp for g in lm) == 8 and max(g.pp for g in lm) <= 2
+    assert plan.sizes["language"].params == sum(p.numel() for p in transformers.LlamaForCausalLM(lm_cfg).parameters())

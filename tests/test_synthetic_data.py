@@ -45,6 +45,8 @@ def test_errors_name_the_field(tmp_path):
         tiny_config(tmp_path, *SYNTHETIC, "--data.images_per_sample=0")
     with pytest.raises(ConfigError, match="data.images_per_sample = 3 is read by data.name = 'synthetic' only"):
         tiny_config(tmp_path, *SYNTHETIC, "--data.name=shapes")
+    with pytest.raises(ConfigError, match="data.packing = true with data.name = 'synthetic'"):
+        tiny_config(tmp_path, *SYNTHETIC, "--data.packing=true", "--data.pack_length=512")
     cfg = tiny_config(tmp_path, *SYNTHETIC, "--data.seq_len=8")
     with pytest.raises(ValueError, match=r"data.seq_len \(8\) must exceed data.images_per_sample \(3\)"):
         build_synthetic_data(cfg, build_model(cfg.model))

@@ -82,20 +82,28 @@ class Usage:
         return self.states + self.activations + FIXED_BYTES
 
 
+def with_hf_shapes(cfg: Config) -> Config:
+    """`cfg` with every `hf_path`'s architecture read from its config.json (the weights are not needed) and
+    the paths cleared; `cfg` itself where none is set. Sizes and the trainer's checks need the real shapes."""
+    if not (cfg.model.llm.hf_path or any(m.hf_path for m in cfg.model.modalities.values())):
+        return cfg
+    from mimo.interop.hf_build import resolve_hf_architecture
+
+    cfg = copy.deepcopy(cfg)
+    resolve_hf_architecture(cfg.model)
+    cfg.model.llm.hf_path = ""
+    for m in cfg.model.modalities.values():
+        m.hf_path = ""
+    return cfg
+
+
 def module_sizes(cfg: Config) -> dict[str, ModuleSize]:
     """Count every module's parameters exactly by building the model on the meta device (no memory)."""
     from mimo.mimo_model import build_model
 
-    model_cfg = copy.deepcopy(cfg.model)
-    if model_cfg.llm.hf_path or any(m.hf_path for m in model_cfg.modalities.values()):
-        from mimo.interop.hf_build import resolve_hf_architecture
-
-        resolve_hf_architecture(model_cfg)  # reads config.json only; the weights are not needed to count
-        model_cfg.llm.hf_path = ""
-        for m in model_cfg.modalities.values():
-            m.hf_path = ""
+    cfg = with_hf_shapes(cfg)
     with torch.device("meta"):
-        model = build_model(model_cfg)
+        model = build_model(cfg.model)
     buckets: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
     for pname, p in model.named_parameters():
@@ -104,7 +112,7 @@ def module_sizes(cfg: Config) -> dict[str, ModuleSize]:
         counts[name] = counts.get(name, 0) + p.numel()
         nbytes = p.numel() * (STATE_BYTES if p.requires_grad else FROZEN_BYTES)
         b[_bucket(pname, p.dim())] += nbytes
-    return {name: _size(cfg, model_cfg, name, b, counts[name]) for name, b in buckets.items()}
+    return {name: _size(cfg, name, b, counts[name]) for name, b in buckets.items()}
 
 
 def _bucket(pname: str, dim: int) -> str:
@@ -118,14 +126,14 @@ def _bucket(pname: str, dim: int) -> str:
     return "other"
 
 
-def _size(cfg: Config, model_cfg, name: str, b: dict[str, float], params: int) -> ModuleSize:
+def _size(cfg: Config, name: str, b: dict[str, float], params: int) -> ModuleSize:
     """A ModuleSize from its byte buckets and the config's shapes."""
     if name == LANGUAGE:
-        llm = model_cfg.llm
+        llm = cfg.model.llm
         seq = cfg.data.pack_length if cfg.data.packing else cfg.data.seq_len
         return ModuleSize(llm.layers, b["sharded"], b["replicated"], b["first"], b["last"], b["other"], params,
                           llm.hidden, seq, llm.vocab, llm.tie_embeddings)
-    m = model_cfg.modalities[name]
+    m = cfg.model.modalities[name]
     if m.kind == "audio":
         layers, hidden, per_input = m.audio.layers, m.audio.hidden, m.audio.max_positions
     else:

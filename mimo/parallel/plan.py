@@ -104,6 +104,11 @@ def validate_context_parallel(cfg: Config, layout: Layout) -> None:
                           "with sequence parallel, 2 x cp without) for the LM's layout; round it up")
 
 
+
+def batch_multiple(layout: Layout, microbatches: int) -> int:
+    """Rows of a global batch must be a multiple of this: microbatches x every module's DP degree."""
+    return microbatches * math.lcm(*(g.dp for g in layout.grids.values()))
+
 class ParallelPlan:
     """Grids and groups of every module, and the per-step services the trainer needs."""
 
@@ -222,8 +227,8 @@ class ParallelPlan:
         return ("cp", "dp") if self.layout.grids[name].cp > 1 else "dp"
 
     def batch_multiple(self) -> int:
-        """Rows of a global batch must be a multiple of this: microbatches x every module's DP degree."""
-        return self.cfg.parallel.microbatches * math.lcm(*(g.dp for g in self.layout.grids.values()))
+        """Rows of a global batch must be a multiple of this (see `batch_multiple`)."""
+        return batch_multiple(self.layout, self.cfg.parallel.microbatches)
 
     def holds(self, name: str) -> bool:
         """Whether this rank runs (a stage of) module `name`; always true on colocated layouts."""

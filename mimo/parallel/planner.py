@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from mimo.config import Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.memory_estimate import GIB, ModuleSize, Usage, estimate, module_sizes
+from mimo.parallel.memory_estimate import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 from mimo.parallel.pipeline import LANGUAGE, is_pipelined
 from mimo.parallel.plan import validate_plan
 
@@ -177,6 +177,7 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float) -> Plan:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}; pass the number of GPUs to plan for, e.g. --gpus 8")
     if gpu_memory_gib <= 0:
         raise ConfigError(f"--gpu-memory-gib must be > 0, got {gpu_memory_gib:g}; e.g. --gpu-memory-gib 80")
+    cfg = with_hf_shapes(cfg)  # the trainer's checks below see the real heads, vocab and mlp
     sizes = module_sizes(cfg)
     limit = gpu_memory_gib * GIB
 
@@ -267,7 +268,7 @@ def _params(n: int) -> str:
 def render(cfg: Config, plan: Plan) -> str:
     """The suggestion as TOML, then the table of every candidate, then the model's assumptions."""
     best = plan.rows[0]
-    seq = cfg.data.pack_length if cfg.data.packing else cfg.data.seq_len
+    seq = plan.sizes[LANGUAGE].tokens_per_sample
     micro = cfg.parallel.microbatches
     model = ", ".join(f"{n} {_params(s.params)} params" for n, s in plan.sizes.items())
     out = [f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''} of {plan.gpu_memory_gib:g} GiB; {model}; global batch "

@@ -15,18 +15,20 @@ import torch
 
 
 class Throughput:
-    """Accumulates each step's model FLOPs (mimo.train.flops) and turns them into per-GPU rates."""
+    """Accumulates each step's tokens and model FLOPs (mimo.train.flops) and turns them into rates: tokens/s
+    over all ranks, model TFLOP/s per GPU."""
 
     def __init__(self, world: int, peak_tflops: float, device: torch.device, start: float):
         self.world = world
         self.peak_tflops = peak_tflops
         self.device = device
         self.start = self.mark = start
-        self.total = self.since_mark = 0
+        self.total = self.since_mark = self.tokens = 0
 
-    def add(self, flops: int) -> None:
+    def add(self, flops: int, tokens: int) -> None:
         self.total += flops
         self.since_mark += flops
+        self.tokens += tokens
 
     def tflops(self, flops: int, seconds: float) -> float:
         """Model TFLOP/s per GPU."""
@@ -48,10 +50,14 @@ class Throughput:
         return out
 
     def running(self) -> dict[str, float]:
-        """TFLOP/s (and MFU on a GPU) since the start, for the progress bar next to tok/s."""
-        tflops = self.tflops(self.total, time.perf_counter() - self.start)
-        return {"tflops": tflops, **({"mfu": tflops / self.peak_tflops} if self.device.type == "cuda" else {})}
+        """tok/s, TFLOP/s (and MFU on a GPU) since the start, for the progress bar."""
+        seconds = time.perf_counter() - self.start
+        stats = self.stats(self.tflops(self.total, seconds))
+        return {"tok_s": self.tokens / seconds, "tflops": stats["model_tflops"],
+                **({"mfu": stats["mfu"]} if "mfu" in stats else {})}
 
     def summary(self, wall: float) -> dict[str, float]:
-        """The run's average over `wall` seconds, to 4 significant digits, for summary.json."""
-        return {k: float(f"{v:.4g}") for k, v in self.stats(self.tflops(self.total, wall)).items()}
+        """The run's averages over `wall` seconds for summary.json: tokens/s, and the rest to 4 significant
+        digits."""
+        return {"tokens_per_s": round(self.tokens / wall, 1),
+                **{k: float(f"{v:.4g}") for k, v in self.stats(self.tflops(self.total, wall)).items()}}

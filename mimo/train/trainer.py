@@ -197,21 +197,19 @@ class Trainer:
         self.model.train()
         t0 = time.perf_counter()
         throughput = Throughput(self.world, cfg.train.peak_tflops, self.device, t0)
-        tokens = 0
         losses: list[tuple[int, float]] = []
         skipped = 0
         rec: dict = {}
         with self.guard.signal:
             for step in range(start, steps):
                 rec = self.train_step(step)
-                tokens += rec["tokens"]
-                throughput.add(rec["flops"])
+                throughput.add(rec["flops"], rec["tokens"])
                 skipped += not rec["stepped"]
                 losses.append((step, rec["loss"]))
                 if step % cfg.train.log_every == 0 or step == steps - 1 or not rec["stepped"]:
                     logger.log({**{k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "stepped",
                                                        "bad_steps", *self.out_loss.keys)}, **throughput.interval()})
-                logger.progress(1, loss=rec["loss"], tok_s=tokens / (time.perf_counter() - t0), **throughput.running())
+                logger.progress(1, loss=rec["loss"], **throughput.running())
                 if self.checkpointer.after_step(step):
                     logger.close()
                     return {"steps": step + 1, "stopped": "SIGTERM", "final_loss": rec["loss"],
@@ -223,8 +221,8 @@ class Trainer:
         with torch.compiler.set_stance("force_eager"):
             evaluation = evaluate_demo(cfg, full, self.data, self.device) if self.is_main else {}
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
-                   "eval": evaluation, "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1),
-                   **throughput.summary(wall), "world_size": self.world}
+                   "eval": evaluation, "wall_s": round(wall, 2), **throughput.summary(wall),
+                   "world_size": self.world}
         if isinstance(self.data, PackedBatches):
             summary["padding"] = self.data.padding_report()
         if self.is_main:
