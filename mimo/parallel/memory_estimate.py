@@ -7,8 +7,10 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   costs its 4-byte weight only. Tensor parallelism divides a module's *sharded* parameters by tp:
   every >= 2-D weight of a transformer layer, and the LM's embedding and head (vocabulary-parallel);
   1-D weights (norms, biases), position/patch embeddings and projectors count whole on every TP rank.
-  Pipeline parallelism divides the layers by pp (ceil); the LM's first stage also holds the embedding
-  and its last the head, and the largest stage is the one reported. FSDP divides all of a module's
+  Pipeline parallelism gives each stage its own share of the layers, as the trainer splits them (earlier
+  stages the smaller share); the LM's first stage also holds the embedding and its last the head (a tied
+  head is the embedding, counted once where one GPU holds both), and the largest stage is reported.
+  A Hugging Face model (`hf_path`) is sized with the shapes of its config.json. FSDP divides all of a module's
   states by its dp (dp x cp for the LM: FSDP shards over both).
 - **Activations** held for the backward, per microbatch, no recompute: per transformer layer about
   tokens x hidden x 34 bytes in bf16 (Megatron's estimate with flash attention: no s^2 score term);
