@@ -46,7 +46,9 @@ def worker(args: argparse.Namespace) -> dict | None:
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     rank, ranks = init_distributed(device_type)
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    opts = Options.parse(args.options, compile=device.type == "cuda")
+    # one captured step per process: data-parallel ranks replay their regions as CUDA graphs instead
+    graphs = {} if ranks == 1 else {"step_graph": False, "vit_compile": "graphs", "lm_compile": "graphs"}
+    opts = Options.parse(args.options, compile=device.type == "cuda", **graphs)
     run = Run(p, opts, device, group=dist.group.WORLD if ranks > 1 else None)
     batches = make_batches(p, device, seed=1 + rank)
     timing = run.measure(batches, args.warmup, args.steps)

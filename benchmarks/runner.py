@@ -36,6 +36,9 @@ LM_COMPILE = ("blocks", "graphs")
 CE_KERNELS = ("auto", *CHUNK_KERNELS)
 
 
+WARMUP_STEPS = 2  # eager steps before a step_graph capture: compilation, autotuning, lazy initialisation
+
+
 def _no_mark(phase: str) -> None:
     """Default of `Run.step`'s phase marker: no marking."""
 
@@ -47,6 +50,8 @@ class Options:
     compile: per-block torch.compile, plus the compiled AdamW update (and loss chunk, see ce_kernel).
     chunked_ce: head + cross-entropy over row chunks (else mimo's plain path with full fp32 logits).
     text_rows_only: run head + loss on the rows that have a label only (with chunked_ce).
+    last_layer_rows (with text_rows_only): the last decoder layer's output projection and MLP, and the final
+    norm, also on those rows only (its keys and values still cover every position).
     ce_kernel (with chunked_ce and compile; eager chunks otherwise): how each loss chunk runs, "triton" (one
     hand-written kernel), "compiled" (torch.compile) or "auto" (triton on a GPU, else compiled on a GPU,
     else eager).
@@ -55,6 +60,10 @@ class Options:
     the whole ViT replayed as CUDA graphs (its blocks are short enough for launch overhead to show).
     lm_compile (with compile): "blocks" compiles each decoder layer (one graph shared by all), "graphs" also
     replays each as CUDA graphs.
+    step_graph (with compile, on CUDA, one process): after WARMUP_STEPS eager steps, the whole training step
+    (forward, backward, optimizer) is captured as one CUDA graph and replayed on each batch, copied into
+    the graph's input buffers: the GPU never waits for Python. It holds the regions' kernels itself, so
+    "graphs" for vit_compile or lm_compile (graphs of their own) cannot go with it.
     sdpa: the only attention backend allowed (on CUDA).
     lr, weight_decay: AdamW as the baseline builds it (torch defaults apart from lr)."""
 
@@ -62,11 +71,14 @@ class Options:
     compile: bool = True
     chunked_ce: bool = True
     text_rows_only: bool = True
+    last_layer_rows: bool = True
     ce_kernel: str = "auto"
     ckpt_layers: int = 0
-    vit_compile: str = "graphs"
-    lm_compile: str = "graphs"
+    vit_compile: str = "whole"
+    lm_compile: str = "blocks"
+    step_graph: bool = True
     sdpa: str = "cudnn"
+    fresh_grads: bool = True
     lr: float = 1e-5
     weight_decay: float = 1e-2
 
@@ -110,6 +122,16 @@ class Run:
             raise ValueError(f"data parallelism (--nproc > 1) runs MasterAdamW sharded over the ranks, which needs "
                              f"precision=bf16; got precision={opts.precision}: use --nproc 1 for it")
         self.opts, self.device = opts, device
+        self.graphed = opts.step_graph and opts.compile and device.type == "cuda"
+        if self.graphed and group is not None:
+            raise ValueError("step_graph=1 captures one process's step; data parallelism (--nproc > 1) needs "
+                             "step_graph=0")
+        if self.graphed and "graphs" in (opts.vit_compile, opts.lm_compile):
+            raise ValueError(f"step_graph=1 captures the whole step, so the regions cannot be CUDA graphs of their "
+                             f"own: got vit_compile={opts.vit_compile}, lm_compile={opts.lm_compile}; use "
+                             f"whole/blocks, or step_graph=0")
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.eager_steps = 0
         if device.type == "cuda":
             use_sdpa_backend(opts.sdpa)
             torch.backends.cudnn.allow_tf32 = opts.precision != "fp32"
@@ -130,7 +152,7 @@ class Run:
             compile_blocks(lm.layers.values(), mode="reduce-overhead" if opts.lm_compile == "graphs" else None)
         if opts.precision == "bf16":
             self.opt = MasterAdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
-                                   compile=opts.compile, group=group)
+                                   compile=opts.compile, group=group, fresh_grads=opts.fresh_grads)
         else:
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
                                          fused=device.type == "cuda")
@@ -154,11 +176,16 @@ class Run:
             mark("forward: vision + projector + embeddings")
             if mark is not _no_mark and embeds.requires_grad:
                 embeds.register_hook(lambda _: mark("backward: language model"))
-            hidden = lm(embeds, batch.position_ids).flatten(0, 1)
+            if self.opts.text_rows_only and self.opts.last_layer_rows:
+                hidden = lm(embeds, batch.position_ids, output_rows=batch.loss_rows)
+            else:
+                hidden = lm(embeds, batch.position_ids).flatten(0, 1)
+                if self.opts.text_rows_only:
+                    hidden = hidden.index_select(0, batch.loss_rows)
             mark("forward: language model")
             labels = batch.labels.reshape(-1)
             if self.opts.text_rows_only:
-                hidden, labels = hidden.index_select(0, batch.loss_rows), labels.index_select(0, batch.loss_rows)
+                labels = labels.index_select(0, batch.loss_rows)
             loss_sum, count = linear_cross_entropy(hidden.to(self.compute_dtype),
                                                    lm.output_weight().to(self.compute_dtype), labels,
                                                    kernel=self.opts.ce_kernel if self.opts.compile else "torch")
@@ -167,6 +194,27 @@ class Run:
             return loss
 
     def step(self, batch: Batch, mark: Callable[[str], None] = _no_mark) -> torch.Tensor:
+        """One training step on `batch`; its loss. With step_graph, the first WARMUP_STEPS run eagerly (they
+        compile), the next one captures the step and every one from there replays it."""
+        if not self.graphed:
+            return self.eager_step(batch, mark)
+        if self.graph is None and self.eager_steps < WARMUP_STEPS:
+            self.eager_steps += 1
+            side = torch.cuda.Stream()  # warm up off the default stream, as CUDA graph capture wants
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loss = self.eager_step(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            return loss
+        if self.graph is None:
+            self.capture(batch)
+        else:
+            self.static_batch.copy_(batch)
+        self.graph.replay()
+        mark("whole step (one CUDA graph)")
+        return self.static_loss.clone()
+
+    def eager_step(self, batch: Batch, mark: Callable[[str], None] = _no_mark) -> torch.Tensor:
         if self.opts.compile and "graphs" in (self.opts.vit_compile, self.opts.lm_compile):
             torch.compiler.cudagraph_mark_step_begin()
         loss = self.loss(batch, mark)
@@ -176,6 +224,17 @@ class Run:
         self.opt.zero_grad()
         mark("optimizer")
         return loss.detach()
+
+    def capture(self, batch: Batch) -> None:
+        """Record one whole step on a copy of `batch` (the graph's input buffers from here on). The warm-up
+        steps' cached memory is released first: the graph allocates from a pool of its own."""
+        self.static_batch = batch.clone()
+        self.opt.zero_grad()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # backward runs on autograd's thread
+            self.static_loss = self.eager_step(self.static_batch)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -227,6 +286,8 @@ class Run:
         waited and the error's first line."""
         if self.device.type != "cuda":
             return "not checked (no CUDA)"
+        if self.graphed:
+            return "none (the step is one CUDA graph: a host sync would have failed its capture)"
         state = {}
         phases = (("forward", lambda: state.update(loss=self.loss(batch))),
                   ("backward", lambda: state["loss"].backward()),

@@ -83,6 +83,28 @@ class Batch:
     def modality_inputs(self) -> dict:
         return {MODALITY: {"vit": {"pixel_values": self.pixels}}}
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"pixels": self.pixels, "input_ids": self.input_ids, "labels": self.labels,
+                "position_ids": self.position_ids, "loss_rows": self.loss_rows,
+                **{f"token_indices[{k}]": v for k, v in self.token_indices.items()}}
+
+    def clone(self) -> Batch:
+        return Batch(self.pixels.clone(), self.input_ids.clone(), self.labels.clone(), self.position_ids.clone(),
+                     {k: v.clone() for k, v in self.token_indices.items()}, self.loss_rows.clone())
+
+    def copy_(self, other: Batch) -> None:
+        """Take `other`'s values into these tensors (a captured step's inputs); shapes must match."""
+        mine, theirs = self.tensors(), other.tensors()
+        if mine.keys() != theirs.keys():
+            raise ValueError(f"batch holds {sorted(theirs)}, the captured step was recorded with {sorted(mine)}")
+        for name, t in mine.items():
+            if t.shape != theirs[name].shape:
+                raise ValueError(f"batch.{name} has shape {tuple(theirs[name].shape)}, but the captured step was "
+                                 f"recorded with {tuple(t.shape)}: a CUDA graph replays fixed shapes (step_graph=0 "
+                                 f"takes any)")
+        for name, t in mine.items():
+            t.copy_(theirs[name])
+
 
 def make_batches(p: dict, device: torch.device, count: int = 2, seed: int = 1) -> list[Batch]:
     """The baseline's draws (same generator, seed and order): random pixels, random text ids, and the

@@ -88,13 +88,43 @@ def test_master_adamw_matches_torch_adamw():
         torch.testing.assert_close(a, b)
 
 
+def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torch_adamw():
+    """Two backward passes before a step add up; a gradient assigned by hand counts; a parameter that got
+    no gradient steps on zeros (weight decay and moments still move), as torch's AdamW does with zeros."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    fast.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, chunk=16)
+    for _ in range(3):
+        for _micro in range(2):  # micro-batches: the second backward adds into the first's gradients
+            x = torch.randn(6, 8)
+            for model in (ref, fast):
+                model[1](model[0](x)).square().sum().backward()  # model[2] gets no gradient
+        hand = torch.randn(3, 5)
+        ref[1].weight.grad = hand.clone()
+        fast[1].weight.grad = hand.clone()
+        for p in ref[2].parameters():
+            p.grad = torch.zeros_like(p)
+        opt_ref.step()
+        opt_ref.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        assert all(p.grad is None for p in fast.parameters())
+    for a, b in zip(ref.parameters(), fast.parameters()):
+        torch.testing.assert_close(b, a)
+
+
 def test_master_adamw_keeps_fp32_masters_of_bf16_weights():
     lin = torch.nn.Linear(4, 4)
     before = lin.weight.detach().clone()
     opt = MasterAdamW(lin.parameters(), lr=1e-3)
-    assert lin.weight.dtype == torch.bfloat16 and lin.weight.grad.dtype == torch.bfloat16
+    assert lin.weight.dtype == torch.bfloat16
     torch.testing.assert_close(opt.master[:16].view(4, 4), before, rtol=0, atol=0)
     lin(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
+    assert lin.weight.grad.dtype == torch.bfloat16
+    assert lin.weight.grad.data_ptr() == opt.grad.data_ptr()  # the gradient sits in the flat buffer
     opt.step()
     assert torch.equal(lin.weight, opt.master[:16].view(4, 4).to(torch.bfloat16))
 
@@ -123,6 +153,22 @@ def test_fast_path_follows_fp32_mimo_on_tiny():
     for i in range(4):
         a, b = float(ref.step(batches[i % 2])), float(fast.step(batches[i % 2]))
         assert abs(a - b) <= 1e-2 * a, (i, a, b)
+
+
+def test_batches_copy_into_a_captured_steps_buffers_and_refuse_other_shapes():
+    """A captured step reads its inputs from fixed tensors: a new batch is copied into them in place, and one
+    of another shape is refused, naming the tensor, before anything is copied."""
+    p, cpu = load_preset("tiny"), torch.device("cpu")
+    first, second = make_batches(p, cpu)
+    static = first.clone()
+    pointers = {k: t.data_ptr() for k, t in static.tensors().items()}
+    static.copy_(second)
+    for name, t in static.tensors().items():
+        assert t.data_ptr() == pointers[name] and torch.equal(t, second.tensors()[name]), name
+    wider = make_batches({**p, "micro_batch": p["micro_batch"] + 1}, cpu, count=1)[0]
+    with pytest.raises(ValueError, match=r"batch\.pixels has shape \(3, .*step_graph=0"):
+        static.copy_(wider)
+    assert torch.equal(static.pixels, second.pixels)
 
 
 def test_options_are_checked():

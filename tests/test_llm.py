@@ -31,3 +31,22 @@ def test_gqa_equals_repeated_heads():
 def test_tied_head_uses_embedding():
     lm = DecoderLM(LLMConfig(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1, mlp=32, tie_embeddings=True))
     assert lm.lm_head is None and lm.output_weight() is lm.embed_tokens.weight
+
+
+def test_output_rows_match_the_full_forward_and_its_gradients():
+    """Asking for some rows only (the last layer skips the others' output projection, MLP and final norm)
+    gives those rows of the full output, and the same gradients for every parameter and the input, in fp64."""
+    torch.manual_seed(0)
+    lm = DecoderLM(LLMConfig(vocab=50, hidden=32, layers=3, heads=4, kv_heads=2, mlp=64)).double()
+    x = torch.randn(2, 10, 32, dtype=torch.float64, requires_grad=True)
+    pos = torch.arange(10).expand(2, 10)
+    rows = torch.tensor([3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17, 18])  # the text rows of two samples
+    weights = torch.randn(len(rows), 32, dtype=torch.float64)
+    named = [(n, p) for n, p in lm.named_parameters() if n.startswith(("layers.", "norm."))]
+    full = lm(x, pos).flatten(0, 1).index_select(0, rows)
+    full_grads = torch.autograd.grad((full * weights).sum(), [x, *(p for _, p in named)])
+    part = lm(x, pos, output_rows=rows)
+    part_grads = torch.autograd.grad((part * weights).sum(), [x, *(p for _, p in named)])
+    torch.testing.assert_close(part, full, rtol=1e-12, atol=1e-12)
+    for name, a, b in zip(["input", *(n for n, _ in named)], part_grads, full_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)

@@ -150,7 +150,10 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 causal: bool = True, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+                cache: KVCache | None = None, layer: int = 0, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B, S, hidden]`; with `rows` (indices into the flattened `B * S` positions) only those rows
+        of the output, `[len(rows), hidden]`: every position is still a key and value, but the output
+        projection runs on the rows asked for."""
         b, s, _ = x.shape
         d = self.head_dim
         q = self.q_proj(x).view(b, s, -1, d)
@@ -163,8 +166,10 @@ class SelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        out = self.attention_fn(q, k, v, causal=causal, mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        out = self.attention_fn(q, k, v, causal=causal, mask=mask).transpose(1, 2).reshape(b, s, -1)
+        if rows is not None:
+            out = out.flatten(0, 1).index_select(0, rows)
+        return self.o_proj(out)
 
 
 class SwiGLU(nn.Module):

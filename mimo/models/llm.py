@@ -25,9 +25,13 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden, cfg.mlp)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None = None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope=rope, causal=True, mask=mask, cache=cache,
-                               layer=layer)
+                mask: torch.Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B, S, H]`, or with `rows` (indices into the flattened `B * S` positions) `[len(rows), H]`:
+        attention still reads every position, the rest of the layer runs on those rows only."""
+        h = self.self_attn(self.input_layernorm(x), rope=rope, causal=True, mask=mask, cache=cache, layer=layer,
+                           rows=rows)
+        x = (x if rows is None else x.flatten(0, 1).index_select(0, rows)) + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -62,8 +66,14 @@ class DecoderLM(nn.Module):
         return self.embed_tokens(input_ids)
 
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
-        """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states."""
+                mask: torch.Tensor | None = None, cache: KVCache | None = None,
+                output_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states.
+
+        `output_rows` (indices into the flattened `B * S` positions, e.g. those that carry a label) returns
+        only those rows, `[len(output_rows), H]`: the last layer still attends over every position, but
+        its output projection, MLP and the final norm skip the rest (image rows of a VLM, whose outputs
+        no loss reads)."""
         rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         past = cache.length() if cache is not None else 0
         if past and mask is None:
@@ -71,8 +81,10 @@ class DecoderLM(nn.Module):
             s = hidden.shape[1]
             q_pos = torch.arange(s, device=hidden.device) + past
             mask = torch.arange(past + s, device=hidden.device)[None, :] <= q_pos[:, None]
+        last = next(reversed(self.layers.keys()), None)
         for key, layer in self.layers.items():
-            hidden = layer(hidden, rope, mask=mask, cache=cache, layer=int(key))
+            rows = {"rows": output_rows} if key == last and output_rows is not None else {}
+            hidden = layer(hidden, rope, mask=mask, cache=cache, layer=int(key), **rows)
         if self.norm is not None:
             hidden = self.norm(hidden)
         return hidden

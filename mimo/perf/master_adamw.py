@@ -17,6 +17,7 @@ ranks of its shard), updates its shard with the mean, and all-gathers the new bf
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import torch
@@ -47,12 +48,25 @@ def adamw_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.
     weight.copy_(master)
 
 
+def _into_view(p: torch.Tensor, view: torch.Tensor) -> None:
+    """Make `view` (a part of the flat gradient buffer) `p`'s gradient: copy a fresh `.grad` into it. Run
+    after autograd has accumulated; a gradient already in the view (a later micro-batch) is left alone."""
+    if p.grad is not view:
+        view.copy_(p.grad)
+        p.grad = view
+
+
 class MasterAdamW:
     """Turns the given parameters into bf16 (their current values become the fp32 master weights).
 
-    Call `step()` after backward and `zero_grad()` before the next one; gradients accumulate in place
-    in the flat buffer, so `.grad` must not be set to None by other code. `chunk` bounds the elements
-    of one update call (and the temporaries of the uncompiled update).
+    Call `step()` after backward and `zero_grad()` before the next one. After backward each `.grad` is
+    a view of one flat buffer (so clipping or inspecting gradients works as usual), but nothing zeroes
+    that buffer: `zero_grad()` sets every `.grad` to None, autograd then hands each parameter its fresh
+    gradient (no addition into zeros), and a hook run right after copies it into the parameter's view
+    and puts the view back as `.grad`. A second backward before `step()` adds into the views, as
+    autograd always accumulates. A gradient assigned by hand is copied in by `step()`; a parameter
+    without one steps on zeros. `chunk` bounds the elements of one update call (and the temporaries of
+    the uncompiled update).
 
     With `group` (more than one rank), `step()` is collective and takes the mean of the ranks'
     gradients (each rank's loss being a mean over its own micro-batch). Every rank must pass the same
@@ -62,7 +76,8 @@ class MasterAdamW:
 
     def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, dtype: torch.dtype = torch.bfloat16,
-                 compile: bool = False, chunk: int = 1 << 28, group: ProcessGroup | None = None):
+                 compile: bool = False, chunk: int = 1 << 28, group: ProcessGroup | None = None,
+                 fresh_grads: bool = True):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("MasterAdamW got no trainable parameters")
@@ -94,7 +109,14 @@ class MasterAdamW:
                 weight = self.weight[off:off + p.numel()].view_as(p)
                 weight.copy_(p)
                 p.data = weight
-                p.grad = self.grad[off:off + p.numel()].view_as(p)
+                p.grad = None
+        self.grad_views = [self.grad[off:off + p.numel()].view_as(p) for p, off in zip(self.params, offsets)]
+        self.fresh_grads = fresh_grads
+        for p, view in zip(self.params, self.grad_views):
+            if fresh_grads:
+                p.register_post_accumulate_grad_hook(functools.partial(_into_view, view=view))
+            else:
+                p.grad = view
         self.grad_scale = 1.0 / ranks
         self.step_count = torch.zeros((), dtype=torch.float32, device=device)
         self.lr = torch.full((), lr, dtype=torch.float32, device=device)
@@ -106,6 +128,11 @@ class MasterAdamW:
         """Collective with a group: the gradients are reduce-scattered in the flat buffer's dtype (bf16 by
         default: half the bytes of fp32, and the sum rounds about as coarsely as the bf16 gradients
         already are), scaled to their mean in fp32, and the new weights all-gathered from each shard."""
+        for p, view in zip(self.params, self.grad_views):
+            if p.grad is None:
+                view.zero_()
+            elif p.grad is not view:
+                _into_view(p, view)
         if self.group is not None:
             reduce_scatter_single(self.grad_shard, self.grad, group=self.group)
         self.step_count += 1
@@ -117,4 +144,8 @@ class MasterAdamW:
             all_gather_single(self.weight, self.weight_shard, group=self.group)
 
     def zero_grad(self) -> None:
-        self.grad.zero_()
+        if not self.fresh_grads:
+            self.grad.zero_()
+            return
+        for p in self.params:
+            p.grad = None
