@@ -11,9 +11,11 @@ DIR/<preset>.jsonl, every run's output to DIR/<preset>.log.
 
 `--nproc N` runs mimo data-parallel on N GPUs through torchrun (repeat it for a scaling table, e.g.
 `--nproc 1 --nproc 2`): every rank trains the same model on micro-batches of its own, and MasterAdamW
-shards its fp32 state over the ranks (ZeRO-1). Such a row's tokens/s is the global throughput, its
-MFU and model TFLOP/s are per GPU, and its ratio to a baseline (which always runs on one GPU) is
-per GPU: tokens/s per GPU over the baseline's tokens/s.
+shards its fp32 state over the ranks (ZeRO-1). Its collectives are not captured in a CUDA graph, so such
+an invocation replays each compiled region as CUDA graphs instead of the whole step (`step_graph=0`), on
+one GPU too. Such a row's tokens/s is the global throughput, its MFU and model TFLOP/s are per GPU, and
+its ratio to a baseline (which always runs on one GPU) is per GPU: tokens/s per GPU over the baseline's
+tokens/s.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ def worker(args: argparse.Namespace) -> dict | None:
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     rank, ranks = init_distributed(device_type)
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    # one captured step per process: data-parallel ranks replay their regions as CUDA graphs instead
-    graphs = {} if ranks == 1 else {"step_graph": False, "vit_compile": "graphs", "lm_compile": "graphs"}
+    # Data-parallel ranks replay their compiled regions as CUDA graphs instead of capturing the whole step
+    # (collectives are not captured); so does every row of a scaling table, to compare like with like.
+    graphs = {"step_graph": False, "vit_compile": "graphs", "lm_compile": "graphs"} \
+        if ranks > 1 or args.region_graphs else {}
     opts = Options.parse(args.options, compile=device.type == "cuda", **graphs)
     run = Run(p, opts, device, group=dist.group.WORLD if ranks > 1 else None)
     batches = make_batches(p, device, seed=1 + rank)
@@ -89,10 +93,13 @@ def worker(args: argparse.Namespace) -> dict | None:
 
 
 def mimo_cmd(args: argparse.Namespace, spec: str, nproc: int) -> list[str]:
-    """The worker's command line; through torchrun for more than one GPU."""
+    """The worker's command line; through torchrun for more than one GPU. When any run of the invocation is
+    data-parallel, every run compiles its regions as CUDA graphs (`--region-graphs`), as data parallelism
+    must, so that the one-GPU row of a scaling table runs the same step."""
     launch = torchrun_cmd(nproc) if nproc > 1 else [sys.executable]
     return [*launch, "-m", "benchmarks.bench_vlm", "--worker", "--preset", args.preset, "--options",
             spec, "--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops),
+            *(["--region-graphs"] if max(args.nproc or [1]) > 1 else []),
             *(["--profile", "--trace-dir", args.trace_dir or str(Path(args.out) / "traces")] if args.profile else [])]
 
 
@@ -186,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace-dir", help="where --profile writes Chrome traces (default: OUT/traces)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--options", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--region-graphs", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.no_baseline:
         args.baseline = []

@@ -1,6 +1,7 @@
 """The GPU benchmark's pieces on the CPU: the fast path computes what plain mimo computes, and the whole
 benchmark (mimo and, where transformers is installed, the Hugging Face baseline) runs on preset `tiny`."""
 
+import argparse
 import importlib.util
 import json
 import math
@@ -207,6 +208,7 @@ def test_benchmark_runs_on_tiny(tmp_path):
     rows = {row["label"]: row for row in map(json.loads, (tmp_path / "tiny.jsonl").read_text().splitlines())}
     assert set(rows) == {"mimo", "hf eager"}
     assert rows["mimo"]["tokens_per_s"] > 0 and rows["mimo"]["options"]["compile"] is False
+    assert rows["mimo"]["options"]["step_graph"] is True
     table = (tmp_path / "tiny.md").read_text()
     assert "| mimo |" in table and table in r.stdout
     if importlib.util.find_spec("transformers") is not None:
@@ -224,8 +226,27 @@ def test_benchmark_runs_data_parallel_on_tiny(tmp_path):
     assert r.returncode == 0, r.stderr
     [row] = map(json.loads, (tmp_path / "tiny.jsonl").read_text().splitlines())
     assert row["label"] == "mimo on 2 GPUs" and row["gpus"] == 2, row
+    assert row["options"]["step_graph"] is False and row["options"]["lm_compile"] == "graphs", row["options"]
     assert row["tokens_per_s_per_gpu"] > 0 and math.isfinite(row["final_loss"]), row
     assert "| mimo on 2 GPUs | 2 |" in (tmp_path / "tiny.md").read_text()
+
+
+def test_a_scaling_table_runs_every_row_without_the_step_graph():
+    """Data parallelism cannot capture its collectives, so once any row is data-parallel every row (the
+    one-GPU row included) replays its regions as CUDA graphs instead: the rows run the same step."""
+    from benchmarks.bench_vlm import mimo_cmd
+
+    def args(nproc):
+        return argparse.Namespace(preset="tiny", steps=1, warmup=1, peak_tflops=1.0, profile=False, trace_dir=None,
+                                  out="x", nproc=nproc)
+    assert "--region-graphs" not in mimo_cmd(args(None), "", 1)
+    assert "--region-graphs" not in mimo_cmd(args([1]), "", 1)
+    one_gpu_row = mimo_cmd(args([1, 2]), "", 1)
+    assert "--region-graphs" in one_gpu_row and "--region-graphs" in mimo_cmd(args([1, 2]), "", 2)
+    r = subprocess.run(one_gpu_row, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    options = json.loads(r.stdout.strip().splitlines()[-1])["options"]
+    assert options["step_graph"] is False and options["vit_compile"] == options["lm_compile"] == "graphs", options
 
 
 def test_trace_gaps_split_phases_at_markers():
