@@ -39,6 +39,21 @@ CE_KERNELS = ("auto", *CHUNK_KERNELS)
 WARMUP_STEPS = 2  # eager steps before a step_graph capture: compilation, autotuning, lazy initialisation
 
 
+def captures_step(opts: Options, device_type: str, data_parallel: bool) -> bool:
+    """Whether a Run captures its whole step as one CUDA graph (step_graph, with compile, on CUDA); refuses
+    what cannot go with it, before anything is built."""
+    if not (opts.step_graph and opts.compile and device_type == "cuda"):
+        return False
+    if data_parallel:
+        raise ValueError("step_graph=1 does not capture the collectives of data parallelism (--nproc > 1): "
+                         "use step_graph=0")
+    if "graphs" in (opts.vit_compile, opts.lm_compile):
+        raise ValueError(f"step_graph=1 captures the whole step, so the regions cannot be CUDA graphs of their own: "
+                         f"got vit_compile={opts.vit_compile}, lm_compile={opts.lm_compile}; use whole/blocks, or "
+                         f"step_graph=0")
+    return True
+
+
 def _no_mark(phase: str) -> None:
     """Default of `Run.step`'s phase marker: no marking."""
 
@@ -65,6 +80,8 @@ class Options:
     the graph's input buffers: the GPU never waits for Python. It holds the regions' kernels itself, so
     "graphs" for vit_compile or lm_compile (graphs of their own) cannot go with it.
     sdpa: the only attention backend allowed (on CUDA).
+    fresh_grads (precision=bf16): MasterAdamW takes autograd's fresh gradients instead of zeroing its flat
+    gradient buffer for autograd to add into.
     lr, weight_decay: AdamW as the baseline builds it (torch defaults apart from lr)."""
 
     precision: str = "bf16"
@@ -122,14 +139,7 @@ class Run:
             raise ValueError(f"data parallelism (--nproc > 1) runs MasterAdamW sharded over the ranks, which needs "
                              f"precision=bf16; got precision={opts.precision}: use --nproc 1 for it")
         self.opts, self.device = opts, device
-        self.graphed = opts.step_graph and opts.compile and device.type == "cuda"
-        if self.graphed and group is not None:
-            raise ValueError("step_graph=1 captures one process's step; data parallelism (--nproc > 1) needs "
-                             "step_graph=0")
-        if self.graphed and "graphs" in (opts.vit_compile, opts.lm_compile):
-            raise ValueError(f"step_graph=1 captures the whole step, so the regions cannot be CUDA graphs of their "
-                             f"own: got vit_compile={opts.vit_compile}, lm_compile={opts.lm_compile}; use "
-                             f"whole/blocks, or step_graph=0")
+        self.graphed = captures_step(opts, device.type, data_parallel=group is not None)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_steps = 0
         if device.type == "cuda":
@@ -155,7 +165,7 @@ class Run:
                                    compile=opts.compile, group=group, fresh_grads=opts.fresh_grads)
         else:
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
-                                         fused=device.type == "cuda")
+                                         fused=device.type == "cuda", capturable=self.graphed)
         self.compute_dtype = torch.float32 if opts.precision == "fp32" else torch.bfloat16
 
     def autocast(self):
@@ -203,7 +213,7 @@ class Run:
             side = torch.cuda.Stream()  # warm up off the default stream, as CUDA graph capture wants
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                loss = self.eager_step(batch)
+                loss = self.eager_step(batch, mark)
             torch.cuda.current_stream().wait_stream(side)
             return loss
         if self.graph is None:
@@ -233,7 +243,9 @@ class Run:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # backward runs on autograd's thread
+        # "thread_local": CUDA checks only this thread's calls for capture safety, not those of autograd's
+        # backward thread (the mode every measurement ran in); a sync on the captured stream fails in any mode
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.static_loss = self.eager_step(self.static_batch)
 
     def sync(self) -> None:
@@ -287,7 +299,7 @@ class Run:
         if self.device.type != "cuda":
             return "not checked (no CUDA)"
         if self.graphed:
-            return "none (the step is one CUDA graph: a host sync would have failed its capture)"
+            return "none (the step is one CUDA graph: a sync on its stream would have failed the capture)"
         state = {}
         phases = (("forward", lambda: state.update(loss=self.loss(batch))),
                   ("backward", lambda: state["loss"].backward()),

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import trace_gaps
-from benchmarks.runner import Options, Run
+from benchmarks.runner import Options, Run, captures_step
 from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, make_batches, train_flops_per_sample
 from mimo.config import LLMConfig
 from mimo.models.layers import rope_cos_sin
@@ -89,30 +89,35 @@ def test_master_adamw_matches_torch_adamw():
         torch.testing.assert_close(a, b)
 
 
-def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torch_adamw():
-    """Two backward passes before a step add up; a gradient assigned by hand counts; a parameter that got
-    no gradient steps on zeros (weight decay and moments still move), as torch's AdamW does with zeros."""
+@pytest.mark.parametrize("fresh_grads", [True, False])
+def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torch_adamw(fresh_grads):
+    """Two backward passes before a step add up; a gradient assigned by hand counts; a parameter that had a
+    gradient in the first step and none after steps on zeros (weight decay and moments still move), as
+    torch's AdamW does with zeros: its view in the flat buffer must not keep the first step's values."""
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
     fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
     fast.load_state_dict(ref.state_dict())
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
-    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, chunk=16)
-    for _ in range(3):
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, chunk=16,
+                      fresh_grads=fresh_grads)
+    for step in range(3):
         for _micro in range(2):  # micro-batches: the second backward adds into the first's gradients
             x = torch.randn(6, 8)
             for model in (ref, fast):
-                model[1](model[0](x)).square().sum().backward()  # model[2] gets no gradient
+                h = model[1](model[0](x))
+                (model[2](h) if step == 0 else h).square().sum().backward()  # model[2]: first step only
         hand = torch.randn(3, 5)
         ref[1].weight.grad = hand.clone()
         fast[1].weight.grad = hand.clone()
-        for p in ref[2].parameters():
-            p.grad = torch.zeros_like(p)
+        if step > 0:
+            for p in ref[2].parameters():
+                p.grad = torch.zeros_like(p)
         opt_ref.step()
         opt_ref.zero_grad()
         opt.step()
         opt.zero_grad()
-        assert all(p.grad is None for p in fast.parameters())
+        assert all((p.grad is None) == fresh_grads for p in fast.parameters())
     for a, b in zip(ref.parameters(), fast.parameters()):
         torch.testing.assert_close(b, a)
 
@@ -169,7 +174,25 @@ def test_batches_copy_into_a_captured_steps_buffers_and_refuse_other_shapes():
     wider = make_batches({**p, "micro_batch": p["micro_batch"] + 1}, cpu, count=1)[0]
     with pytest.raises(ValueError, match=r"batch\.pixels has shape \(3, .*step_graph=0"):
         static.copy_(wider)
-    assert torch.equal(static.pixels, second.pixels)
+    fewer_rows = first.clone()
+    fewer_rows.loss_rows = fewer_rows.loss_rows[:-1]  # only the last tensor differs in shape
+    with pytest.raises(ValueError, match=r"batch\.loss_rows has shape"):
+        static.copy_(fewer_rows)
+    for name, t in static.tensors().items():
+        assert torch.equal(t, second.tensors()[name]), name
+
+
+def test_step_graph_is_refused_where_it_cannot_run_and_skipped_where_it_does_not_apply():
+    """Checked before anything is built: a captured step with data parallelism or with regions that are CUDA
+    graphs of their own is an error naming the fix; off CUDA or without compile there is nothing to capture."""
+    opts = Options.parse("")
+    assert captures_step(opts, "cuda", data_parallel=False)
+    assert not captures_step(opts, "cpu", data_parallel=False)
+    assert not captures_step(Options.parse("compile=0"), "cuda", data_parallel=True)
+    with pytest.raises(ValueError, match="step_graph=0"):
+        captures_step(opts, "cuda", data_parallel=True)
+    with pytest.raises(ValueError, match="lm_compile=graphs.*step_graph=0"):
+        captures_step(Options.parse("lm_compile=graphs"), "cuda", data_parallel=False)
 
 
 def test_options_are_checked():
@@ -232,8 +255,8 @@ def test_benchmark_runs_data_parallel_on_tiny(tmp_path):
 
 
 def test_a_scaling_table_runs_every_row_without_the_step_graph():
-    """Data parallelism cannot capture its collectives, so once any row is data-parallel every row (the
-    one-GPU row included) replays its regions as CUDA graphs instead: the rows run the same step."""
+    """The captured step leaves data parallelism's collectives out, so once any row is data-parallel every
+    row (the one-GPU row included) replays its regions as CUDA graphs instead: the rows run the same step."""
     from benchmarks.bench_vlm import mimo_cmd
 
     def args(nproc):

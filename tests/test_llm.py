@@ -1,5 +1,6 @@
 """The decoder LM is causal, and grouped-query attention equals full attention with repeated KV heads."""
 
+import pytest
 import torch
 
 from mimo.config import LLMConfig
@@ -50,3 +51,10 @@ def test_output_rows_match_the_full_forward_and_its_gradients():
     torch.testing.assert_close(part, full, rtol=1e-12, atol=1e-12)
     for name, a, b in zip(["input", *(n for n, _ in named)], part_grads, full_grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_output_rows_need_a_layer_to_drop_rows_in():
+    lm = DecoderLM(LLMConfig(vocab=50, hidden=32, layers=1, heads=4, kv_heads=2, mlp=64))
+    lm.layers = torch.nn.ModuleDict()  # a pipeline stage that holds only the final norm
+    with pytest.raises(ValueError, match="output_rows"):
+        lm(torch.randn(1, 4, 32), torch.arange(4)[None], output_rows=torch.tensor([1, 2]))

@@ -73,7 +73,10 @@ class DecoderLM(nn.Module):
         `output_rows` (indices into the flattened `B * S` positions, e.g. those that carry a label) returns
         only those rows, `[len(output_rows), H]`: the last layer still attends over every position, but
         its output projection, MLP and the final norm skip the rest (image rows of a VLM, whose outputs
-        no loss reads)."""
+        no loss reads). The rows index this module's positions: not for hidden states whose sequence is
+        sharded over ranks (sequence or context parallelism)."""
+        if output_rows is not None and not self.layers:
+            raise ValueError("output_rows needs a decoder layer on this module to drop the other rows in; it has none")
         rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         past = cache.length() if cache is not None else 0
         if past and mask is None:

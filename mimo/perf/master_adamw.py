@@ -2,8 +2,8 @@
 
 The model holds only bf16 weights, so forward and backward read half the bytes and no autocast cast
 runs each step, while the update keeps fp32 precision (the same contract as autocast over fp32 weights).
-Master weights and both moments live in flat fp32 buffers, and every bf16 weight and its `.grad` are
-views of two flat bf16 buffers, so the update is one elementwise pass over a few large tensors (one
+Master weights and both moments live in flat fp32 buffers, and every bf16 weight and (after backward)
+its `.grad` are views of two flat bf16 buffers, so the update is one elementwise pass over a few large tensors (one
 kernel per chunk when compiled, which also writes the new bf16 weights) instead of hundreds of small
 ones. The step count and learning rate live on the device, so a step never makes the host wait for
 the GPU.
@@ -60,13 +60,16 @@ class MasterAdamW:
     """Turns the given parameters into bf16 (their current values become the fp32 master weights).
 
     Call `step()` after backward and `zero_grad()` before the next one. After backward each `.grad` is
-    a view of one flat buffer (so clipping or inspecting gradients works as usual), but nothing zeroes
-    that buffer: `zero_grad()` sets every `.grad` to None, autograd then hands each parameter its fresh
-    gradient (no addition into zeros), and a hook run right after copies it into the parameter's view
-    and puts the view back as `.grad`. A second backward before `step()` adds into the views, as
-    autograd always accumulates. A gradient assigned by hand is copied in by `step()`; a parameter
-    without one steps on zeros. `chunk` bounds the elements of one update call (and the temporaries of
-    the uncompiled update).
+    a view of one flat buffer (so clipping or inspecting gradients works as usual). With `fresh_grads`
+    (default), `zero_grad()` does not fill that buffer with zeros: it sets every `.grad` to None,
+    autograd then hands each parameter its fresh gradient (no addition into zeros), and a hook run right
+    after copies it into the parameter's view and puts the view back as `.grad`. A second backward
+    before `step()` adds into the views, as autograd always accumulates. A gradient assigned by hand is
+    copied in by `step()`, and the view of a parameter that got none is zeroed there (it steps on zeros).
+    Without `fresh_grads`, `.grad` is the view from the start and `zero_grad()` zeroes the whole buffer,
+    so autograd adds every gradient into zeros. The hooks stay on the parameters: build one MasterAdamW
+    per set of parameters. `chunk` bounds the elements of one update call (and the temporaries of the
+    uncompiled update).
 
     With `group` (more than one rank), `step()` is collective and takes the mean of the ranks'
     gradients (each rank's loss being a mean over its own micro-batch). Every rank must pass the same
