@@ -18,14 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from benchmarks.workload import MODALITY, load_preset, model_config
 from mimo.models.layers import attention
+from mimo.perf.regional import SDPA_KERNELS
 
-SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-KERNELS = (*SDPA, "flex")
+KERNELS = (*SDPA_KERNELS, "flex")
 
 
 @dataclass
@@ -65,7 +64,7 @@ def attention_fn(kernel: str, s: Shape, device: torch.device) -> Callable[..., t
         return lambda q, k, v: flex(q, k, v, block_mask=mask, enable_gqa=gqa)
 
     def sdpa(q, k, v):  # the model's own attention call (grouped KV heads passed as they are)
-        with sdpa_kernel(SDPA[kernel]):
+        with sdpa_kernel(SDPA_KERNELS[kernel]):
             return attention(q, k, v, causal=s.causal)
     return sdpa
 

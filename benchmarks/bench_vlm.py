@@ -36,7 +36,6 @@ from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, trai
 from mimo.config import TrainConfig
 from mimo.parallel.runtime import init_distributed, torchrun_cmd
 
-PEAK_TFLOPS = TrainConfig.peak_tflops
 DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}
 
 
@@ -83,7 +82,7 @@ def worker(args: argparse.Namespace) -> dict | None:
         "issue_s_median": round(timing["issue_s_median"], 5),
         "first_step_s": round(timing["first_step_s"], 2),
         "host_syncs": syncs,
-        "options": vars(opts),
+        "options": {**vars(opts), "step_graph": run.graphed},  # whether the step was captured, in effect
     }
     if not math.isfinite(out["final_loss"]):
         raise RuntimeError(f"loss is not finite: {out['final_loss']}")
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="dense bf16 peak, for MFU")
+    ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops, help="dense bf16 peak, for MFU")
     ap.add_argument("--mimo", action="append", metavar="SPEC",
                     help="mimo Options to run (repeatable); default: one run with all optimisations")
     ap.add_argument("--baseline", action="append", metavar="FLAGS",

@@ -238,8 +238,7 @@ class Run:
     def capture(self, batch: Batch) -> None:
         """Record one whole step on a copy of `batch` (the graph's input buffers from here on). The warm-up
         steps' cached memory is released first: the graph allocates from a pool of its own."""
-        self.static_batch = batch.clone()
-        self.opt.zero_grad()
+        self.static_batch = batch.clone()  # the warm-up steps ended with zero_grad(): autograd hands fresh grads
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         self.graph = torch.cuda.CUDAGraph()

@@ -6,6 +6,7 @@ module: its preset loader and its FLOPs formula are used as they are, so both si
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import types
@@ -89,8 +90,9 @@ class Batch:
                 **{f"token_indices[{k}]": v for k, v in self.token_indices.items()}}
 
     def clone(self) -> Batch:
-        return Batch(self.pixels.clone(), self.input_ids.clone(), self.labels.clone(), self.position_ids.clone(),
-                     {k: v.clone() for k, v in self.token_indices.items()}, self.loss_rows.clone())
+        def copy(value):
+            return {k: t.clone() for k, t in value.items()} if isinstance(value, dict) else value.clone()
+        return Batch(**{f.name: copy(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
     def copy_(self, other: Batch) -> None:
         """Take `other`'s values into these tensors (a captured step's inputs); shapes must match."""

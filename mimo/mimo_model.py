@@ -260,6 +260,10 @@ class MimoModel(nn.Module):
                     raise ValueError(f"input_ids hold {n} placeholder tokens of '{name}' (id {tid}) but "
                                      f"modality_inputs has no '{name}' entry")
 
+    def check_token_ids(self, batch: dict) -> None:
+        """Every token id and label of `batch` inside the LM's vocabulary (placeholders exempt in input_ids)."""
+        check_token_ids(batch, self.language_model.cfg.vocab, self.special_token_ids.values())
+
     def check_batch(self, batch: dict, modalities: Iterable[str] | None = None) -> None:
         """A whole global batch (with `modality_counts`) against this model's placeholders: counts against
         inputs, then each sample's placeholders against the rows its inputs will give. Every rank holding
@@ -268,7 +272,7 @@ class MimoModel(nn.Module):
         (`modalities` None) also holds every token id and label to the LM's vocabulary."""
         check_counts(batch)
         if modalities is None:
-            check_token_ids(batch, self.language_model.cfg.vocab, self.special_token_ids.values())
+            self.check_token_ids(batch)
         for name in self.modality_submodules.keys() if modalities is None else modalities:
             encoders = self.modality_submodules[name].encoders
             if len(encoders) == 1:

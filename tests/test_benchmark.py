@@ -231,7 +231,7 @@ def test_benchmark_runs_on_tiny(tmp_path):
     rows = {row["label"]: row for row in map(json.loads, (tmp_path / "tiny.jsonl").read_text().splitlines())}
     assert set(rows) == {"mimo", "hf eager"}
     assert rows["mimo"]["tokens_per_s"] > 0 and rows["mimo"]["options"]["compile"] is False
-    assert rows["mimo"]["options"]["step_graph"] is True
+    assert rows["mimo"]["options"]["step_graph"] is False  # asked for, but there is no CUDA graph on a CPU
     table = (tmp_path / "tiny.md").read_text()
     assert "| mimo |" in table and table in r.stdout
     if importlib.util.find_spec("transformers") is not None:

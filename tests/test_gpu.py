@@ -95,11 +95,11 @@ def test_benchmarked_fast_path_trains_like_fp32_mimo():
 
 def test_captured_step_replays_the_eager_step():
     """The step graph against the same compiled regions stepped eagerly, from the same weights on the same
-    alternating batches: losses agree to 1e-3 and the final weights, all together, to 1e-2, so replaying on
-    new inputs (copied into the graph's buffers) trains as eager steps do. Weights are compared as one
-    vector: cuDNN's attention backward accumulates in nondeterministic order, and on parameters whose true
-    gradient is zero (the key bias: softmax ignores a shift shared by all keys) Adam turns that rounding
-    noise into whole steps, which differ between any two runs, eager or not."""
+    alternating batches: losses agree to 1e-3 and the weights' change over the 7 steps to 5e-2, so replaying
+    on new inputs (copied into the graph's buffers) trains as eager steps do. The key biases are left out:
+    their true gradient is zero (softmax ignores a shift shared by all keys), cuDNN's attention backward
+    accumulates in nondeterministic order, and Adam turns that rounding noise into whole steps, which
+    differ between any two runs, eager or not."""
     p = load_preset("tiny")
     batches = make_batches(p, CUDA)
     eager = Run(p, Options.parse("step_graph=0,lr=1e-3"), CUDA)
@@ -110,5 +110,7 @@ def test_captured_step_replays_the_eager_step():
     assert graphed.graph is not None and eager.graph is None
     for i, (a, b) in enumerate(zip(eager_losses, graphed_losses)):
         assert abs(a - b) <= 1e-3 * a, (i, a, b)
-    flat = [torch.cat([t.detach().float().reshape(-1) for t in run.model.parameters()]) for run in (eager, graphed)]
-    assert rel(flat[1], flat[0]) < 1e-2
+    start = {k: v.float() for k, v in state.items()}
+    change = [torch.cat([(p.detach().float() - start[n]).reshape(-1) for n, p in run.model.named_parameters()
+                         if not n.endswith("k_proj.bias")]) for run in (eager, graphed)]
+    assert rel(change[1], change[0]) < 5e-2

@@ -84,8 +84,7 @@ def check_token_ids(batch: dict, vocab: int, placeholder_ids: Iterable[int] = ()
     IGNORE_INDEX; placeholders are replaced before the embedding). An id past the embedding table or the
     head would otherwise stop a GPU with a device-side assert, or make the chunked loss NaN, far from
     its cause: usually a tokenizer with more ids than model.llm.vocab."""
-    exempt = {"input_ids": torch.tensor(list(placeholder_ids), dtype=torch.long),
-              "labels": torch.tensor([IGNORE_INDEX])}
+    exempt = {"input_ids": list(placeholder_ids), "labels": [IGNORE_INDEX]}
     for key, skip in exempt.items():
         ids = batch.get(key)
         if ids is None:
@@ -93,7 +92,7 @@ def check_token_ids(batch: dict, vocab: int, placeholder_ids: Iterable[int] = ()
         ids = ids.cpu()
         outside = (ids < 0) | (ids >= vocab)
         if outside.any():  # the exemptions are looked up only then: a per-step check of the whole batch
-            outside &= ~torch.isin(ids, skip)
+            outside &= ~torch.isin(ids, torch.tensor(skip, dtype=torch.long))
         if outside.any():
             where = tuple(outside.nonzero()[0].tolist())
             raise ValueError(f"{key}{list(where)} = {int(ids[where])} lies outside the LM's vocabulary [0, {vocab}); "

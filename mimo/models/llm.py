@@ -86,8 +86,8 @@ class DecoderLM(nn.Module):
             mask = torch.arange(past + s, device=hidden.device)[None, :] <= q_pos[:, None]
         last = next(reversed(self.layers.keys()), None)
         for key, layer in self.layers.items():
-            rows = {"rows": output_rows} if key == last and output_rows is not None else {}
-            hidden = layer(hidden, rope, mask=mask, cache=cache, layer=int(key), **rows)
+            hidden = layer(hidden, rope, mask=mask, cache=cache, layer=int(key),
+                           rows=output_rows if key == last else None)
         if self.norm is not None:
             hidden = self.norm(hidden)
         return hidden

@@ -165,8 +165,7 @@ def stage_usage(cfg: Config, size: ModuleSize, grid: Grid, flags: ModuleLayoutCo
         states /= grid.dp * grid.cp
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
     tokens = samples * size.tokens_per_sample / grid.cp
-    acts = layers * _layer_activation(tokens, size.hidden, grid.tp,
-                                                                 flags.sequence_parallel, cfg.train.dtype)
+    acts = layers * _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.train.dtype)
     if last and size.vocab:
         acts += tokens * size.vocab * LOGIT_BYTES / grid.tp
     return Usage(states, acts * in_flight)

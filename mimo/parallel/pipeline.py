@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from mimo.config import Config, ConfigError
-from mimo.data.batching import check_token_ids, to_device
+from mimo.data.batching import to_device
 from mimo.mimo_model import MimoModel
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout
@@ -226,7 +226,7 @@ class PipelinePlan:
         text = inputs = problem = None
         try:  # only stages that read the batch can find it bad; agree_on_input tells every rank
             if self.module == LANGUAGE and self.needs_data:
-                check_token_ids(batch, model.language_model.cfg.vocab, model.special_token_ids.values())
+                model.check_token_ids(batch)
                 text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)]
             elif self.module != LANGUAGE and self.first:
                 model.check_batch(batch, [self.module])

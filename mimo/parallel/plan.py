@@ -104,10 +104,10 @@ def validate_context_parallel(cfg: Config, layout: Layout) -> None:
                           "with sequence parallel, 2 x cp without) for the LM's layout; round it up")
 
 
-
 def batch_multiple(layout: Layout, microbatches: int) -> int:
     """Rows of a global batch must be a multiple of this: microbatches x every module's DP degree."""
     return microbatches * math.lcm(*(g.dp for g in layout.grids.values()))
+
 
 class ParallelPlan:
     """Grids and groups of every module, and the per-step services the trainer needs."""

@@ -117,8 +117,8 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
         rows = [r for r in options if r is not None]
         fitting = [r for r in rows if r.fits]
         if fitting:
-            lm = lambda r: r.layout.grids[LANGUAGE]  # noqa: E731
-            out.append(min(fitting, key=lambda r: (lm(r).tp * lm(r).pp, lm(r).tp, r.usage.peak)))
+            out.append(min(fitting, key=lambda r: (r.layout.grids[LANGUAGE].tp * r.layout.grids[LANGUAGE].pp,
+                                                    r.layout.grids[LANGUAGE].tp, r.usage.peak)))
         elif rows:
             out.append(min(rows, key=lambda r: r.usage.peak))
     return out

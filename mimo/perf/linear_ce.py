@@ -60,13 +60,12 @@ def chunk_kernel(kernel: str, device: torch.device) -> ChunkFn:
     """The loss chunk as `kernel` says: "torch" (eager), "compiled" (torch.compile) or "triton" (one
     hand-written kernel); "auto" is triton on a GPU where Triton is installed, else compiled on a GPU,
     else torch."""
+    why = cross_entropy_triton.unavailable(device)
     if kernel == "auto":
-        kernel = ("triton" if device.type == "cuda" and cross_entropy_triton.unavailable(device) is None else
-                  "compiled" if device.type == "cuda" else "torch")
+        kernel = "torch" if device.type != "cuda" else "compiled" if why else "triton"
     if kernel not in CHUNK_KERNELS:
         raise ValueError(f"unknown loss-chunk kernel '{kernel}'; choose one of auto, {', '.join(CHUNK_KERNELS)}")
     if kernel == "triton":
-        why = cross_entropy_triton.unavailable(device)
         if why is not None:
             raise ValueError(f"the triton loss chunk cannot run: {why}; use kernel 'compiled' or 'torch'")
         return cross_entropy_triton.chunk_loss_into_grad

@@ -3,9 +3,9 @@
 The model holds only bf16 weights, so forward and backward read half the bytes and no autocast cast
 runs each step, while the update keeps fp32 precision (the same contract as autocast over fp32 weights).
 Master weights and both moments live in flat fp32 buffers, and every bf16 weight and (after backward)
-its `.grad` are views of two flat bf16 buffers, so the update is one elementwise pass over a few large tensors (one
-kernel per chunk when compiled, which also writes the new bf16 weights) instead of hundreds of small
-ones. The step count and learning rate live on the device, so a step never makes the host wait for
+its `.grad` are views of two flat bf16 buffers, so the update is one elementwise pass over a few large
+tensors (one kernel per chunk when compiled, which also writes the new bf16 weights) instead of hundreds
+of small ones. The step count and learning rate live on the device, so a step never makes the host wait for
 the GPU.
 
 Data parallelism (ZeRO-1): given a process group of N ranks, the flat buffers are split into N equal

@@ -14,9 +14,12 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend
 from torch.utils.checkpoint import checkpoint
 
-SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")
+SDPA_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+SDPA_BACKENDS = tuple(SDPA_KERNELS)
 
 
 def compile_blocks(blocks: Iterable[nn.Module], mode: str | None = None) -> None:

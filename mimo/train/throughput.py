@@ -52,9 +52,9 @@ class Throughput:
     def running(self) -> dict[str, float]:
         """tok/s, TFLOP/s (and MFU on a GPU) since the start, for the progress bar."""
         seconds = time.perf_counter() - self.start
-        stats = self.stats(self.tflops(self.total, seconds))
-        return {"tok_s": self.tokens / seconds, "tflops": stats["model_tflops"],
-                **({"mfu": stats["mfu"]} if "mfu" in stats else {})}
+        tflops = self.tflops(self.total, seconds)
+        return {"tok_s": self.tokens / seconds, "tflops": tflops,
+                **({"mfu": tflops / self.peak_tflops} if self.device.type == "cuda" else {})}
 
     def summary(self, wall: float) -> dict[str, float]:
         """The run's averages over `wall` seconds for summary.json: tokens/s, and the rest to 4 significant
