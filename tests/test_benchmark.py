@@ -122,6 +122,48 @@ def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torc
         torch.testing.assert_close(b, a)
 
 
+@pytest.mark.parametrize("compile", [False, True])
+def test_master_adamw_in_backward_matches_torch_adamw(compile):
+    """Each parameter updated from its fresh gradient inside backward gives torch's AdamW after backward; a
+    parameter that got no gradient steps on zeros in step(); no gradient is left behind."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    fast.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, compile=compile,
+                      in_backward=True)
+    assert opt.grad.numel() == 0  # no flat gradient buffer
+    for step in range(3):
+        x = torch.randn(6, 8)
+        for model in (ref, fast):
+            h = model[1](model[0](x))
+            (model[2](h) if step != 1 else h).square().sum().backward()  # model[2] gets no gradient in step 1
+        if step == 1:
+            for p in ref[2].parameters():
+                p.grad = torch.zeros_like(p)
+        opt_ref.step()
+        opt_ref.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        assert all(p.grad is None for p in fast.parameters())
+        for a, b in zip(ref.parameters(), fast.parameters()):
+            torch.testing.assert_close(b, a)
+
+
+def test_master_adamw_in_backward_refuses_accumulation_and_hand_set_gradients():
+    lin = torch.nn.Linear(4, 2)
+    MasterAdamW(lin.parameters(), dtype=torch.float32, in_backward=True)
+    lin(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(RuntimeError, match="one backward per step"):
+        lin(torch.randn(3, 4)).sum().backward()
+    lin = torch.nn.Linear(4, 2)
+    opt = MasterAdamW(lin.parameters(), dtype=torch.float32, in_backward=True)
+    lin.weight.grad = torch.ones_like(lin.weight)
+    with pytest.raises(RuntimeError, match="set by hand.*in_backward=False"):
+        opt.step()
+
+
 def test_master_adamw_keeps_fp32_masters_of_bf16_weights():
     lin = torch.nn.Linear(4, 4)
     before = lin.weight.detach().clone()
@@ -149,13 +191,14 @@ def test_checkpointed_blocks_give_the_same_gradients():
         torch.testing.assert_close(a.grad, b.grad)
 
 
-def test_fast_path_follows_fp32_mimo_on_tiny():
+@pytest.mark.parametrize("extra", ["", ",update_in_backward=1"])
+def test_fast_path_follows_fp32_mimo_on_tiny(extra):
     """bf16 weights + master AdamW + chunked loss on text rows vs plain fp32 MimoModel.forward."""
     p, cpu = load_preset("tiny"), torch.device("cpu")
     batches = make_batches(p, cpu)
     reference = "precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,lr=1e-3"
     ref = Run(p, Options.parse(reference), cpu)
-    fast = Run(p, Options.parse("compile=0,lr=1e-3"), cpu, state=ref.model.state_dict())
+    fast = Run(p, Options.parse("compile=0,lr=1e-3" + extra), cpu, state=ref.model.state_dict())
     for i in range(4):
         a, b = float(ref.step(batches[i % 2])), float(fast.step(batches[i % 2]))
         assert abs(a - b) <= 1e-2 * a, (i, a, b)

@@ -73,7 +73,8 @@ def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
     assert rel(out, ref) < 1e-2
 
 
-def test_benchmarked_fast_path_trains_like_fp32_mimo():
+@pytest.mark.parametrize("extra", ["", ",update_in_backward=1"])
+def test_benchmarked_fast_path_trains_like_fp32_mimo(extra):
     """Preset tiny, all optimisations on (the whole step captured as one CUDA graph over compiled regions,
     cuDNN attention, bf16 + master AdamW, the chunked loss on text rows with the Triton chunk where Triton
     runs) against plain fp32 mimo from the same weights: each of 8 losses within 1% (steps 1-2 eager, 3
@@ -83,7 +84,7 @@ def test_benchmarked_fast_path_trains_like_fp32_mimo():
     state = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
     batches = make_batches(p, CUDA)
     ref_losses = [float(ref.step(batches[i % 2])) for i in range(8)]
-    fast = Run(p, Options.parse("lr=1e-3"), CUDA, state=state)  # allows only the cuDNN kernel from here on
+    fast = Run(p, Options.parse("lr=1e-3" + extra), CUDA, state=state)  # allows only the cuDNN kernel from here on
     o = fast.opts
     assert o.compile and o.step_graph and o.sdpa == "cudnn" and o.ce_kernel == "auto"
     fast_losses = [float(fast.step(batches[i % 2])) for i in range(8)]
@@ -93,9 +94,11 @@ def test_benchmarked_fast_path_trains_like_fp32_mimo():
         assert abs(a - b) <= 1e-2 * a, (i, a, b)
 
 
-def test_captured_step_replays_the_eager_step():
-    """The step graph against the same compiled regions stepped eagerly, from the same weights on the same
-    alternating batches: losses agree to 1e-3 and the weights' change over the 7 steps to 5e-2, so replaying
+@pytest.mark.parametrize("extra", ["", ",update_in_backward=1", ",update_in_backward=1,update_side_stream=0"])
+def test_captured_step_replays_the_eager_step(extra):
+    """The step graph (optionally with the AdamW updates inside backward, on a side stream or not) against
+    the same compiled regions stepped eagerly with the update after backward, from the same weights on the
+    same alternating batches: losses agree to 1e-3 and the weights' change over the 7 steps to 5e-2, so replaying
     on new inputs (copied into the graph's buffers) trains as eager steps do. The key biases are left out:
     their true gradient is zero (softmax ignores a shift shared by all keys), cuDNN's attention backward
     accumulates in nondeterministic order, and Adam turns that rounding noise into whole steps, which
@@ -104,7 +107,7 @@ def test_captured_step_replays_the_eager_step():
     batches = make_batches(p, CUDA)
     eager = Run(p, Options.parse("step_graph=0,lr=1e-3"), CUDA)
     state = {k: v.detach().clone() for k, v in eager.model.state_dict().items()}
-    graphed = Run(p, Options.parse("lr=1e-3"), CUDA, state=state)
+    graphed = Run(p, Options.parse("lr=1e-3" + extra), CUDA, state=state)
     eager_losses = [float(eager.step(batches[i % 2])) for i in range(7)]
     graphed_losses = [float(graphed.step(batches[i % 2])) for i in range(7)]
     assert graphed.graph is not None and eager.graph is None
