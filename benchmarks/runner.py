@@ -82,9 +82,9 @@ class Options:
     sdpa: the only attention backend allowed (on CUDA).
     fresh_grads (precision=bf16): MasterAdamW takes autograd's fresh gradients instead of zeroing its flat
     gradient buffer for autograd to add into.
-    update_in_backward (precision=bf16, one process): MasterAdamW updates each parameter in its gradient hook,
-    from autograd's fresh gradient (no flat gradient buffer, no copy), on a stream of its own under the rest
-    of the backward pass (update_side_stream=0: on the backward's stream).
+    lm_update_early (precision=bf16 with fresh_grads; one process): the language model's AdamW update starts
+    on a side stream as soon as its last gradient is in, under the vision encoder's backward (MasterAdamW's
+    `first`).
     lr, weight_decay: AdamW as the baseline builds it (torch defaults apart from lr)."""
 
     precision: str = "bf16"
@@ -99,8 +99,7 @@ class Options:
     step_graph: bool = True
     sdpa: str = "cudnn"
     fresh_grads: bool = True
-    update_in_backward: bool = False
-    update_side_stream: bool = True
+    lm_update_early: bool = True
     lr: float = 1e-5
     weight_decay: float = 1e-2
 
@@ -143,9 +142,9 @@ class Run:
         if group is not None and opts.precision != "bf16":
             raise ValueError(f"data parallelism (--nproc > 1) runs MasterAdamW sharded over the ranks, which needs "
                              f"precision=bf16; got precision={opts.precision}: use --nproc 1 for it")
-        if group is not None and opts.update_in_backward:
-            raise ValueError("update_in_backward=1 updates each parameter from its own rank's gradient, so it cannot "
-                             "run with data parallelism (--nproc > 1): use update_in_backward=0")
+        if opts.lm_update_early and group is not None:
+            raise ValueError("lm_update_early=1 updates the language model inside backward, but data parallelism "
+                             "reduces every gradient in the optimizer step (--nproc > 1): use lm_update_early=0")
         self.opts, self.device = opts, device
         self.graphed = captures_step(opts, device.type, data_parallel=group is not None)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -171,7 +170,7 @@ class Run:
         if opts.precision == "bf16":
             self.opt = MasterAdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
                                    compile=opts.compile, group=group, fresh_grads=opts.fresh_grads,
-                                   in_backward=opts.update_in_backward, side_stream=opts.update_side_stream)
+                                   first=lm.parameters() if opts.lm_update_early and opts.fresh_grads else ())
         else:
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
                                          fused=device.type == "cuda", capturable=self.graphed)

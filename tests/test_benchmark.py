@@ -123,44 +123,50 @@ def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torc
 
 
 @pytest.mark.parametrize("compile", [False, True])
-def test_master_adamw_in_backward_matches_torch_adamw(compile):
-    """Each parameter updated from its fresh gradient inside backward gives torch's AdamW after backward; a
-    parameter that got no gradient steps on zeros in step(); no gradient is left behind."""
+def test_master_adamw_updates_the_first_parameters_in_backward_like_torch_adamw(compile):
+    """The last two layers' gradients are complete before the first layer's: their update starts in the hook
+    of the last of them (inside backward) and the result is torch's AdamW after backward. In the step where
+    layer 2 is not used, the group never completes and step() updates it (layer 2 on zeros)."""
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
     fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
     fast.load_state_dict(ref.state_dict())
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
     opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, compile=compile,
-                      in_backward=True)
-    assert opt.grad.numel() == 0  # no flat gradient buffer
+                      first=[*fast[1].parameters(), *fast[2].parameters()])
+    assert opt.params[0] is fast[1].weight  # the first parameters lead the flat buffers
     for step in range(3):
         x = torch.randn(6, 8)
         for model in (ref, fast):
             h = model[1](model[0](x))
-            (model[2](h) if step != 1 else h).square().sum().backward()  # model[2] gets no gradient in step 1
+            (model[2](h) if step != 1 else h).square().sum().backward()
         if step == 1:
             for p in ref[2].parameters():
                 p.grad = torch.zeros_like(p)
+        assert opt.launched == (step != 1)
         opt_ref.step()
         opt_ref.zero_grad()
         opt.step()
         opt.zero_grad()
-        assert all(p.grad is None for p in fast.parameters())
         for a, b in zip(ref.parameters(), fast.parameters()):
             torch.testing.assert_close(b, a)
 
 
-def test_master_adamw_in_backward_refuses_accumulation_and_hand_set_gradients():
+def test_master_adamw_first_refuses_what_it_cannot_do():
     lin = torch.nn.Linear(4, 2)
-    MasterAdamW(lin.parameters(), dtype=torch.float32, in_backward=True)
+    with pytest.raises(ValueError, match="fresh_grads=True"):
+        MasterAdamW(lin.parameters(), dtype=torch.float32, fresh_grads=False, first=lin.parameters())
+    with pytest.raises(ValueError, match="not among those it updates"):
+        MasterAdamW([lin.weight], dtype=torch.float32, first=lin.parameters())
+    MasterAdamW(lin.parameters(), dtype=torch.float32, first=lin.parameters())
     lin(torch.randn(3, 4)).sum().backward()
     with pytest.raises(RuntimeError, match="one backward per step"):
         lin(torch.randn(3, 4)).sum().backward()
     lin = torch.nn.Linear(4, 2)
-    opt = MasterAdamW(lin.parameters(), dtype=torch.float32, in_backward=True)
+    opt = MasterAdamW(lin.parameters(), dtype=torch.float32, first=[lin.weight])
+    lin(torch.randn(3, 4)).sum().backward()
     lin.weight.grad = torch.ones_like(lin.weight)
-    with pytest.raises(RuntimeError, match="set by hand.*in_backward=False"):
+    with pytest.raises(RuntimeError, match="set by hand"):
         opt.step()
 
 
@@ -191,7 +197,7 @@ def test_checkpointed_blocks_give_the_same_gradients():
         torch.testing.assert_close(a.grad, b.grad)
 
 
-@pytest.mark.parametrize("extra", ["", ",update_in_backward=1"])
+@pytest.mark.parametrize("extra", ["", ",lm_update_early=0"])
 def test_fast_path_follows_fp32_mimo_on_tiny(extra):
     """bf16 weights + master AdamW + chunked loss on text rows vs plain fp32 MimoModel.forward."""
     p, cpu = load_preset("tiny"), torch.device("cpu")
@@ -236,6 +242,13 @@ def test_step_graph_is_refused_where_it_cannot_run_and_skipped_where_it_does_not
         captures_step(opts, "cuda", data_parallel=True)
     with pytest.raises(ValueError, match="lm_compile=graphs.*step_graph=0"):
         captures_step(Options.parse("lm_compile=graphs"), "cuda", data_parallel=False)
+
+
+def test_early_language_model_update_is_refused_with_data_parallelism():
+    """Checked before the model is built (the group is never used): data parallelism reduces every gradient
+    in the optimizer step, so the language model cannot be updated inside backward."""
+    with pytest.raises(ValueError, match="lm_update_early=0"):
+        Run(load_preset("tiny"), Options.parse("compile=0"), torch.device("cpu"), group=object())
 
 
 def test_options_are_checked():

@@ -73,7 +73,7 @@ def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
     assert rel(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("extra", ["", ",update_in_backward=1"])
+@pytest.mark.parametrize("extra", ["", ",lm_update_early=0"])
 def test_benchmarked_fast_path_trains_like_fp32_mimo(extra):
     """Preset tiny, all optimisations on (the whole step captured as one CUDA graph over compiled regions,
     cuDNN attention, bf16 + master AdamW, the chunked loss on text rows with the Triton chunk where Triton
@@ -94,10 +94,10 @@ def test_benchmarked_fast_path_trains_like_fp32_mimo(extra):
         assert abs(a - b) <= 1e-2 * a, (i, a, b)
 
 
-@pytest.mark.parametrize("extra", ["", ",update_in_backward=1", ",update_in_backward=1,update_side_stream=0"])
+@pytest.mark.parametrize("extra", ["", ",lm_update_early=0"])
 def test_captured_step_replays_the_eager_step(extra):
-    """The step graph (optionally with the AdamW updates inside backward, on a side stream or not) against
-    the same compiled regions stepped eagerly with the update after backward, from the same weights on the
+    """The step graph (by default with the language model's update started on a side stream in backward)
+    against the same compiled regions stepped eagerly with the whole update after backward, from the same weights on the
     same alternating batches: losses agree to 1e-3 and the weights' change over the 7 steps to 5e-2, so replaying
     on new inputs (copied into the graph's buffers) trains as eager steps do. The key biases are left out:
     their true gradient is zero (softmax ignores a shift shared by all keys), cuDNN's attention backward
@@ -105,7 +105,7 @@ def test_captured_step_replays_the_eager_step(extra):
     differ between any two runs, eager or not."""
     p = load_preset("tiny")
     batches = make_batches(p, CUDA)
-    eager = Run(p, Options.parse("step_graph=0,lr=1e-3"), CUDA)
+    eager = Run(p, Options.parse("step_graph=0,lm_update_early=0,lr=1e-3"), CUDA)
     state = {k: v.detach().clone() for k, v in eager.model.state_dict().items()}
     graphed = Run(p, Options.parse("lr=1e-3" + extra), CUDA, state=state)
     eager_losses = [float(eager.step(batches[i % 2])) for i in range(7)]

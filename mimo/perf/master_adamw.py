@@ -8,10 +8,11 @@ tensors (one kernel per chunk when compiled, which also writes the new bf16 weig
 of small ones. The step count and learning rate live on the device, so a step never makes the host wait for
 the GPU.
 
-With `in_backward`, each parameter's update runs as soon as autograd has its gradient (the moment the
-gradient is final when one backward makes a step and nothing clips): the fresh gradient is read where
-autograd left it, so no flat gradient buffer exists and nothing is copied, and on CUDA the updates run on a
-side stream, under the rest of the backward pass, instead of after it.
+With `first` (the parameters whose gradients are all complete before the others', e.g. the language
+model's, whose backward pass ends before the vision encoder's begins), those parameters lead the flat
+buffers, and their update starts, on a CUDA side stream, as soon as the last of them has its gradient:
+it runs under the rest of the backward pass (the encoder's, whose small products leave room on the GPU),
+and `step()` then updates the others and waits for it.
 
 Data parallelism (ZeRO-1): given a process group of N ranks, the flat buffers are split into N equal
 shards and each rank keeps master weights and moments for its own shard only (12 of the 16 bytes per
@@ -74,12 +75,10 @@ class MasterAdamW:
     copied in by `step()`, and the view of a parameter that got none is zeroed there (it steps on zeros).
     Without `fresh_grads`, `.grad` is the view from the start and `zero_grad()` zeroes the whole buffer,
     so autograd adds every gradient into zeros. The hooks stay on the parameters: build one MasterAdamW
-    per set of parameters. With `in_backward` (one process only), each parameter is updated in its hook
-    instead, from the fresh gradient, which is then dropped (`.grad` stays None): one backward per step,
-    and `step()` only updates parameters that got no gradient (on zeros) and makes the current stream wait
-    for the updates (call it before the weights are read again). `side_stream=False` keeps the updates
-    on the backward pass's stream (to measure what the overlap buys). `chunk` bounds the elements of one
-    update call (and the temporaries of the uncompiled update).
+    per set of parameters. With `first` (needs `fresh_grads`, one process, and one backward per step), the
+    update of those parameters starts in the hook of the last of them to get its gradient (see the module
+    docstring); a second backward, or a gradient set by hand on one of them after that, is an error.
+    `chunk` bounds the elements of one update call (and the temporaries of the uncompiled update).
 
     With `group` (more than one rank), `step()` is collective and takes the mean of the ranks'
     gradients (each rank's loss being a mean over its own micro-batch). Every rank must pass the same
@@ -90,16 +89,21 @@ class MasterAdamW:
     def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, dtype: torch.dtype = torch.bfloat16,
                  compile: bool = False, chunk: int = 1 << 28, group: ProcessGroup | None = None,
-                 fresh_grads: bool = True, in_backward: bool = False, side_stream: bool = True):
-        self.params = [p for p in params if p.requires_grad]
-        if not self.params:
+                 fresh_grads: bool = True, first: Iterable[nn.Parameter] = ()):
+        params = [p for p in params if p.requires_grad]
+        if not params:
             raise ValueError("MasterAdamW got no trainable parameters")
+        early = {id(p) for p in first if p.requires_grad}
+        if not early <= {id(p) for p in params}:
+            raise ValueError("MasterAdamW(first=...) got parameters that are not among those it updates")
+        self.params = [p for p in params if id(p) in early] + [p for p in params if id(p) not in early]
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay = eps, weight_decay
         ranks = dist.get_world_size(group) if group is not None else 1
-        if in_backward and ranks > 1:
-            raise ValueError("MasterAdamW(in_backward=True) updates each parameter from its local gradient, so it "
-                             "cannot take a mean over ranks: use in_backward=False with a process group")
+        if early and (ranks > 1 or not fresh_grads):
+            raise ValueError("MasterAdamW(first=...) updates those parameters inside backward, which needs "
+                             "fresh_grads=True and no process group (data parallelism reduces the whole buffer "
+                             "in step()): drop first")
         self.group = group if ranks > 1 else None
         device = self.params[0].device
         offsets, total = [], 0
@@ -109,7 +113,7 @@ class MasterAdamW:
         total = -(-total // (ranks * _ALIGN)) * ranks * _ALIGN  # equal shards, each starting aligned
         size = total // ranks
         start = (dist.get_rank(group) if self.group is not None else 0) * size
-        self.grad = torch.zeros(0 if in_backward else total, dtype=dtype, device=device)
+        self.grad = torch.zeros(total, dtype=dtype, device=device)
         self.weight = torch.zeros(total, dtype=dtype, device=device)
         # this rank's shard: fp32 state of its elements; their summed gradients land in grad_shard
         self.master = torch.zeros(size, dtype=torch.float32, device=device)
@@ -126,93 +130,79 @@ class MasterAdamW:
                 weight.copy_(p)
                 p.data = weight
                 p.grad = None
-        self.grad_scale = 1.0 / ranks
-        self.step_count = torch.zeros((), dtype=torch.float32, device=device)
-        self.lr = torch.full((), lr, dtype=torch.float32, device=device)
-        self.slices = [slice(s, min(s + chunk, size)) for s in range(0, size, chunk)]
-        self.update = torch.compile(adamw_update, dynamic=in_backward) if compile else adamw_update
-        self.fresh_grads, self.in_backward = fresh_grads, in_backward
-        if in_backward:
-            self.spans = [slice(off, off + p.numel()) for p, off in zip(self.params, offsets)]
-            # on CUDA the updates get a stream of their own, to run under the rest of the backward pass
-            self.stream = torch.cuda.Stream(device) if side_stream and device.type == "cuda" else None
-            self.updated: list[torch.Tensor] = []  # this step's gradients, alive until the side stream is done
-            self.pending = set(range(len(self.params)))  # parameters not updated yet this step
-            for i, p in enumerate(self.params):
-                p.register_post_accumulate_grad_hook(functools.partial(self._update_in_backward, i))
-            return
         self.grad_views = [self.grad[off:off + p.numel()].view_as(p) for p, off in zip(self.params, offsets)]
-        for p, view in zip(self.params, self.grad_views):
-            if fresh_grads:
+        self.fresh_grads = fresh_grads
+        self.n_first = len(early)
+        self.arrived: set[int] = set()  # indices of the first parameters whose gradient is in this step
+        self.launched = False  # whether their update has started this step
+        self.stream = torch.cuda.Stream(device) if early and device.type == "cuda" else None
+        for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
+            if i < self.n_first:
+                p.register_post_accumulate_grad_hook(functools.partial(self._first_grad, i))
+            elif fresh_grads:
                 p.register_post_accumulate_grad_hook(functools.partial(_into_view, view=view))
             else:
                 p.grad = view
+        self.grad_scale = 1.0 / ranks
+        self.step_count = torch.zeros((), dtype=torch.float32, device=device)
+        self.lr = torch.full((), lr, dtype=torch.float32, device=device)
+        split = offsets[self.n_first] if self.n_first < len(self.params) else size  # where the others begin
+        self.first_slices = [slice(s, min(s + chunk, split)) for s in range(0, split, chunk)]
+        self.rest_slices = [slice(s, min(s + chunk, size)) for s in range(split, size, chunk)]
+        self.update = torch.compile(adamw_update) if compile else adamw_update
 
-    def _update_one(self, i: int, grad: torch.Tensor) -> None:
-        """AdamW on parameter i's span of the flat state with `grad` (in_backward), on the side stream; the
-        first update of a step counts the step."""
-        if len(self.pending) == len(self.params):
-            self.step_count += 1
-        self.pending.discard(i)
-        s = self.spans[i]
-        self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], grad.reshape(-1), self.weight[s],
-                    self.step_count, self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
+    def _update(self, slices: list[slice]) -> None:
+        for s in slices:
+            self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad_shard[s],
+                        self.weight_shard[s], self.step_count, self.lr, self.beta1, self.beta2, self.eps,
+                        self.weight_decay, self.grad_scale)
 
     @torch.no_grad()
-    def _update_in_backward(self, i: int, p: torch.Tensor) -> None:
-        if i not in self.pending:
-            raise RuntimeError("MasterAdamW(in_backward=True) got a second gradient for a parameter before step(): "
-                               "it takes one backward per step (no gradient accumulation)")
-        grad, p.grad = p.grad, None
-        if self.stream is None:
-            self._update_one(i, grad)
+    def _first_grad(self, i: int, p: torch.Tensor) -> None:
+        """Hook of a `first` parameter: its gradient into the flat buffer; the last of them starts their
+        update (side stream on CUDA) on the current one's work so far."""
+        if self.launched:
+            raise RuntimeError("MasterAdamW(first=...) got a second gradient after updating those parameters: it "
+                               "takes one backward per step (no gradient accumulation); drop first")
+        _into_view(p, self.grad_views[i])
+        self.arrived.add(i)
+        if len(self.arrived) < self.n_first:
             return
-        self.stream.wait_stream(torch.cuda.current_stream())
-        self.updated.append(grad)
-        with torch.cuda.stream(self.stream):
-            self._update_one(i, grad)
+        self.launched = True
+        self.step_count += 1
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            self._update(self.first_slices)
 
     @torch.no_grad()
     def step(self) -> None:
         """Collective with a group: the gradients are reduce-scattered in the flat buffer's dtype (bf16 by
         default: half the bytes of fp32, and the sum rounds about as coarsely as the bf16 gradients
-        already are), scaled to their mean in fp32, and the new weights all-gathered from each shard.
-        With in_backward: the parameters that got no gradient step on zeros, and the current stream waits
-        for the updates."""
-        if self.in_backward:
-            self._finish_in_backward()
-            return
-        for p, view in zip(self.params, self.grad_views):
-            if p.grad is None:
+        already are), scaled to their mean in fp32, and the new weights all-gathered from each shard."""
+        launched, self.launched = self.launched, False
+        self.arrived.clear()
+        for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
+            if launched and i < self.n_first:
+                if p.grad is not view:
+                    raise RuntimeError("MasterAdamW(first=...) found a gradient set by hand on a parameter it had "
+                                       "already updated in backward; drop first")
+            elif p.grad is None:
                 view.zero_()
             elif p.grad is not view:
                 _into_view(p, view)
         if self.group is not None:
             reduce_scatter_single(self.grad_shard, self.grad, group=self.group)
-        self.step_count += 1
-        for s in self.slices:
-            self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad_shard[s],
-                        self.weight_shard[s], self.step_count, self.lr, self.beta1, self.beta2, self.eps,
-                        self.weight_decay, self.grad_scale)
+        if not launched:
+            self.step_count += 1
+            self._update(self.first_slices)
+        self._update(self.rest_slices)
+        if launched and self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
         if self.group is not None:
             all_gather_single(self.weight, self.weight_shard, group=self.group)
 
-    def _finish_in_backward(self) -> None:
-        if any(p.grad is not None for p in self.params):
-            raise RuntimeError("MasterAdamW(in_backward=True) found a gradient set by hand; it updates each "
-                               "parameter from autograd's gradient only: use in_backward=False")
-        for i in sorted(self.pending):
-            p = self.params[i]
-            with contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream):
-                self._update_one(i, torch.zeros_like(p))
-        if self.stream is not None:
-            torch.cuda.current_stream().wait_stream(self.stream)
-        self.updated.clear()
-        self.pending = set(range(len(self.params)))
-
     def zero_grad(self) -> None:
-        if self.in_backward:
-            return
         if not self.fresh_grads:
             self.grad.zero_()
             return
