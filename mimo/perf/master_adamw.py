@@ -159,8 +159,8 @@ class MasterAdamW:
 
     @torch.no_grad()
     def _first_grad(self, i: int, p: torch.Tensor) -> None:
-        """Hook of a `first` parameter: its gradient into the flat buffer; the last of them starts their
-        update (side stream on CUDA) on the current one's work so far."""
+        """Hook of a `first` parameter: its gradient goes into the flat buffer, and the hook of the last of
+        them starts their update (on CUDA on the side stream, after everything queued so far)."""
         if self.launched:
             raise RuntimeError("MasterAdamW(first=...) got a second gradient after updating those parameters: it "
                                "takes one backward per step (no gradient accumulation); drop first")
@@ -179,7 +179,9 @@ class MasterAdamW:
     def step(self) -> None:
         """Collective with a group: the gradients are reduce-scattered in the flat buffer's dtype (bf16 by
         default: half the bytes of fp32, and the sum rounds about as coarsely as the bf16 gradients
-        already are), scaled to their mean in fp32, and the new weights all-gathered from each shard."""
+        already are), scaled to their mean in fp32, and the new weights all-gathered from each shard.
+        With `first`, the parameters already updated in backward are skipped, and the current stream waits
+        for their update before this returns."""
         launched, self.launched = self.launched, False
         self.arrived.clear()
         for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
