@@ -89,15 +89,21 @@ def test_master_adamw_matches_torch_adamw():
         torch.testing.assert_close(a, b)
 
 
+def _three_layer_twins() -> tuple[torch.nn.Sequential, torch.nn.Sequential]:
+    """Two copies of one seeded 8-5-3-2 stack of linears: torch's AdamW trains one, MasterAdamW the other."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    fast.load_state_dict(ref.state_dict())
+    return ref, fast
+
+
 @pytest.mark.parametrize("fresh_grads", [True, False])
 def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torch_adamw(fresh_grads):
     """Two backward passes before a step add up; a gradient assigned by hand counts; a parameter that had a
     gradient in the first step and none after steps on zeros (weight decay and moments still move), as
     torch's AdamW does with zeros: its view in the flat buffer must not keep the first step's values."""
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
-    fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
-    fast.load_state_dict(ref.state_dict())
+    ref, fast = _three_layer_twins()
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
     opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, chunk=16,
                       fresh_grads=fresh_grads)
@@ -127,10 +133,7 @@ def test_master_adamw_updates_the_first_parameters_in_backward_like_torch_adamw(
     """The last two layers' gradients are complete before the first layer's: their update starts in the hook
     of the last of them (inside backward) and the result is torch's AdamW after backward. In the step where
     layer 2 is not used, the group never completes and step() updates it (layer 2 on zeros)."""
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
-    fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
-    fast.load_state_dict(ref.state_dict())
+    ref, fast = _three_layer_twins()
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
     opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, compile=compile,
                       first=[*fast[1].parameters(), *fast[2].parameters()])
