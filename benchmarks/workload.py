@@ -85,9 +85,13 @@ class Batch:
         return {MODALITY: {"vit": {"pixel_values": self.pixels}}}
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"pixels": self.pixels, "input_ids": self.input_ids, "labels": self.labels,
-                "position_ids": self.position_ids, "loss_rows": self.loss_rows,
-                **{f"token_indices[{k}]": v for k, v in self.token_indices.items()}}
+        """Every tensor of the batch by name, following the dataclass fields (a field added later is copied
+        into a captured step's buffers too); a dict field gives one entry per key."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out.update({f"{f.name}[{k}]": t for k, t in value.items()} if isinstance(value, dict) else {f.name: value})
+        return out
 
     def clone(self) -> Batch:
         def copy(value):

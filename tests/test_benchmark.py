@@ -70,6 +70,13 @@ def test_linear_cross_entropy_matches_full_logits():
             torch.testing.assert_close(a, b)
 
 
+def _step_both(*optimizers) -> None:
+    """One step of each optimizer, then its gradients cleared."""
+    for opt in optimizers:
+        opt.step()
+        opt.zero_grad()
+
+
 def test_master_adamw_matches_torch_adamw():
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3, bias=False))
@@ -81,10 +88,7 @@ def test_master_adamw_matches_torch_adamw():
         x = torch.randn(6, 8)
         ref(x).square().sum().backward()
         fast(x).square().sum().backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-        opt.step()
-        opt.zero_grad()
+        _step_both(opt_ref, opt)
     for a, b in zip(ref.parameters(), fast.parameters()):
         torch.testing.assert_close(a, b)
 
@@ -119,10 +123,7 @@ def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torc
         if step > 0:
             for p in ref[2].parameters():
                 p.grad = torch.zeros_like(p)
-        opt_ref.step()
-        opt_ref.zero_grad()
-        opt.step()
-        opt.zero_grad()
+        _step_both(opt_ref, opt)
         assert all((p.grad is None) == fresh_grads for p in fast.parameters())
     for a, b in zip(ref.parameters(), fast.parameters()):
         torch.testing.assert_close(b, a)
@@ -147,10 +148,7 @@ def test_master_adamw_updates_the_first_parameters_in_backward_like_torch_adamw(
             for p in ref[2].parameters():
                 p.grad = torch.zeros_like(p)
         assert opt.launched == (step != 1)
-        opt_ref.step()
-        opt_ref.zero_grad()
-        opt.step()
-        opt.zero_grad()
+        _step_both(opt_ref, opt)
         for a, b in zip(ref.parameters(), fast.parameters()):
             torch.testing.assert_close(b, a)
 
