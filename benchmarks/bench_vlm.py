@@ -49,7 +49,8 @@ def worker(args: argparse.Namespace) -> dict | None:
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     # Data-parallel ranks replay their compiled regions as CUDA graphs instead of capturing the whole step
     # (collectives are not captured); so does every row of a scaling table, to compare like with like.
-    graphs = {"step_graph": False, "vit_compile": "graphs", "lm_compile": "graphs", "lm_update_early": False} \
+    graphs = {"step_graph": False, "vit_compile": "graphs", "lm_compile": "graphs", "lm_update_early": False,
+              "grad_table": False} \
         if ranks > 1 or args.region_graphs else {}
     opts = Options.parse(args.options, compile=device.type == "cuda", **graphs)
     run = Run(p, opts, device, group=dist.group.WORLD if ranks > 1 else None)

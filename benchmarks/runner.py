@@ -85,6 +85,9 @@ class Options:
     lm_update_early (precision=bf16 with fresh_grads; one process): the language model's AdamW update starts
     on a side stream as soon as its last gradient is in, under the vision encoder's backward (MasterAdamW's
     `first`).
+    grad_table (precision=bf16 with fresh_grads, on CUDA, one process): MasterAdamW reads each gradient where
+    autograd left it, through a table of addresses (one Triton kernel), instead of copying it into a flat
+    buffer.
     lr, weight_decay: AdamW as the baseline builds it (torch defaults apart from lr)."""
 
     precision: str = "bf16"
@@ -100,6 +103,7 @@ class Options:
     sdpa: str = "cudnn"
     fresh_grads: bool = True
     lm_update_early: bool = True
+    grad_table: bool = True
     lr: float = 1e-5
     weight_decay: float = 1e-2
 
@@ -145,6 +149,9 @@ class Run:
         if opts.lm_update_early and group is not None:
             raise ValueError("lm_update_early=1 updates the language model inside backward, but data parallelism "
                              "reduces every gradient in the optimizer step (--nproc > 1): use lm_update_early=0")
+        if opts.grad_table and group is not None:
+            raise ValueError("grad_table=1 leaves the gradients where autograd made them, but data parallelism "
+                             "reduce-scatters one flat gradient buffer (--nproc > 1): use grad_table=0")
         self.opts, self.device = opts, device
         self.graphed = captures_step(opts, device.type, data_parallel=group is not None)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -170,7 +177,8 @@ class Run:
         if opts.precision == "bf16":
             self.opt = MasterAdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
                                    compile=opts.compile, group=group, fresh_grads=opts.fresh_grads,
-                                   first=lm.parameters() if opts.lm_update_early and opts.fresh_grads else ())
+                                   first=lm.parameters() if opts.lm_update_early and opts.fresh_grads else (),
+                                   grad_table=opts.grad_table and opts.fresh_grads and device.type == "cuda")
         else:
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay,
                                          fused=device.type == "cuda", capturable=self.graphed)

@@ -3,10 +3,6 @@ the interpreter is chosen when the kernel is defined). On a GPU, test_gpu.py run
 `chunk_kernel` picks a chunk, and what a label outside the vocabulary gives."""
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,17 +10,16 @@ import torch
 from mimo.perf import chunk_loss_and_grad
 from mimo.perf.linear_ce import chunk_kernel, chunk_loss_into_grad
 from mimo.train.loss import IGNORE_INDEX
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.triton_interpreter import run_in_interpreter
 
 CHECK = r"""
 import math
 import torch
-from mimo.perf import cross_entropy_triton, linear_cross_entropy
+from mimo.perf import cross_entropy_triton, linear_cross_entropy, triton_support
 from mimo.perf.linear_ce import chunk_loss_and_grad
 from mimo.train.loss import IGNORE_INDEX
 
-assert cross_entropy_triton.unavailable(torch.device("cpu")) is None
+assert triton_support.unavailable(torch.device("cpu")) is None
 torch.manual_seed(0)
 for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
     for block in (256, 4096):  # 1000 columns: a partial last block, and one block holding the whole row
@@ -59,11 +54,7 @@ print("ok")
 
 
 def test_triton_loss_chunk_matches_torch_chunk_in_the_interpreter():
-    pytest.importorskip("triton", reason="Triton is part of the dev extra on Linux")
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    run_in_interpreter(CHECK)
 
 
 def test_chunk_kernel_choices_on_the_cpu():

@@ -42,15 +42,18 @@ def test_chunked_head_and_loss_match_fp32_full_logits(kernel):
     assert rel(hb.grad, h32.grad) < 2e-2 and rel(wb.grad, w32.grad) < 2e-2
 
 
-def test_compiled_master_adamw_matches_torch_adamw():
+@pytest.mark.parametrize("grad_table", [False, True])
+def test_compiled_master_adamw_matches_torch_adamw(grad_table):
     """The same gradients into both (forward kernels may differ with memory alignment, and Adam turns
-    such rounding on near-zero gradients into whole steps): the update alone is compared."""
+    such rounding on near-zero gradients into whole steps): the update alone is compared, compiled over the
+    flat gradient buffer or the Triton kernel reading the gradients through their addresses."""
     torch.manual_seed(0)
     ref = torch.nn.Linear(300, 200, device=CUDA)
     fast = torch.nn.Linear(300, 200, device=CUDA)
     fast.load_state_dict(ref.state_dict())
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
-    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, compile=True)
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, compile=True,
+                      grad_table=grad_table)
     for _ in range(5):
         for a, b in zip(ref.parameters(), fast.parameters()):
             g = torch.randn_like(a)
@@ -73,7 +76,7 @@ def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
     assert rel(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("extra", ["", ",lm_update_early=0"])
+@pytest.mark.parametrize("extra", ["", ",lm_update_early=0", ",grad_table=0"])
 def test_benchmarked_fast_path_trains_like_fp32_mimo(extra):
     """Preset tiny, all optimisations on (the whole step captured as one CUDA graph over compiled regions,
     cuDNN attention, bf16 + master AdamW, the chunked loss on text rows with the Triton chunk where Triton
@@ -94,10 +97,11 @@ def test_benchmarked_fast_path_trains_like_fp32_mimo(extra):
         assert abs(a - b) <= 1e-2 * a, (i, a, b)
 
 
-@pytest.mark.parametrize("extra", ["", ",lm_update_early=0"])
+@pytest.mark.parametrize("extra", ["", ",lm_update_early=0", ",grad_table=0"])
 def test_captured_step_replays_the_eager_step(extra):
-    """The step graph (by default with the language model's update started on a side stream in backward)
-    against the same compiled regions stepped eagerly with the whole update after backward, from the same weights on the
+    """The step graph (by default with the language model's update started on a side stream in backward, and
+    the gradients read through a table of their addresses) against the same compiled regions stepped eagerly
+    with the whole update after backward over a flat gradient buffer, from the same weights on the
     same alternating batches: losses agree to 1e-3 and the weights' change over the 7 steps to 5e-2, so replaying
     on new inputs (copied into the graph's buffers) trains as eager steps do. The key biases are left out:
     their true gradient is zero (softmax ignores a shift shared by all keys), cuDNN's attention backward
@@ -105,7 +109,7 @@ def test_captured_step_replays_the_eager_step(extra):
     differ between any two runs, eager or not."""
     p = load_preset("tiny")
     batches = make_batches(p, CUDA)
-    eager = Run(p, Options.parse("step_graph=0,lm_update_early=0,lr=1e-3"), CUDA)
+    eager = Run(p, Options.parse("step_graph=0,lm_update_early=0,grad_table=0,lr=1e-3"), CUDA)
     state = {k: v.detach().clone() for k, v in eager.model.state_dict().items()}
     graphed = Run(p, Options.parse("lr=1e-3" + extra), CUDA, state=state)
     eager_losses = [float(eager.step(batches[i % 2])) for i in range(7)]

@@ -9,32 +9,10 @@ row having just been read) to write the gradient over the logits. Same formula, 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from mimo.perf.triton_support import tl, triton
 from mimo.train.loss import IGNORE_INDEX
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: linear_ce falls back to the PyTorch chunk
-    triton = None
-
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-"""Triton picks its interpreter when a kernel is defined, i.e. when this module is imported."""
-
-
-def unavailable(device: torch.device) -> str | None:
-    """Why the kernel cannot run on `device`, or None when it can (a GPU, or the CPU in Triton's
-    interpreter, which TRITON_INTERPRET=1 selects if set before mimo is imported)."""
-    if triton is None:
-        return "Triton is not installed (pip install triton)"
-    if device.type == "cuda" or (device.type == "cpu" and _INTERPRET):
-        return None
-    return f"Triton runs this kernel on CUDA devices (or on the CPU in its interpreter), not on {device}"
-
 
 if triton is not None:
 

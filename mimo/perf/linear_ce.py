@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from mimo.perf import cross_entropy_triton
+from mimo.perf import cross_entropy_triton, triton_support
 from mimo.train.loss import IGNORE_INDEX
 
 CHUNK_KERNELS = ("torch", "compiled", "triton")
@@ -60,7 +60,7 @@ def chunk_kernel(kernel: str, device: torch.device) -> ChunkFn:
     """The loss chunk as `kernel` says: "torch" (eager), "compiled" (torch.compile) or "triton" (one
     hand-written kernel); "auto" is triton on a GPU where Triton is installed, else compiled on a GPU,
     else torch."""
-    why = cross_entropy_triton.unavailable(device)
+    why = triton_support.unavailable(device)
     if kernel == "auto":
         kernel = "torch" if device.type != "cuda" else "compiled" if why else "triton"
     if kernel not in CHUNK_KERNELS:

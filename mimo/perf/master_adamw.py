@@ -14,6 +14,10 @@ buffers, and their update starts, on a CUDA side stream, as soon as the last of 
 it runs under the rest of the backward pass (the encoder's, whose small products leave room on the GPU),
 and `step()` then updates the others and waits for it.
 
+With `grad_table`, there is no flat gradient buffer: each gradient stays the tensor autograd made, and
+one Triton kernel reads them all through a table of their addresses (`adamw_triton`), so no gradient is
+copied anywhere.
+
 Data parallelism (ZeRO-1): given a process group of N ranks, the flat buffers are split into N equal
 shards and each rank keeps master weights and moments for its own shard only (12 of the 16 bytes per
 parameter that AdamW holds, divided by N), while every rank still holds the full bf16 weights and
@@ -33,6 +37,8 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from mimo.parallel.comm import all_gather_single, reduce_scatter_single
+from mimo.perf.adamw_triton import TableUpdate, aligned_grad
+from mimo.perf.triton_support import unavailable
 
 _ALIGN = 64  # elements: every view starts 128-byte aligned, as vectorised kernels like
 
@@ -79,6 +85,8 @@ class MasterAdamW:
     update of those parameters starts in the hook of the last of them to get its gradient (see the module
     docstring); a second backward, or a gradient set by hand on one of them after that, is an error.
     `chunk` bounds the elements of one update call (and the temporaries of the uncompiled update).
+    With `grad_table` (one process, fresh gradients, Triton on the device), `.grad` stays autograd's own
+    tensor and the update reads it in place (see the module docstring); `compile` and `chunk` do not apply.
 
     With `group` (more than one rank), `step()` is collective and takes the mean of the ranks'
     gradients (each rank's loss being a mean over its own micro-batch). Every rank must pass the same
@@ -89,7 +97,7 @@ class MasterAdamW:
     def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, dtype: torch.dtype = torch.bfloat16,
                  compile: bool = False, chunk: int = 1 << 28, group: ProcessGroup | None = None,
-                 fresh_grads: bool = True, first: Iterable[nn.Parameter] = ()):
+                 fresh_grads: bool = True, first: Iterable[nn.Parameter] = (), grad_table: bool = False):
         params = [p for p in params if p.requires_grad]
         if not params:
             raise ValueError("MasterAdamW got no trainable parameters")
@@ -106,6 +114,11 @@ class MasterAdamW:
                              "in step()): drop first")
         self.group = group if ranks > 1 else None
         device = self.params[0].device
+        if grad_table:
+            why = "a process group" if ranks > 1 else "fresh_grads=False" if not fresh_grads else unavailable(device)
+            if why:
+                raise ValueError(f"MasterAdamW(grad_table=True) cannot run with {why}: use grad_table=False (a flat "
+                                 f"gradient buffer)")
         offsets, total = [], 0
         for p in self.params:
             offsets.append(total)
@@ -113,14 +126,15 @@ class MasterAdamW:
         total = -(-total // (ranks * _ALIGN)) * ranks * _ALIGN  # equal shards, each starting aligned
         size = total // ranks
         start = (dist.get_rank(group) if self.group is not None else 0) * size
-        self.grad = torch.zeros(total, dtype=dtype, device=device)
+        self.dtype = dtype
+        self.grad = None if grad_table else torch.zeros(total, dtype=dtype, device=device)
         self.weight = torch.zeros(total, dtype=dtype, device=device)
         # this rank's shard: fp32 state of its elements; their summed gradients land in grad_shard
         self.master = torch.zeros(size, dtype=torch.float32, device=device)
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
         self.weight_shard = self.weight[start:start + size]
-        self.grad_shard = self.grad[start:start + size] if self.group is None else torch.zeros_like(self.weight_shard)
+        self.grad_shard = self.grad if self.group is None else torch.zeros_like(self.weight_shard)
         with torch.no_grad():
             for p, off in zip(self.params, offsets):
                 lo, hi = max(off, start), min(off + p.numel(), start + size)
@@ -130,7 +144,10 @@ class MasterAdamW:
                 weight.copy_(p)
                 p.data = weight
                 p.grad = None
-        self.grad_views = [self.grad[off:off + p.numel()].view_as(p) for p, off in zip(self.params, offsets)]
+        self.table = TableUpdate([p.numel() for p in self.params], offsets, device) if grad_table else None
+        self.grad_views = [None if grad_table else self.grad[off:off + p.numel()].view_as(p)
+                           for p, off in zip(self.params, offsets)]
+        self.held: dict[int, torch.Tensor] = {}  # with grad_table: the first parameters' gradients, until step()
         self.fresh_grads = fresh_grads
         self.n_first = len(early)
         self.arrived: set[int] = set()  # indices of the first parameters whose gradient is in this step
@@ -139,6 +156,8 @@ class MasterAdamW:
         for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
             if i < self.n_first:
                 p.register_post_accumulate_grad_hook(functools.partial(self._first_grad, i))
+            elif grad_table:
+                continue
             elif fresh_grads:
                 p.register_post_accumulate_grad_hook(functools.partial(_into_view, view=view))
             else:
@@ -151,20 +170,31 @@ class MasterAdamW:
         self.rest_slices = [slice(s, min(s + chunk, size)) for s in range(split, size, chunk)]
         self.update = torch.compile(adamw_update) if compile else adamw_update
 
-    def _update(self, slices: list[slice]) -> None:
-        for s in slices:
+    def _update(self, first: bool, grads: list[torch.Tensor | None]) -> None:
+        """Update the `first` parameters, or the others: through the gradient table (`grads[i]` is parameter
+        i's gradient), else chunk by chunk of the flat buffers."""
+        if self.table is not None:
+            lo, hi = (0, self.n_first) if first else (self.n_first, len(self.params))
+            self.table.launch(lo, hi, grads, self.master, self.exp_avg, self.exp_avg_sq, self.weight,
+                              self.step_count, self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
+            return
+        for s in self.first_slices if first else self.rest_slices:
             self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad_shard[s],
                         self.weight_shard[s], self.step_count, self.lr, self.beta1, self.beta2, self.eps,
                         self.weight_decay, self.grad_scale)
 
     @torch.no_grad()
     def _first_grad(self, i: int, p: torch.Tensor) -> None:
-        """Hook of a `first` parameter: its gradient goes into the flat buffer, and the hook of the last of
-        them starts their update (on CUDA on the side stream, after everything queued so far)."""
+        """Hook of a `first` parameter: its gradient goes into the flat buffer (or is held for the table), and
+        the hook of the last of them starts their update (on CUDA on the side stream, after everything
+        queued so far)."""
         if self.launched:
             raise RuntimeError("MasterAdamW(first=...) got a second gradient after updating those parameters: it "
                                "takes one backward per step (no gradient accumulation); drop first")
-        _into_view(p, self.grad_views[i])
+        if self.table is None:
+            _into_view(p, self.grad_views[i])
+        else:
+            self.held[i] = aligned_grad(p, self.dtype)
         self.arrived.add(i)
         if len(self.arrived) < self.n_first:
             return
@@ -173,7 +203,7 @@ class MasterAdamW:
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            self._update(self.first_slices)
+            self._update(True, [self.held.get(j) for j in range(len(self.params))])
 
     @torch.no_grad()
     def step(self) -> None:
@@ -183,22 +213,28 @@ class MasterAdamW:
         With `first`, the parameters already updated in backward are skipped, and the current stream waits
         for their update before this returns."""
         launched, self.launched = self.launched, False
+        held, self.held = self.held, {}  # referenced until the side stream's update is waited for
         self.arrived.clear()
+        grads: list[torch.Tensor | None] = []
         for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
             if launched and i < self.n_first:
-                if p.grad is not view:
+                if p.grad is not (view if self.table is None else held[i]):
                     raise RuntimeError("MasterAdamW(first=...) found a gradient set by hand on a parameter it had "
                                        "already updated in backward; drop first")
+            elif self.table is not None:
+                grads.append(None if p.grad is None else aligned_grad(p, self.dtype))
+                continue
             elif p.grad is None:
                 view.zero_()
             elif p.grad is not view:
                 _into_view(p, view)
+            grads.append(None)
         if self.group is not None:
             reduce_scatter_single(self.grad_shard, self.grad, group=self.group)
         if not launched:
             self.step_count += 1
-            self._update(self.first_slices)
-        self._update(self.rest_slices)
+            self._update(True, grads)
+        self._update(False, grads)
         if launched and self.stream is not None:
             torch.cuda.current_stream().wait_stream(self.stream)
         if self.group is not None:
