@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mimo.perf import MasterAdamW
+from mimo.perf.adamw_triton import TableUpdate
 from tests.triton_interpreter import run_in_interpreter
 
 CHECK = r"""
@@ -44,3 +45,8 @@ def test_grad_table_refuses_what_it_cannot_do():
         MasterAdamW(lin.parameters(), fresh_grads=False, grad_table=True)
     with pytest.raises(ValueError, match="not on cpu: use grad_table=False"):
         MasterAdamW(lin.parameters(), grad_table=True)  # this process did not start Triton's interpreter
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="power of two >= 64"):
+        TableUpdate([10], [0], cpu, block=96)
+    with pytest.raises(ValueError, match="pass it through aligned_grad"):
+        TableUpdate([4], [0], cpu).addresses(0, 1, [torch.zeros(5)[1:]])  # starts 4 bytes into its storage

@@ -72,10 +72,14 @@ if triton is not None:
 class TableUpdate:
     """AdamW over parameters laid out in flat buffers at `offsets` (multiples of 64 elements), reading their
     gradients from wherever they are. `launch(lo, hi, grads, ...)` updates parameters lo..hi-1 with one
-    kernel, on the current stream: programs of `block` elements (a multiple of 64) and `warps` warps."""
+    kernel, on the current stream: programs of `block` elements (a power of two, at least 64, so that every
+    program starts aligned in the flat buffers) and `warps` warps."""
 
     def __init__(self, numels: list[int], offsets: list[int], device: torch.device, block: int = BLOCK,
                  warps: int = 4):
+        if block < 64 or block & (block - 1) or any(off % 64 for off in offsets):
+            raise ValueError(f"TableUpdate needs a block that is a power of two >= 64 (got {block}) and offsets that "
+                             f"are multiples of 64 elements")
         self.block, self.warps = block, warps
         blocks = [-(-n // block) for n in numels]
         first = [0]
@@ -97,6 +101,9 @@ class TableUpdate:
         for i in range(lo, hi):
             if grads[i] is not None:
                 table[i] = grads[i].data_ptr()
+                if table[i] % _ALIGN_BYTES or not grads[i].is_contiguous():
+                    raise ValueError(f"gradient {i} must be contiguous and start {_ALIGN_BYTES}-byte aligned for the "
+                                     f"table kernel's vector loads: pass it through aligned_grad")
         cuda = self.device.type == "cuda"
         host = torch.tensor(table, dtype=torch.int64, pin_memory=cuda)
         if cuda and torch.cuda.is_current_stream_capturing():
