@@ -65,7 +65,9 @@ if triton is not None:
                     decay, step_size, bc2_sqrt, beta1, beta2, eps)
         else:  # a parameter's last block, or one without a gradient (it steps on zeros)
             inside = idx < n
-            _update(g_ptr, idx, flat, inside, inside & (addr != 0), 0.0, master, exp_avg, exp_avg_sq, weight,
+            # the gradient's mask as a comparison: Triton 3.9's interpreter refuses `inside & (addr != 0)`
+            with_grad = idx < tl.where(addr != 0, n, 0)
+            _update(g_ptr, idx, flat, inside, with_grad, 0.0, master, exp_avg, exp_avg_sq, weight,
                     decay, step_size, bc2_sqrt, beta1, beta2, eps)
 
 
