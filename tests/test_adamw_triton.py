@@ -48,5 +48,6 @@ def test_grad_table_refuses_what_it_cannot_do():
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="power of two >= 64"):
         TableUpdate([10], [0], cpu, block=96)
-    with pytest.raises(ValueError, match="pass it through aligned_grad"):
-        TableUpdate([4], [0], cpu).addresses(0, 1, [torch.zeros(5)[1:]])  # starts 4 bytes into its storage
+    for grad in (torch.zeros(5)[1:], torch.zeros(4, dtype=torch.bfloat16)):  # 4 bytes into its storage; a bf16
+        with pytest.raises(ValueError, match="pass it through aligned_grad"):  # gradient for fp32 weights
+            TableUpdate([4], [0], cpu).addresses(0, 1, [grad], torch.float32)

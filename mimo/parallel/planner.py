@@ -101,6 +101,12 @@ def _colocated(cfg: Config, enc_tp: int, lm_tp: int, sp: bool, fsdp: bool) -> Mo
     return mods
 
 
+def _lm_split_cost(r: Row) -> tuple:
+    """Order of fitting LM layouts: least tp x pp, then least tp, then least memory."""
+    lm = r.layout.grids[LANGUAGE]
+    return lm.tp * lm.pp, lm.tp, r.usage.peak
+
+
 def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row | None]) -> list[Row]:
     """Each encoder dp on its own N/share ranks, the LM on the rest: per split, of the LM layouts the
     trainer accepts, the one with the least tp x pp (then tp, then memory) that fits, else the one with
@@ -117,8 +123,7 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
         rows = [r for r in options if r is not None]
         fitting = [r for r in rows if r.fits]
         if fitting:
-            out.append(min(fitting, key=lambda r: (r.layout.grids[LANGUAGE].tp * r.layout.grids[LANGUAGE].pp,
-                                                    r.layout.grids[LANGUAGE].tp, r.usage.peak)))
+            out.append(min(fitting, key=_lm_split_cost))
         elif rows:
             out.append(min(rows, key=lambda r: r.usage.peak))
     return out

@@ -97,15 +97,15 @@ class TableUpdate:
         self.device = device
         self.captured_tables: list[torch.Tensor] = []  # host tables a CUDA graph reads at each replay
 
-    def addresses(self, lo: int, hi: int, grads: list[torch.Tensor | None]) -> torch.Tensor:
+    def addresses(self, lo: int, hi: int, grads: list[torch.Tensor | None], dtype: torch.dtype) -> torch.Tensor:
         """The device table of gradient addresses (0: no gradient) for parameters lo..hi-1."""
         table = [0] * self.n_params
         for i in range(lo, hi):
             if grads[i] is not None:
+                if not _readable(grads[i], dtype):
+                    raise ValueError(f"gradient {i} must be contiguous, {dtype} and start {_ALIGN_BYTES}-byte aligned "
+                                     f"for the table kernel: pass it through aligned_grad")
                 table[i] = grads[i].data_ptr()
-                if table[i] % _ALIGN_BYTES or not grads[i].is_contiguous():
-                    raise ValueError(f"gradient {i} must be contiguous and start {_ALIGN_BYTES}-byte aligned for the "
-                                     f"table kernel's vector loads: pass it through aligned_grad")
         cuda = self.device.type == "cuda"
         host = torch.tensor(table, dtype=torch.int64, pin_memory=cuda)
         if cuda and torch.cuda.is_current_stream_capturing():
@@ -121,16 +121,22 @@ class TableUpdate:
         if count == 0:
             return
         scalars = torch.stack([1 - lr * weight_decay, lr / (1 - beta1 ** step), (1 - beta2 ** step).sqrt()])
-        _adamw_blocks[(count,)](self.addresses(lo, hi, grads), self.block_param, self.first_block, self.offsets,
-                                self.numels, master, exp_avg, exp_avg_sq, weight, scalars, self.first[lo],
-                                beta1, beta2, eps, BLOCK=self.block, num_warps=self.warps)
+        table = self.addresses(lo, hi, grads, weight.dtype)
+        _adamw_blocks[(count,)](table, self.block_param, self.first_block, self.offsets, self.numels, master,
+                                exp_avg, exp_avg_sq, weight, scalars, self.first[lo], beta1, beta2, eps,
+                                BLOCK=self.block, num_warps=self.warps)
 
 
 def aligned_grad(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`p.grad` as the table kernel reads it: contiguous, of `dtype`, starting 16-byte aligned (autograd may
     hand over a view into a larger buffer; such a gradient is copied once, which is rare)."""
     g = p.grad
-    if g.dtype != dtype or not g.is_contiguous() or g.data_ptr() % _ALIGN_BYTES:
+    if not _readable(g, dtype):
         g = g.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
         p.grad = g
     return g
+
+
+def _readable(g: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the kernel's vector loads can read `g` as it is."""
+    return g.dtype == dtype and g.is_contiguous() and g.data_ptr() % _ALIGN_BYTES == 0

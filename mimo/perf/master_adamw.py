@@ -126,7 +126,6 @@ class MasterAdamW:
         total = -(-total // (ranks * _ALIGN)) * ranks * _ALIGN  # equal shards, each starting aligned
         size = total // ranks
         start = (dist.get_rank(group) if self.group is not None else 0) * size
-        self.dtype = dtype
         self.grad = None if grad_table else torch.zeros(total, dtype=dtype, device=device)
         self.weight = torch.zeros(total, dtype=dtype, device=device)
         # this rank's shard: fp32 state of its elements; their summed gradients land in grad_shard
@@ -194,7 +193,7 @@ class MasterAdamW:
         if self.table is None:
             _into_view(p, self.grad_views[i])
         else:
-            self.held[i] = aligned_grad(p, self.dtype)
+            self.held[i] = aligned_grad(p, self.weight.dtype)
         self.arrived.add(i)
         if len(self.arrived) < self.n_first:
             return
@@ -222,7 +221,7 @@ class MasterAdamW:
                     raise RuntimeError("MasterAdamW(first=...) found a gradient set by hand on a parameter it had "
                                        "already updated in backward; drop first")
             elif self.table is not None:
-                grads.append(None if p.grad is None else aligned_grad(p, self.dtype))
+                grads.append(None if p.grad is None else aligned_grad(p, self.weight.dtype))
                 continue
             elif p.grad is None:
                 view.zero_()
