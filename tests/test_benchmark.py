@@ -216,7 +216,7 @@ def test_fast_path_follows_fp32_mimo_on_tiny(extra):
     """bf16 weights + master AdamW + chunked loss on text rows vs plain fp32 MimoModel.forward."""
     p, cpu = load_preset("tiny"), torch.device("cpu")
     batches = make_batches(p, cpu)
-    reference = "precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,lr=1e-3"
+    reference = "precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,fuse_qkv=0,lr=1e-3"
     ref = Run(p, Options.parse(reference), cpu)
     fast = Run(p, Options.parse("compile=0,lr=1e-3" + extra), cpu, state=ref.model.state_dict())
     for i in range(4):

@@ -83,7 +83,8 @@ def test_benchmarked_fast_path_trains_like_fp32_mimo(extra):
     runs) against plain fp32 mimo from the same weights: each of 8 losses within 1% (steps 1-2 eager, 3
     captured and replayed, 4-8 replayed on alternating batches)."""
     p = load_preset("tiny")
-    ref = Run(p, Options.parse("precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,sdpa=math,lr=1e-3"), CUDA)
+    ref = Run(p, Options.parse("precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,fuse_qkv=0,sdpa=math,"
+                               "lr=1e-3"), CUDA)
     state = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
     batches = make_batches(p, CUDA)
     ref_losses = [float(ref.step(batches[i % 2])) for i in range(8)]

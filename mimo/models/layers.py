@@ -147,6 +147,9 @@ class SelfAttention(nn.Module):
         # The attention kernel, `attention(q, k, v, causal, mask)` by default; parallel/ may replace it from
         # outside (context parallel attends local queries to keys and values gathered over its group).
         self.attention_fn = attention
+        # Set from outside (mimo.perf.fuse_qkv): q, k and v from one product over their weights concatenated
+        # at each call; the parameters stay three linears.
+        self.fused_qkv = False
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 causal: bool = True, mask: torch.Tensor | None = None,
@@ -156,9 +159,8 @@ class SelfAttention(nn.Module):
         projection runs on the rows asked for."""
         b, s, _ = x.shape
         d = self.head_dim
-        q = self.q_proj(x).view(b, s, -1, d)
-        k = self.k_proj(x).view(b, s, -1, d)
-        v = self.v_proj(x).view(b, s, -1, d)
+        q, k, v = self._fused_qkv(x) if self.fused_qkv else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q, k, v = q.view(b, s, -1, d), k.view(b, s, -1, d), v.view(b, s, -1, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -170,6 +172,15 @@ class SelfAttention(nn.Module):
         if rows is not None:
             out = out.flatten(0, 1).index_select(0, rows)
         return self.o_proj(out)
+
+
+    def _fused_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as slices of one product: one wider GEMM each way instead of three, and the input's
+        gradient comes out of one product (the norm before it reads one tensor instead of summing three)."""
+        linears = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([lin.weight for lin in linears])
+        bias = None if self.q_proj.bias is None else torch.cat([lin.bias for lin in linears])
+        return F.linear(x, weight, bias).split([lin.out_features for lin in linears], dim=-1)
 
 
 class SwiGLU(nn.Module):

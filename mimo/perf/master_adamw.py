@@ -11,8 +11,9 @@ the GPU.
 With `first` (the parameters whose gradients are all complete before the others', e.g. the language
 model's, whose backward pass ends before the vision encoder's begins), those parameters lead the flat
 buffers, and their update starts, on a CUDA side stream, as soon as the last of them has its gradient:
-it runs under the rest of the backward pass (the encoder's, whose small products leave room on the GPU),
-and `step()` then updates the others and waits for it.
+it runs under the rest of the backward pass (the encoder's, whose small products leave room on the GPU;
+the side stream has the lowest priority, so that a backward on a stream of higher priority keeps the SMs it
+needs), and `step()` then updates the others and waits for it.
 
 With `grad_table`, there is no flat gradient buffer: each gradient stays the tensor autograd made, and
 one Triton kernel reads them all through a table of their addresses (`adamw_triton`), so no gradient is
@@ -151,7 +152,8 @@ class MasterAdamW:
         self.n_first = len(early)
         self.arrived: set[int] = set()  # indices of the first parameters whose gradient is in this step
         self.launched = False  # whether their update has started this step
-        self.stream = torch.cuda.Stream(device) if early and device.type == "cuda" else None
+        # the lowest priority: the kernels of a stream of higher priority (e.g. a captured step's) get SMs first
+        self.stream = torch.cuda.Stream(device, priority=0) if early and device.type == "cuda" else None
         for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
             if i < self.n_first:
                 p.register_post_accumulate_grad_hook(functools.partial(self._first_grad, i))

@@ -1,0 +1,31 @@
+"""One product for each attention's q, k and v (`SelfAttention.fused_qkv`).
+
+Three products of the same input leave the GPU partly idle on the narrow ones (k and v under grouped-query
+attention) and make the norm's backward read and sum three input gradients. Concatenating the three weights
+at each call (a few MB) gives one wider product each way; the parameters, their names and checkpoints stay
+those of three linears, and each weight's gradient is a slice of the concatenated one.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from mimo.models.layers import SelfAttention
+
+
+def fuse_qkv(model: nn.Module) -> int:
+    """Turn the fused projection on in every attention of `model`; how many. Only over plain `nn.Linear`
+    projections of one dtype and bias setting: a sharded or adapted projection keeps its own forward."""
+    count = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, SelfAttention):
+            continue
+        linears = (module.q_proj, module.k_proj, module.v_proj)
+        if any(type(lin) is not nn.Linear for lin in linears):
+            raise ValueError(f"fuse_qkv: {name}'s q/k/v projections are not plain nn.Linear (tensor parallel or "
+                             f"adapted?): leave fuse_qkv off")
+        if len({(lin.weight.dtype, lin.bias is None) for lin in linears}) != 1:
+            raise ValueError(f"fuse_qkv: {name}'s q/k/v projections differ in dtype or bias; leave fuse_qkv off")
+        module.fused_qkv = True
+        count += 1
+    return count
