@@ -214,9 +214,11 @@ class TrainConfig:
     dtype: str = "float32"
     threads: int = 0
     # GPU fast paths of mimo.perf (benchmarks/ measures them): torch.compile each transformer block, and the
-    # output head + cross-entropy over row chunks without full fp32 logits. Data-parallel layouts only.
+    # output head + cross-entropy over row chunks without full fp32 logits (data-parallel layouts only); each
+    # attention's q, k and v from one product (any layout without tensor parallelism).
     compile: bool = False
     chunked_loss: bool = False
+    fuse_qkv: bool = False
     # Checkpoints (runs/<name>/checkpoints/step_*): every `save_every` steps (0 = only on a stop), newest
     # `keep_checkpoints` kept. resume: false/"never", true/"auto" (newest complete one, if any), or a path.
     save_every: int = 0

@@ -20,6 +20,7 @@ from mimo.config import LLMConfig, ModalityConfig, ModelConfig, OptimConfig, ViT
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.data import AbsentInputFiller, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
+from mimo.perf import fuse_qkv
 from mimo.train.loss import loss_weights
 from mimo.train.optim import REPLICAS, MimoOptimizer
 from mimo.train.trainer import module_map
@@ -33,9 +34,10 @@ CFG = ModelConfig(llm=LLMConfig(vocab=78, hidden=32, layers=2, heads=4, kv_heads
                                                                                    heads=2, mlp=24))})
 DUMMY = {"images": {"vit": {"pixel_values": torch.zeros(1, 3, 16, 16)}}}
 MODULES = ["language", "images"]
-MODES = ("replicated", "fsdp", "fsdp_empty_batch")
+MODES = ("replicated", "fsdp", "fsdp_empty_batch", "fsdp_fused_qkv")
 """fsdp: text-only microbatches leave modality_inputs out (AbsentInputFiller runs a dummy image);
-fsdp_empty_batch: they pass 0 images, which joins FSDP's collectives by itself."""
+fsdp_empty_batch: they pass 0 images, which joins FSDP's collectives by itself; fsdp_fused_qkv: fsdp with
+each attention's q, k and v from one product (mimo.perf.fuse_qkv, against the unfused reference)."""
 ATOL = 1e-10
 """Gradients that are mathematically zero (attention key biases: softmax ignores a shift shared by all
 keys) hold only rounding noise, ~1e-12 here, which no relative bound can compare."""
@@ -121,6 +123,8 @@ def check_case(rank: int, world: int, mode: str, scenario: str, groups: GridGrou
     ref_opt = MimoOptimizer(module_map(ref), cfg, 1)
     assert ref_opt.step(0)[:2] == (True, ref_norm)
 
+    if mode == "fsdp_fused_qkv":
+        assert fuse_qkv(model) == CFG.llm.layers + CFG.modalities["images"].vit.layers
     if mode.startswith("fsdp"):
         apply_fsdp(model.language_model, mesh, entry_methods=("embed", "logits"))
         apply_fsdp(model.modality_submodules["images"], mesh)

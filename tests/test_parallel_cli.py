@@ -4,7 +4,8 @@ Each layout config keeps demo_vlm's model, seed and global batch, so per-step lo
 float rounding (within 1e-4 relative over 20 steps): DP2 x TP2 with sequence parallel on 4 ranks,
 the colocated fan-in and fan-out layouts on 8 ranks, the pipelined layout on 8 ranks (encoder
 tp2 on ranks 0-1, LM tp2 x pp3 on ranks 2-7, 1F1B over 4 microbatches), context parallelism (LM
-cp2 x tp2) on 4 ranks, and sequence packing on one process.
+cp2 x tp2) on 4 ranks, and sequence packing on one process; `train.fuse_qkv` under LM cp2 on 2 ranks and
+a pipelined layout on 3.
 """
 
 from pathlib import Path
@@ -28,6 +29,21 @@ def reference(tmp_path_factory) -> list[float]:
                                           ("demo_cp2_tp2.toml", 4), ("demo_packed.toml", 1)])
 def test_layouts_reproduce_the_single_process_loss_curve(reference, tmp_path, config, nproc):
     losses = _train(tmp_path, config, nproc)
+    assert len(losses) == len(reference) == 20
+    for step, (a, b) in enumerate(zip(losses, reference)):
+        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: {a} vs single-process {b}"
+
+
+@pytest.mark.parametrize("config,nproc,overrides", [
+    ("demo_vlm.toml", 2, ["--parallel.modules.language.cp=2"]),
+    ("demo_pipeline.toml", 3, ["--parallel.modules.images.size=1", "--parallel.modules.images.tp=1",
+                               "--parallel.modules.language.offset=1", "--parallel.modules.language.size=2",
+                               "--parallel.modules.language.tp=1", "--parallel.modules.language.pp=2"]),
+])
+def test_fused_qkv_reproduces_the_single_process_loss_curve(reference, tmp_path, config, nproc, overrides):
+    """`train.fuse_qkv` under context parallelism (LM cp2) and the pipeline (encoder on rank 0, LM pp2 on
+    ranks 1-2): one product for q, k and v changes no loss beyond float rounding."""
+    losses = loss_curve(tmp_path, f"fused_{nproc}", config, nproc, "--train.fuse_qkv=true", *overrides)
     assert len(losses) == len(reference) == 20
     for step, (a, b) in enumerate(zip(losses, reference)):
         assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: {a} vs single-process {b}"

@@ -1,6 +1,7 @@
-"""`train.compile` and `train.chunked_loss` (the GPU fast paths, here on the CPU in fp32) train like the
-plain trainer: per-step losses within 1e-5 (chunked) or 1e-4 (compiled) relative, final weights within
-1e-4 of their scale. Unsupported layouts are refused with an error that names the field."""
+"""`train.compile`, `train.chunked_loss` and `train.fuse_qkv` (the GPU fast paths, here on the CPU in fp32)
+train like the plain trainer: per-step losses within 1e-5 (chunked, fused q/k/v; FSDP with fused q/k/v:
+tests/test_data_parallel.py) or 1e-4 (compiled) relative, final weights within 1e-4 of their scale.
+Unsupported layouts are refused with an error that names the field."""
 
 import json
 
@@ -24,10 +25,14 @@ def run(tmp_path, name: str, *switches: str) -> tuple[list[float], dict]:
     return losses, load_file(out / "tiny" / "checkpoint" / "model.safetensors")
 
 
-@pytest.mark.parametrize("switch, rtol", [("--train.chunked_loss=true", 1e-5), ("--train.compile=true", 1e-4)])
-def test_fast_path_trains_like_the_plain_trainer(tmp_path, switch, rtol):
+@pytest.mark.parametrize("switches, rtol", [
+    (["--train.chunked_loss=true"], 1e-5),
+    (["--train.compile=true"], 1e-4),
+    (["--train.fuse_qkv=true"], 1e-5),
+])
+def test_fast_path_trains_like_the_plain_trainer(tmp_path, switches, rtol):
     plain_losses, plain = run(tmp_path, "plain")
-    fast_losses, fast = run(tmp_path, "fast", switch)
+    fast_losses, fast = run(tmp_path, "fast", *switches)
     assert len(fast_losses) == len(plain_losses) == 4
     for a, b in zip(fast_losses, plain_losses):
         assert abs(a - b) <= rtol * abs(b), (fast_losses, plain_losses)
@@ -49,6 +54,8 @@ def test_fast_path_trains_like_the_plain_trainer(tmp_path, switch, rtol):
       "--parallel.modules.language.size=2"], "train.compile: modules on disjoint ranks"),
     (["--train.chunked_loss=true", "--parallel.modules.language.tp=2", "--model.llm.kv_heads=2"],
      "train.chunked_loss: parallel.modules.language.tp = 2 already uses the vocab-parallel loss"),
+    (["--train.fuse_qkv=true", "--parallel.modules.images.tp=2"],
+     "train.fuse_qkv: parallel.modules.images.tp = 2 shards q, k and v by heads"),
 ])
 def test_unsupported_layouts_are_refused_before_any_collective(tmp_path, overrides, message):
     cfg = tiny_config(tmp_path, *overrides)

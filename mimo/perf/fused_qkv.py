@@ -14,8 +14,9 @@ from mimo.models.layers import SelfAttention
 
 
 def fuse_qkv(model: nn.Module) -> int:
-    """Turn the fused projection on in every attention of `model`; how many. Only over plain `nn.Linear`
-    projections of one dtype and bias setting: a sharded or adapted projection keeps its own forward."""
+    """Turn the fused projection on in every attention of `model` that this rank holds; how many. Only over
+    plain `nn.Linear` projections of one dtype and bias setting: a sharded or adapted projection keeps its own
+    forward."""
     count = 0
     for name, module in model.named_modules():
         if not isinstance(module, SelfAttention):
@@ -24,6 +25,8 @@ def fuse_qkv(model: nn.Module) -> int:
         if any(type(lin) is not nn.Linear for lin in linears):
             raise ValueError(f"fuse_qkv: {name}'s q/k/v projections are not plain nn.Linear (tensor parallel or "
                              f"adapted?): leave fuse_qkv off")
+        if any(lin.weight is None for lin in linears):  # released: the module runs on other ranks (pipeline)
+            continue
         if len({(lin.weight.dtype, lin.bias is None) for lin in linears}) != 1:
             raise ValueError(f"fuse_qkv: {name}'s q/k/v projections differ in dtype or bias; leave fuse_qkv off")
         module.fused_qkv = True

@@ -1,7 +1,8 @@
-"""The benchmark's fast paths for `mimo train`: per-block compilation and the chunked head + loss.
+"""The benchmark's fast paths for `mimo train`: per-block compilation, the chunked head + loss, and one
+product for each attention's q, k and v.
 
-Switched on by `train.compile` and `train.chunked_loss`, applied to the model after the parallel plan
-has laid it out (both keep every parameter name, so checkpoints and plans do not notice).
+Switched on by `train.compile`, `train.chunked_loss` and `train.fuse_qkv`, applied to the model after the
+parallel plan has laid it out (all keep every parameter name, so checkpoints and plans do not notice).
 `check_fast_paths`, part of the plan's validation before any collective, names the field when a layout
 is not supported yet.
 """
@@ -15,6 +16,7 @@ from mimo.mimo_model import MimoModel
 from mimo.models.llm import DecoderLM
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline import is_pipelined
+from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.regional import compile_blocks
 from mimo.train.loss import IGNORE_INDEX
@@ -35,6 +37,11 @@ def check_fast_paths(cfg: Config, layout: Layout) -> None:
                 raise ConfigError(f"train.compile: parallel.modules.{name} uses tp/cp > 1 or fsdp, which compiled "
                                   "blocks do not support yet; set train.compile = false or use plain data "
                                   "parallelism")
+    if cfg.train.fuse_qkv:
+        for name, grid in layout.grids.items():
+            if grid.tp > 1:
+                raise ConfigError(f"train.fuse_qkv: parallel.modules.{name}.tp = {grid.tp} shards q, k and v by "
+                                  "heads, each with its own forward; set train.fuse_qkv = false")
     lm_tp = layout.grids["language"].tp
     if cfg.train.chunked_loss and lm_tp > 1:
         raise ConfigError(f"train.chunked_loss: parallel.modules.language.tp = {lm_tp} already uses the "
@@ -57,6 +64,8 @@ def apply_fast_paths(cfg: Config, model: MimoModel) -> None:
     """Install what `cfg.train` asks for on an already laid-out model."""
     if cfg.train.chunked_loss:
         model.loss_fn = chunked_lm_loss
+    if cfg.train.fuse_qkv:
+        fuse_qkv(model)
     if cfg.train.compile:
         compile_blocks(model.language_model.layers.values())
         for sub in model.modality_submodules.values():
