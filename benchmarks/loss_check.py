@@ -22,11 +22,11 @@ import sys
 
 import torch
 
-from benchmarks.runner import Options, Run
+from benchmarks.runner import PLAIN, Options, Run
 from benchmarks.workload import load_preset, make_batches
 
-REFERENCE = "precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,fuse_qkv=0,sdpa=math"
-AUTOCAST = "precision=autocast,compile=0,chunked_ce=0,text_rows_only=0,fuse_qkv=0"
+REFERENCE = f"precision=fp32,{PLAIN},sdpa=math"
+AUTOCAST = f"precision=autocast,{PLAIN}"
 
 
 def train(p: dict, spec: str, defaults: dict, device: torch.device, state: dict, steps: int) -> list[float]:

@@ -37,6 +37,9 @@ LM_COMPILE = ("blocks", "graphs")
 CE_KERNELS = ("auto", *CHUNK_KERNELS)
 
 
+PLAIN = "compile=0,chunked_ce=0,text_rows_only=0,fuse_qkv=0"
+"""Options of plain mimo (the model's own forward and loss, nothing fused): with a precision, the oracle that
+the fast path is checked against."""
 WARMUP_STEPS = 2  # eager steps before a step_graph capture: compilation, autotuning, lazy initialisation
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import trace_gaps
-from benchmarks.runner import Options, Run, captures_step
+from benchmarks.runner import PLAIN, Options, Run, captures_step
 from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, make_batches, train_flops_per_sample
 from mimo.config import LLMConfig
 from mimo.models.layers import rope_cos_sin
@@ -216,8 +216,7 @@ def test_fast_path_follows_fp32_mimo_on_tiny(extra):
     """bf16 weights + master AdamW + chunked loss on text rows vs plain fp32 MimoModel.forward."""
     p, cpu = load_preset("tiny"), torch.device("cpu")
     batches = make_batches(p, cpu)
-    reference = "precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,fuse_qkv=0,lr=1e-3"
-    ref = Run(p, Options.parse(reference), cpu)
+    ref = Run(p, Options.parse(f"precision=fp32,{PLAIN},lr=1e-3"), cpu)
     fast = Run(p, Options.parse("compile=0,lr=1e-3" + extra), cpu, state=ref.model.state_dict())
     for i in range(4):
         a, b = float(ref.step(batches[i % 2])), float(fast.step(batches[i % 2]))

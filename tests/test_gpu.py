@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.runner import Options, Run
+from benchmarks.runner import PLAIN, Options, Run
 from benchmarks.workload import load_preset, make_batches
 from mimo.models.layers import attention
 from mimo.perf import MasterAdamW, linear_cross_entropy
@@ -83,8 +83,7 @@ def test_benchmarked_fast_path_trains_like_fp32_mimo(extra):
     runs) against plain fp32 mimo from the same weights: each of 8 losses within 1% (steps 1-2 eager, 3
     captured and replayed, 4-8 replayed on alternating batches)."""
     p = load_preset("tiny")
-    ref = Run(p, Options.parse("precision=fp32,compile=0,chunked_ce=0,text_rows_only=0,fuse_qkv=0,sdpa=math,"
-                               "lr=1e-3"), CUDA)
+    ref = Run(p, Options.parse(f"precision=fp32,{PLAIN},sdpa=math,lr=1e-3"), CUDA)
     state = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
     batches = make_batches(p, CUDA)
     ref_losses = [float(ref.step(batches[i % 2])) for i in range(8)]

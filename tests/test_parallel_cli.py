@@ -19,6 +19,13 @@ def _train(tmp: Path, config: str, nproc: int) -> list[float]:
     return loss_curve(tmp, f"{Path(config).stem}_{nproc}", config, nproc)
 
 
+def _assert_follows(losses: list[float], reference: list[float]) -> None:
+    """All 20 steps within 1e-4 relative of the single-process curve."""
+    assert len(losses) == len(reference) == 20
+    for step, (a, b) in enumerate(zip(losses, reference)):
+        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: {a} vs single-process {b}"
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> list[float]:
     return _train(tmp_path_factory.mktemp("ref"), "demo_vlm.toml", 1)
@@ -28,10 +35,7 @@ def reference(tmp_path_factory) -> list[float]:
                                           ("demo_colocated_fanout.toml", 8), ("demo_pipeline.toml", 8),
                                           ("demo_cp2_tp2.toml", 4), ("demo_packed.toml", 1)])
 def test_layouts_reproduce_the_single_process_loss_curve(reference, tmp_path, config, nproc):
-    losses = _train(tmp_path, config, nproc)
-    assert len(losses) == len(reference) == 20
-    for step, (a, b) in enumerate(zip(losses, reference)):
-        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: {a} vs single-process {b}"
+    _assert_follows(_train(tmp_path, config, nproc), reference)
 
 
 @pytest.mark.parametrize("config,nproc,overrides", [
@@ -43,7 +47,5 @@ def test_layouts_reproduce_the_single_process_loss_curve(reference, tmp_path, co
 def test_fused_qkv_reproduces_the_single_process_loss_curve(reference, tmp_path, config, nproc, overrides):
     """`train.fuse_qkv` under context parallelism (LM cp2) and the pipeline (encoder on rank 0, LM pp2 on
     ranks 1-2): one product for q, k and v changes no loss beyond float rounding."""
-    losses = loss_curve(tmp_path, f"fused_{nproc}", config, nproc, "--train.fuse_qkv=true", *overrides)
-    assert len(losses) == len(reference) == 20
-    for step, (a, b) in enumerate(zip(losses, reference)):
-        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: {a} vs single-process {b}"
+    _assert_follows(loss_curve(tmp_path, f"fused_{nproc}", config, nproc, "--train.fuse_qkv=true", *overrides),
+                    reference)

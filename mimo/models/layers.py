@@ -159,7 +159,7 @@ class SelfAttention(nn.Module):
         projection runs on the rows asked for."""
         b, s, _ = x.shape
         d = self.head_dim
-        q, k, v = self._fused_qkv(x) if self.fused_qkv else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q, k, v = self._qkv_in_one_product(x) if self.fused_qkv else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
         q, k, v = q.view(b, s, -1, d), k.view(b, s, -1, d), v.view(b, s, -1, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -173,8 +173,7 @@ class SelfAttention(nn.Module):
             out = out.flatten(0, 1).index_select(0, rows)
         return self.o_proj(out)
 
-
-    def _fused_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv_in_one_product(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as slices of one product: one wider GEMM each way instead of three, and the input's
         gradient comes out of one product (the norm before it reads one tensor instead of summing three)."""
         linears = (self.q_proj, self.k_proj, self.v_proj)
