@@ -67,7 +67,7 @@ from mimo.config import (
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import LANGUAGE, batch_multiple, validate_plan
 from mimo.parallel.planner import label
-from mimo.parallel.runtime import torchrun_cmd
+from mimo.parallel.runtime import leave_distributed, torchrun_cmd
 from mimo.train.trainer import Trainer
 
 HOMOGENEOUS, COLOCATED, PIPELINED = "homogeneous", "colocated", "pipelined"
@@ -231,8 +231,7 @@ def worker(args: argparse.Namespace) -> dict | None:
         raise RuntimeError(f"step {rec['step']} was not a clean step: loss {rec['loss']}, stepped {rec['stepped']}")
     split = profile_step(trainer, args.warmup + args.steps) if args.profile else None
     peak = peak_memory_gib(trainer.device)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave_distributed()
     if trainer.rank != 0:
         return None
     step_s = statistics.median(times[args.warmup:])

@@ -34,7 +34,7 @@ from benchmarks.launch import run_row
 from benchmarks.runner import Options, Run
 from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, train_flops_per_sample
 from mimo.config import TrainConfig
-from mimo.parallel.runtime import init_distributed, torchrun_cmd
+from mimo.parallel.runtime import init_distributed, leave_distributed, torchrun_cmd
 
 DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}
 
@@ -87,8 +87,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     }
     if not math.isfinite(out["final_loss"]):
         raise RuntimeError(f"loss is not finite: {out['final_loss']}")
-    if ranks > 1:
-        dist.destroy_process_group()
+    leave_distributed()
     return out if rank == 0 else None
 
 

@@ -19,7 +19,7 @@ config give each module its ranks and tp/cp/pp degrees (dp is what remains)."""
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.parallel.runtime import launch_local, launched_distributed
+    from mimo.parallel.runtime import launch_local, launched_distributed, leave_distributed
     from mimo.train.faults import RunAborted
     from mimo.train.trainer import Trainer
 
@@ -30,7 +30,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         Trainer(cfg).train()
     except RunAborted as e:
         print(f"mimo: stopped: {e}", file=sys.stderr)
+        leave_distributed()
         return 3
+    leave_distributed()
     return 0
 
 

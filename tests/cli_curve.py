@@ -18,5 +18,18 @@ def loss_curve(out: Path, name: str, config: str, nproc: int, *overrides: str, t
     cmd = [sys.executable, "-m", "mimo", "train", str(ROOT / "configs" / config), f"--nproc={nproc}",
            f"--run.out_dir={out}", f"--run.name={name}", *STEPS, *overrides]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.returncode == 0, failure_output(r.stderr)
     return [json.loads(line)["loss"] for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def failure_output(stderr: str) -> str:
+    """What a failed torchrun printed before torchrun reacted, then its verdict naming the first rank to fail.
+
+    torchrun's own report (signals sent to the other ranks, one block per rank) is long enough to push
+    the failing rank's message out of a plain tail.
+    """
+    cut = stderr.find("elastic/multiprocessing/api.py")
+    if cut < 0:
+        return stderr[-4000:]
+    verdict = stderr.rfind("Root Cause")
+    return stderr[:cut][-4000:] + "\n[... torchrun's report ...]\n" + (stderr[verdict:] if verdict >= 0 else "")

@@ -8,11 +8,13 @@ cp2 x tp2) on 4 ranks, and sequence packing on one process; `train.fuse_qkv` und
 a pipelined layout on 3.
 """
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli_curve import loss_curve
+from mimo.parallel.runtime import torchrun_cmd
+from tests.cli_curve import ROOT, STEPS, failure_output, loss_curve
 
 
 def _train(tmp: Path, config: str, nproc: int) -> list[float]:
@@ -49,3 +51,18 @@ def test_fused_qkv_reproduces_the_single_process_loss_curve(reference, tmp_path,
     ranks 1-2): one product for q, k and v changes no loss beyond float rounding."""
     _assert_follows(loss_curve(tmp_path, f"fused_{nproc}", config, nproc, "--train.fuse_qkv=true", *overrides),
                     reference)
+
+
+def test_train_leaves_the_process_group_before_the_interpreter_exits(tmp_path):
+    """`mimo train` under torchrun destroys its process groups itself once the run is done: left to
+    interpreter shutdown, gloo's threads can free Python-held tensors too late and abort a finished rank."""
+    script = tmp_path / "train_then_report.py"
+    script.write_text("import sys\nimport torch.distributed as dist\nfrom mimo.cli import main\n"
+                      "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+                      "    print(f'exit={e.code} joined={dist.is_initialized()}')\n")
+    cmd = [*torchrun_cmd(2), str(script), "train", str(ROOT / "configs" / "demo_vlm.toml"),
+           "--parallel.modules.language.cp=2", f"--run.out_dir={tmp_path}", "--run.name=leave", *STEPS[1:],
+           "--train.steps=2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, failure_output(r.stderr)
+    assert r.stdout.count("exit=0 joined=False") == 2, r.stdout[-2000:]

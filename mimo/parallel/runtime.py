@@ -33,6 +33,17 @@ def init_distributed(device_type: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def leave_distributed() -> None:
+    """Destroy this process's process groups (no-op without one), at the end of a run that finished cleanly.
+
+    Why explicitly: left to interpreter shutdown, gloo's worker threads can free tensors that still hold
+    Python references after the interpreter is torn down, and the rank dies with SIGABRT after a
+    successful run. Destroying the groups while the interpreter is whole joins those threads first.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def torchrun_cmd(nproc: int) -> list[str]:
     """The command that starts `nproc` local processes through torchrun (append `-m module ...`)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
