@@ -1,4 +1,4 @@
-"""Run outputs: metrics.jsonl, TensorBoard scalars, the progress bar and summary.json."""
+"""Run outputs: metrics.jsonl, TensorBoard scalars, W&B (optional), the progress bar and summary.json."""
 
 from __future__ import annotations
 
@@ -10,18 +10,26 @@ from tqdm import tqdm
 
 
 class MetricsLogger:
-    """Writes one JSON object per logged step and mirrors scalars to TensorBoard (rank 0 only)."""
+    """Writes one JSON object per logged step and mirrors scalars to TensorBoard and W&B (rank 0 only).
+
+    `wandb` is a WandbMirror's arguments beyond the run folder (project, name, config), or None for no W&B.
+    """
 
     def __init__(self, run_dir: Path, total_steps: int, tensorboard: bool, progress: bool, enabled: bool = True,
-                 start_step: int = 0):
+                 start_step: int = 0, wandb: dict | None = None):
         self.enabled = enabled
         self.run_dir = run_dir
         self.t0 = time.perf_counter()
         self.history: list[dict] = []
         self.tb = None
         self.bar = None
+        self.wandb = None
         if not enabled:
             return
+        if wandb is not None:
+            from mimo.train.wandb_mirror import WandbMirror
+
+            self.wandb = WandbMirror(run_dir, **wandb, resumed=start_step > 0)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.file = (run_dir / "metrics.jsonl").open("a")
         if tensorboard:
@@ -45,6 +53,8 @@ class MetricsLogger:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)):
                     self.tb.add_scalar(f"train/{k}", v, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(record)
 
     def progress(self, n: int, **postfix: float) -> None:
         if self.bar is not None:
@@ -55,11 +65,16 @@ class MetricsLogger:
     def write_summary(self, summary: dict) -> None:
         if self.enabled:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if self.wandb is not None:
+            self.wandb.summary(summary)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
         if self.enabled:
             self.file.close()

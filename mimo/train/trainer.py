@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo.config import Config, dump_toml
+from mimo.config import Config, dump_toml, to_dict
 from mimo.data.audio_demo import build_avlm_data
 from mimo.data.batching import split_microbatches, to_device
 from mimo.data.demo import DemoVLMData
@@ -37,6 +37,7 @@ from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve
 from mimo.train.resume import RunCheckpointer
 from mimo.train.throughput import Throughput
+from mimo.train.wandb_mirror import require_wandb
 
 # Demo sets beyond "shapes", by data.name: (build from the config, held-out evaluation of a model).
 DEMO_SETS: dict[str, tuple[Callable[[Config, MimoModel], Any], Callable[[MimoModel, Any], dict]]] = {
@@ -84,6 +85,8 @@ class Trainer:
         self.cfg = cfg
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
+        if cfg.run.wandb:
+            require_wandb()
         self.rank, self.world = init_distributed(torch.device(cfg.train.device).type)
         self.is_main = self.rank == 0
         self.device = torch.device(cfg.train.device)
@@ -192,8 +195,9 @@ class Trainer:
         cfg = self.cfg
         steps = cfg.train.steps
         start = self.checkpointer.resume()
+        wandb = dict(project=cfg.run.wandb_project, name=cfg.run.name, config=to_dict(cfg)) if cfg.run.wandb else None
         logger = MetricsLogger(self.run_dir, steps, cfg.run.tensorboard, cfg.run.progress, enabled=self.is_main,
-                               start_step=start)
+                               start_step=start, wandb=wandb)
         self.model.train()
         t0 = time.perf_counter()
         throughput = Throughput(self.world, cfg.train.peak_tflops, self.device, t0)
@@ -215,7 +219,6 @@ class Trainer:
                     return {"steps": step + 1, "stopped": "SIGTERM", "final_loss": rec["loss"],
                             "checkpoint": str(self.checkpointer.store.path(step + 1))}
         wall = time.perf_counter() - t0
-        logger.close()
         full = self.full_model()
         # Greedy decoding changes shapes every token: compiled blocks would recompile, so evaluate eagerly.
         with torch.compiler.set_stance("force_eager"):
@@ -229,6 +232,8 @@ class Trainer:
             save_weights(full, self.run_dir / "checkpoint")
             plot_curve([s for s, _ in losses], [v for _, v in losses], self.run_dir / "loss.png")
             logger.write_summary(summary)
+        logger.close()
+        if self.is_main:
             print(json.dumps({"run": str(self.run_dir), **summary}, indent=2))
         if self.plan is not None:
             dist.barrier()
