@@ -47,8 +47,7 @@ def preset_shapes(p: dict) -> list[Shape]:
     """The LM's and the ViT's attention of one micro-batch, as the benchmark's model builds them."""
     cfg = model_config(p)
     lm, vit = cfg.llm, cfg.modalities[MODALITY].vit
-    return [Shape("lm", p["micro_batch"], lm.heads, lm.kv_heads, p["seq_len"], lm.head_dim or lm.hidden // lm.heads,
-                  True),
+    return [Shape("lm", p["micro_batch"], lm.heads, lm.kv_heads, p["seq_len"], lm.attention_head_dim, True),
             Shape("vit", p["micro_batch"], vit.heads, vit.heads, vit.positions, vit.hidden // vit.heads, False)]
 
 

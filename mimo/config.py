@@ -42,6 +42,11 @@ class LLMConfig:
     # A Hugging Face Qwen2/Qwen3/Llama directory: its config.json replaces the fields above and its weights load.
     hf_path: str = ""
 
+    @property
+    def attention_head_dim(self) -> int:
+        """The width of one attention head: `head_dim` when set, else hidden // heads."""
+        return self.head_dim or self.hidden // self.heads
+
 
 @dataclass
 class ViTConfig:

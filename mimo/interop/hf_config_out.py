@@ -50,7 +50,7 @@ def hf_text_config(cfg: LLMConfig, dtype: str) -> Any:
     cls = {"qwen3": tf.Qwen3Config, "qwen2": tf.Qwen2Config, "llama": tf.LlamaConfig}[arch]
     out = cls(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
               num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-              head_dim=cfg.head_dim or cfg.hidden // cfg.heads, max_position_embeddings=cfg.max_seq,
+              head_dim=cfg.attention_head_dim, max_position_embeddings=cfg.max_seq,
               rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, rope_parameters=rope, dtype=dtype)
     out.architectures = [{"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
                           "llama": "LlamaForCausalLM"}[arch]]

@@ -19,7 +19,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.self_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.kv_heads, qkv_bias=cfg.qkv_bias,
-                                       out_bias=False, head_dim=cfg.head_dim or None,
+                                       out_bias=False, head_dim=cfg.attention_head_dim,
                                        qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.hidden, cfg.mlp)
@@ -50,7 +50,7 @@ class DecoderLM(nn.Module):
 
     @property
     def head_dim(self) -> int:
-        return self.cfg.head_dim or self.cfg.hidden // self.cfg.heads
+        return self.cfg.attention_head_dim
 
     def init_weights(self) -> None:
         """Normal(0, init_std) matrices, zero biases, unit norms: depends only on the RNG state."""

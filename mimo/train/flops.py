@@ -43,7 +43,7 @@ TRAIN_FACTOR = 3  # forward + backward, backward = 2 x forward
 
 def lm_flops(cfg: LLMConfig, seq: int) -> int:
     """Forward FLOPs of one causal LM sequence of `seq` tokens."""
-    h, head_dim = cfg.hidden, cfg.head_dim or cfg.hidden // cfg.heads
+    h, head_dim = cfg.hidden, cfg.attention_head_dim
     layer_params = 2 * h * cfg.heads * head_dim + 2 * h * cfg.kv_heads * head_dim + 3 * h * cfg.mlp
     return 2 * (cfg.layers * layer_params + h * cfg.vocab) * seq + cfg.layers * 2 * seq * seq * cfg.heads * head_dim
 
