@@ -101,9 +101,9 @@ def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 PLAN_HELP = """Suggest parallel layouts for N GPUs and estimate each one's peak memory per GPU, from the
-config's model (model.*), data.global_batch, data.seq_len, parallel.microbatches and train.dtype.
-Every row passes the same checks as `mimo train`; the best is printed first as the [parallel...]
-tables to paste into the config. Overrides work as for train, e.g.
+config's model (model.*), data.global_batch, data.seq_len, parallel.microbatches, train.dtype and
+train.activation_checkpointing. Every row passes the same checks as `mimo train`; the best is printed
+first as the [parallel...] tables to paste into the config. Overrides work as for train, e.g.
 `mimo plan configs/demo_vlm.toml --gpus 8 --model.llm.hidden=4096 --model.llm.layers=32`.
 Ranking (from BENCHMARKS.md): among layouts that fit, plain data parallelism, then FSDP, then the
 LM alone tensor parallel, then layouts that split the encoder too, then pipelined ones.

@@ -224,6 +224,9 @@ class TrainConfig:
     compile: bool = False
     chunked_loss: bool = False
     fuse_qkv: bool = False
+    # Modules ("language" and/or modality names) whose transformer blocks keep only their input for the
+    # backward and recompute the rest there: less activation memory for about one more forward of them.
+    activation_checkpointing: list[str] = field(default_factory=list)
     # Checkpoints (runs/<name>/checkpoints/step_*): every `save_every` steps (0 = only on a stop), newest
     # `keep_checkpoints` kept. resume: false/"never", true/"auto" (newest complete one, if any), or a path.
     save_every: int = 0
@@ -459,6 +462,11 @@ def validate(cfg: Config) -> None:
     for key in ("save_every", "max_bad_steps"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0 (0 turns it off)")
+    modules = ["language", *cfg.model.modalities]
+    for name in cfg.train.activation_checkpointing:
+        if name not in modules:
+            raise ConfigError(f"train.activation_checkpointing names '{name}', which is no module of this model; "
+                              f"choose from {modules}")
     if cfg.train.peak_tflops <= 0:
         raise ConfigError(f"train.peak_tflops ({cfg.train.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
     if cfg.train.keep_checkpoints < 1:

@@ -21,6 +21,8 @@ from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.data import AbsentInputFiller, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.perf import fuse_qkv
+from mimo.perf.regional import checkpoint_blocks
+from mimo.perf.trainer_fast_paths import transformer_blocks
 from mimo.train.loss import loss_weights
 from mimo.train.optim import REPLICAS, MimoOptimizer
 from mimo.train.trainer import module_map
@@ -34,10 +36,12 @@ CFG = ModelConfig(llm=LLMConfig(vocab=78, hidden=32, layers=2, heads=4, kv_heads
                                                                                    heads=2, mlp=24))})
 DUMMY = {"images": {"vit": {"pixel_values": torch.zeros(1, 3, 16, 16)}}}
 MODULES = ["language", "images"]
-MODES = ("replicated", "fsdp", "fsdp_empty_batch", "fsdp_fused_qkv")
+MODES = ("replicated", "fsdp", "fsdp_empty_batch", "fsdp_fused_qkv", "fsdp_checkpointed")
 """fsdp: text-only microbatches leave modality_inputs out (AbsentInputFiller runs a dummy image);
 fsdp_empty_batch: they pass 0 images, which joins FSDP's collectives by itself; fsdp_fused_qkv: fsdp with
-each attention's q, k and v from one product (mimo.perf.fuse_qkv, against the unfused reference)."""
+each attention's q, k and v from one product (mimo.perf.fuse_qkv, against the unfused reference);
+fsdp_checkpointed: fsdp with every LM and ViT block checkpointed, applied after sharding as `mimo train`
+does (`train.activation_checkpointing`)."""
 ATOL = 1e-10
 """Gradients that are mathematically zero (attention key biases: softmax ignores a shift shared by all
 keys) hold only rounding noise, ~1e-12 here, which no relative bound can compare."""
@@ -133,6 +137,9 @@ def check_case(rank: int, world: int, mode: str, scenario: str, groups: GridGrou
         reducers = [GradReducer(m, group, bucket_mb=0.004) for m in module_map(model).values()]
         assert all(len(r.buckets) > 1 for r in reducers)
         assert all(getattr(p, REPLICAS) == world for p in model.parameters())
+    if mode == "fsdp_checkpointed":
+        for name in MODULES:
+            checkpoint_blocks(transformer_blocks(model, name))
     per = len(samples) // world
     mine = samples[rank * per:(rank + 1) * per]
     half = len(mine) // 2

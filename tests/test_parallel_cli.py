@@ -5,7 +5,7 @@ float rounding (within 1e-4 relative over 20 steps): DP2 x TP2 with sequence par
 the colocated fan-in and fan-out layouts on 8 ranks, the pipelined layout on 8 ranks (encoder
 tp2 on ranks 0-1, LM tp2 x pp3 on ranks 2-7, 1F1B over 4 microbatches), context parallelism (LM
 cp2 x tp2) on 4 ranks, and sequence packing on one process; `train.fuse_qkv` under LM cp2 on 2 ranks and
-a pipelined layout on 3.
+a pipelined layout on 3; `train.activation_checkpointing` under LM cp2 x tp2 on 4 ranks and the pipeline on 3.
 """
 
 import subprocess
@@ -40,17 +40,31 @@ def test_layouts_reproduce_the_single_process_loss_curve(reference, tmp_path, co
     _assert_follows(_train(tmp_path, config, nproc), reference)
 
 
+PIPELINE_3 = ["--parallel.modules.images.size=1", "--parallel.modules.images.tp=1",
+              "--parallel.modules.language.offset=1", "--parallel.modules.language.size=2",
+              "--parallel.modules.language.tp=1", "--parallel.modules.language.pp=2"]
+"""demo_pipeline on 3 ranks: the encoder on rank 0, the LM pp2 on ranks 1-2."""
+
+
 @pytest.mark.parametrize("config,nproc,overrides", [
     ("demo_vlm.toml", 2, ["--parallel.modules.language.cp=2"]),
-    ("demo_pipeline.toml", 3, ["--parallel.modules.images.size=1", "--parallel.modules.images.tp=1",
-                               "--parallel.modules.language.offset=1", "--parallel.modules.language.size=2",
-                               "--parallel.modules.language.tp=1", "--parallel.modules.language.pp=2"]),
+    ("demo_pipeline.toml", 3, PIPELINE_3),
 ])
 def test_fused_qkv_reproduces_the_single_process_loss_curve(reference, tmp_path, config, nproc, overrides):
-    """`train.fuse_qkv` under context parallelism (LM cp2) and the pipeline (encoder on rank 0, LM pp2 on
-    ranks 1-2): one product for q, k and v changes no loss beyond float rounding."""
+    """`train.fuse_qkv` under context parallelism (LM cp2) and the pipeline: one product for q, k and v
+    changes no loss beyond float rounding."""
     _assert_follows(loss_curve(tmp_path, f"fused_{nproc}", config, nproc, "--train.fuse_qkv=true", *overrides),
                     reference)
+
+
+@pytest.mark.parametrize("config,nproc,overrides", [("demo_cp2_tp2.toml", 4, []),
+                                                    ("demo_pipeline.toml", 3, PIPELINE_3)])
+def test_activation_checkpointing_reproduces_the_single_process_loss_curve(reference, tmp_path, config, nproc,
+                                                                           overrides):
+    """`train.activation_checkpointing` of both modules under LM cp2 x tp2 with sequence parallel and the
+    encoder tp2 (the recompute repeats their collectives in the backward), and under the pipeline."""
+    ckpt = '--train.activation_checkpointing=["language", "images"]'
+    _assert_follows(loss_curve(tmp_path, f"ckpt_{nproc}", config, nproc, ckpt, *overrides), reference)
 
 
 def test_train_leaves_the_process_group_before_the_interpreter_exits(tmp_path):

@@ -10,7 +10,7 @@ from mimo.config import ModuleLayoutConfig, load_config
 from mimo.parallel.layout import Layout
 from mimo.parallel.memory_estimate import GIB, estimate, module_sizes
 from mimo.parallel.plan import validate_plan
-from mimo.parallel.planner import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, to_toml, with_modules
+from mimo.parallel.planner import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, render, to_toml, with_modules
 
 # A text-only LM small enough to count by hand (no biases, untied head):
 #   embedding 64 x 32 = 2048, head 2048, final norm 32;
@@ -57,6 +57,22 @@ def test_estimate_matches_hand_computation():
     assert _usage(tied, {"language": ModuleLayoutConfig()}, 2).states == 16 * (22688 - 2048)
 
 
+def test_activation_checkpointing_keeps_each_layers_input_and_recomputes_one_layer():
+    ckpt = '--train.activation_checkpointing=["language"]'
+    # dp2, 64 tokens per lane: each of the 2 layers keeps its fp32 input, 64 x 32 x 4 B; the backward rebuilds
+    # one layer's activations at a time, 64 x 32 x 34 B, once; the logits stay as they were.
+    dp = _usage(load_config(None, [*TINY, ckpt]), {"language": ModuleLayoutConfig()}, 2)
+    assert dp.activations == 2 * 64 * 32 * 4 + 64 * 32 * 34 + 64 * 64 * 8
+    # tp2 with sequence parallel (128 tokens): the inputs are sharded too, 128 x 32 x 4 / 2 B per layer.
+    sp = _usage(load_config(None, [*TINY, ckpt]), {"language": ModuleLayoutConfig(tp=2, sequence_parallel=True)}, 2)
+    assert sp.activations == 2 * 128 * 32 * 2 + 128 * 32 * 17 + 128 * 64 * 8 / 2
+    # pp2, 4 microbatches, 32 tokens each: the last stage (one microbatch: its layer's input, the logits, and
+    # the recompute) has more than the first (two inputs and the recompute), and its states are the larger.
+    four = load_config(None, [*TINY, "--parallel.microbatches=4", ckpt])
+    pp = _usage(four, {"language": ModuleLayoutConfig(pp=2)}, 2)
+    assert pp.activations == 32 * 32 * 4 + 32 * 64 * 8 + 32 * 32 * 34
+
+
 def test_pipeline_first_stage_holds_microbatches_in_flight():
     # pp2 over 2 ranks, 4 microbatches: stage 0 holds min(2, 4) = 2 microbatches of 8/4 x 16 = 32 tokens of its
     # one layer, plus the embedding; stage 1 one microbatch, the head and its logits. Stage 0 is the worst.
@@ -95,6 +111,22 @@ def test_7b_lm_does_not_fit_replicated():
     (dp8,) = [r for r in plan.rows if r.klass == PLAIN_DP]
     assert not dp8.fits and dp8.peak_gib > 80 and "does not fit" in dp8.why
     assert plan.rows[0].fits and plan.rows[0].klass in (FSDP, LM_TP)
+
+
+def test_a_plan_that_does_not_fit_suggests_checkpointing_which_lowers_the_estimate():
+    """A 7B LM with long sequences on one 80 GiB GPU: nothing fits, and the warning names
+    train.activation_checkpointing; with it set, the best estimate drops and the header says so."""
+    cfg = load_config("configs/demo_vlm.toml", [*LLAMA_7B, "--data.seq_len=4096", "--data.global_batch=8"])
+    plain = make_plan(cfg, 1, 80)
+    assert not plain.rows[0].fits
+    text = render(cfg, plain)
+    assert 'Checkpoint activations (train.activation_checkpointing = ["language", "images"])' in text
+    ckpt_cfg = load_config("configs/demo_vlm.toml", [*LLAMA_7B, "--data.seq_len=4096", "--data.global_batch=8",
+                                                     '--train.activation_checkpointing=["language", "images"]'])
+    ckpt = make_plan(ckpt_cfg, 1, 80)
+    assert ckpt.rows[0].usage.activations < 0.2 * plain.rows[0].usage.activations
+    text = render(ckpt_cfg, ckpt)
+    assert "activation checkpointing of language, images" in text and "Checkpoint activations" not in text
 
 
 def test_cli_plan_prints_table_and_toml(capsys):

@@ -21,6 +21,10 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   samples per encoder lane x data.images_per_sample x its tokens per input: a ViT's patches (+ class
   token); for an audio encoder its max_positions, the most rows a clip can give (a rough upper bound).
   The LM head adds its fp32 logits and their gradient: tokens x vocab x 8 bytes / tp.
+- **Activation checkpointing** (`train.activation_checkpointing` names the module): each layer keeps
+  only its input, tokens x hidden x 4 bytes (the residual stream stays fp32 under autocast), /tp with
+  sequence parallel, per microbatch in flight; plus one layer's full activations (above), once, while
+  the backward recomputes it.
 - **Pipelined layouts** (1F1B): the stage at position i of s stages holds min(s - i, microbatches)
   microbatches of activations in flight (the first stage the most); every stage is costed and the worst
   GPU is reported. Colocated layouts hold one microbatch at a time (gradient accumulation) and add up
@@ -51,6 +55,8 @@ ACT_BYTES_PER_TOKEN_HIDDEN = 34
 """Megatron's per-layer activation bytes per token per hidden unit, bf16, flash attention."""
 LOGIT_BYTES = 8
 """fp32 logits and their gradient, per token per vocabulary entry."""
+RESIDUAL_BYTES = 4
+"""A checkpointed layer's saved input, per token per hidden unit: the residual stream is fp32."""
 
 _LAYER = re.compile(r"^(language_model|modality_submodules\.[^.]+\.encoders\.[^.]+)\.layers\.\d+\.")
 
@@ -153,8 +159,9 @@ def _layer_activation(tokens: float, hidden: int, tp: int, sp: bool, dtype: str)
 
 
 def stage_usage(cfg: Config, size: ModuleSize, grid: Grid, flags: ModuleLayoutConfig, stage: int,
-                in_flight: int) -> Usage:
-    """Bytes on one GPU of pipeline stage `stage` of a module, holding `in_flight` microbatches."""
+                in_flight: int, checkpointed: bool = False) -> Usage:
+    """Bytes on one GPU of pipeline stage `stage` of a module, holding `in_flight` microbatches
+    (`checkpointed`: the module is in train.activation_checkpointing)."""
     first, last = stage == 0, stage == grid.pp - 1
     layers = len(stage_layers(size.layers, grid.pp, stage)) if size.layers else 0
     share = layers / max(size.layers, 1)
@@ -165,18 +172,25 @@ def stage_usage(cfg: Config, size: ModuleSize, grid: Grid, flags: ModuleLayoutCo
         states /= grid.dp * grid.cp
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
     tokens = samples * size.tokens_per_sample / grid.cp
-    acts = layers * _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.train.dtype)
+    layer = _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.train.dtype)
+    recompute = 0.0
+    if checkpointed and layers:
+        acts = layers * tokens * size.hidden * RESIDUAL_BYTES / (grid.tp if flags.sequence_parallel else 1)
+        recompute = layer
+    else:
+        acts = layers * layer
     if last and size.vocab:
         acts += tokens * size.vocab * LOGIT_BYTES / grid.tp
-    return Usage(states, acts * in_flight)
+    return Usage(states, acts * in_flight + recompute)
 
 
 def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
              modules: dict[str, ModuleLayoutConfig]) -> Usage:
     """The worst GPU's estimated bytes under `layout` (see the module docstring for the model)."""
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
+    checkpointed = set(cfg.train.activation_checkpointing)
     if not is_pipelined(layout):
-        parts = [stage_usage(cfg, sizes[n], g, flags[n], 0, 1) for n, g in layout.grids.items()]
+        parts = [stage_usage(cfg, sizes[n], g, flags[n], 0, 1, n in checkpointed) for n, g in layout.grids.items()]
         return Usage(sum(u.states for u in parts), sum(u.activations for u in parts))
     depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
     total = depth + layout.grids[LANGUAGE].pp
@@ -185,6 +199,6 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
         start = depth if name == LANGUAGE else 0
         for stage in range(grid.pp):
             in_flight = min(total - (start + stage), cfg.parallel.microbatches)
-            u = stage_usage(cfg, sizes[name], grid, flags[name], stage, in_flight)
+            u = stage_usage(cfg, sizes[name], grid, flags[name], stage, in_flight, name in checkpointed)
             worst = max(worst, u, key=lambda x: x.peak)
     return worst

@@ -18,6 +18,7 @@ comes first.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -276,16 +277,20 @@ def render(cfg: Config, plan: Plan) -> str:
     seq = plan.sizes[LANGUAGE].tokens_per_sample
     micro = cfg.parallel.microbatches
     model = ", ".join(f"{n} {_params(s.params)} params" for n, s in plan.sizes.items())
+    ckpt = cfg.train.activation_checkpointing
     out = [f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''} of {plan.gpu_memory_gib:g} GiB; {model}; global batch "
            f"{cfg.data.global_batch} x seq_len {seq}, {micro} microbatch{'es' if micro > 1 else ''}, "
-           f"{cfg.train.dtype}", ""]
+           f"{cfg.train.dtype}" + (f", activation checkpointing of {', '.join(ckpt)}" if ckpt else ""), ""]
     if best.fits:
         out.append(f"suggested: {label(best.layout, best.modules)} (estimated {best.peak_gib:.1f} GiB per GPU) - "
                    f"{best.why}")
     else:
+        fixes = "raise parallel.microbatches, shorten data.seq_len, lower data.global_batch or add GPUs."
+        if any(n not in ckpt for n in plan.sizes):
+            every = json.dumps(list(plan.sizes))
+            fixes = f"checkpoint activations (train.activation_checkpointing = {every}), {fixes}"
         out.append(f"warning: no candidate fits in {plan.gpu_memory_gib:g} GiB; the lowest estimate is "
-                   f"{best.peak_gib:.1f} GiB. Raise parallel.microbatches, shorten data.seq_len, lower "
-                   "data.global_batch or add GPUs.")
+                   f"{best.peak_gib:.1f} GiB. {fixes[0].upper()}{fixes[1:]}")
     out += ["", to_toml(best.modules, micro, best.layout)]
     head = ("#", "layout", "kind", "peak GiB", "states", "acts", "fits", "why")
     table = [head] + [(str(i + 1), label(r.layout, r.modules), KIND[r.klass], f"{r.peak_gib:.2f}",

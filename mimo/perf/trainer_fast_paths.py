@@ -1,8 +1,9 @@
-"""The benchmark's fast paths for `mimo train`: per-block compilation, the chunked head + loss, and one
-product for each attention's q, k and v.
+"""The benchmark's fast paths for `mimo train`: per-block compilation, the chunked head + loss, one
+product for each attention's q, k and v, and activation checkpointing of chosen modules' blocks.
 
-Switched on by `train.compile`, `train.chunked_loss` and `train.fuse_qkv`, applied to the model after the
-parallel plan has laid it out (all keep every parameter name, so checkpoints and plans do not notice).
+Switched on by `train.compile`, `train.chunked_loss`, `train.fuse_qkv` and `train.activation_checkpointing`,
+applied to the model after the parallel plan has laid it out (all keep every parameter name, so
+checkpoints and plans do not notice).
 `check_fast_paths`, part of the plan's validation before any collective, names the field when a layout
 is not supported yet.
 """
@@ -10,6 +11,7 @@ is not supported yet.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from mimo.config import Config, ConfigError
 from mimo.mimo_model import MimoModel
@@ -18,7 +20,7 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline import is_pipelined
 from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
-from mimo.perf.regional import compile_blocks
+from mimo.perf.regional import checkpoint_blocks, compile_blocks
 from mimo.train.loss import IGNORE_INDEX
 
 
@@ -60,15 +62,24 @@ def chunked_lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
     return linear_cross_entropy(hidden.to(dtype), lm.output_weight().to(dtype), labels, kernel="auto")
 
 
+def transformer_blocks(model: MimoModel, module: str) -> list[nn.Module]:
+    """The transformer blocks of one module: the LM's decoder layers ("language"), or the layers of each
+    encoder of a modality (this rank's copies; blocks a pipeline stage released are never called)."""
+    if module == "language":
+        return list(model.language_model.layers.values())
+    encoders = model.modality_submodules[module].encoders.values()
+    return [block for encoder in encoders if hasattr(encoder, "layers") for block in encoder.layers.values()]
+
+
 def apply_fast_paths(cfg: Config, model: MimoModel) -> None:
-    """Install what `cfg.train` asks for on an already laid-out model."""
+    """Install what `cfg.train` asks for on an already laid-out model (checkpointing before compiling, so
+    that the checkpoint is traced into each compiled block)."""
     if cfg.train.chunked_loss:
         model.loss_fn = chunked_lm_loss
     if cfg.train.fuse_qkv:
         fuse_qkv(model)
+    for name in cfg.train.activation_checkpointing:
+        checkpoint_blocks(transformer_blocks(model, name))
     if cfg.train.compile:
-        compile_blocks(model.language_model.layers.values())
-        for sub in model.modality_submodules.values():
-            for encoder in sub.encoders.values():
-                if hasattr(encoder, "layers"):
-                    compile_blocks(encoder.layers.values())
+        for name in ("language", *model.modality_submodules):
+            compile_blocks(transformer_blocks(model, name))
