@@ -216,7 +216,10 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 0
     device: str = "cpu"
+    # Compute dtype (float32, or bfloat16 autocast over fp32 weights); module_dtype overrides it for single
+    # modules by name, e.g. {images = "float32"} keeps the vision encoder in fp32 beside a bf16 LM.
     dtype: str = "float32"
+    module_dtype: dict[str, str] = field(default_factory=dict)
     threads: int = 0
     # GPU fast paths of mimo.perf (benchmarks/ measures them): torch.compile each transformer block, and the
     # output head + cross-entropy over row chunks without full fp32 logits (data-parallel layouts only); each
@@ -237,6 +240,10 @@ class TrainConfig:
     # Peak TFLOP/s of one GPU that MFU (model FLOP/s / peak) is measured against: 989 = H100/H200 SXM dense
     # bf16 (the benchmarks' figure). Set your card's (e.g. A100: 312) for a meaningful MFU.
     peak_tflops: float = 989.0
+
+    def dtype_of(self, module: str) -> str:
+        """The compute dtype of `module` ("language" or a modality name): module_dtype's, else dtype."""
+        return self.module_dtype.get(module, self.dtype)
 
 
 @dataclass
@@ -457,12 +464,17 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.schedule = '{cfg.optim.schedule}'; choose cosine, linear or constant")
     if cfg.train.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"train.dtype = '{cfg.train.dtype}'; choose float32 or bfloat16")
+    modules = ["language", *cfg.model.modalities]
+    for name, dtype in cfg.train.module_dtype.items():
+        if name not in modules:
+            raise ConfigError(f"train.module_dtype.{name}: '{name}' is no module of this model; choose from {modules}")
+        if dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32 or bfloat16")
     if cfg.parallel.microbatches < 1:
         raise ConfigError("parallel.microbatches must be >= 1")
     for key in ("save_every", "max_bad_steps"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0 (0 turns it off)")
-    modules = ["language", *cfg.model.modalities]
     for name in cfg.train.activation_checkpointing:
         if name not in modules:
             raise ConfigError(f"train.activation_checkpointing names '{name}', which is no module of this model; "

@@ -15,8 +15,8 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
 - **Activations** held for the backward, per microbatch, no recompute: per transformer layer about
   tokens x hidden x 34 bytes in bf16 (Megatron's estimate with flash attention: no s^2 score term);
   under tensor parallelism (10 + 24/tp) instead of 34, or 34/tp with sequence parallel. Twice that in
-  float32 (train.dtype = "float32"). The LM's tokens per microbatch per lane are
-  global_batch / (microbatches x LM dp) x seq_len / cp, with seq_len = data.seq_len (data.pack_length
+  float32 (the module's dtype: train.module_dtype, else train.dtype). The LM's tokens per microbatch
+  per lane are global_batch / (microbatches x LM dp) x seq_len / cp, with seq_len = data.seq_len (data.pack_length
   when packing; the built-in demo tasks size their own rows, close to data.seq_len). An encoder's are
   samples per encoder lane x data.images_per_sample x its tokens per input: a ViT's patches (+ class
   token); for an audio encoder its max_positions, the most rows a clip can give (a rough upper bound).
@@ -158,10 +158,9 @@ def _layer_activation(tokens: float, hidden: int, tp: int, sp: bool, dtype: str)
     return tokens * hidden * per * (2 if dtype == "float32" else 1)
 
 
-def stage_usage(cfg: Config, size: ModuleSize, grid: Grid, flags: ModuleLayoutConfig, stage: int,
-                in_flight: int, checkpointed: bool = False) -> Usage:
-    """Bytes on one GPU of pipeline stage `stage` of a module, holding `in_flight` microbatches
-    (`checkpointed`: the module is in train.activation_checkpointing)."""
+def stage_usage(cfg: Config, name: str, size: ModuleSize, grid: Grid, flags: ModuleLayoutConfig, stage: int,
+                in_flight: int) -> Usage:
+    """Bytes on one GPU of pipeline stage `stage` of module `name`, holding `in_flight` microbatches."""
     first, last = stage == 0, stage == grid.pp - 1
     layers = len(stage_layers(size.layers, grid.pp, stage)) if size.layers else 0
     share = layers / max(size.layers, 1)
@@ -172,9 +171,9 @@ def stage_usage(cfg: Config, size: ModuleSize, grid: Grid, flags: ModuleLayoutCo
         states /= grid.dp * grid.cp
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
     tokens = samples * size.tokens_per_sample / grid.cp
-    layer = _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.train.dtype)
+    layer = _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.train.dtype_of(name))
     recompute = 0.0
-    if checkpointed and layers:
+    if name in cfg.train.activation_checkpointing and layers:
         acts = layers * tokens * size.hidden * RESIDUAL_BYTES / (grid.tp if flags.sequence_parallel else 1)
         recompute = layer
     else:
@@ -188,9 +187,8 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
              modules: dict[str, ModuleLayoutConfig]) -> Usage:
     """The worst GPU's estimated bytes under `layout` (see the module docstring for the model)."""
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
-    checkpointed = set(cfg.train.activation_checkpointing)
     if not is_pipelined(layout):
-        parts = [stage_usage(cfg, sizes[n], g, flags[n], 0, 1, n in checkpointed) for n, g in layout.grids.items()]
+        parts = [stage_usage(cfg, n, sizes[n], g, flags[n], 0, 1) for n, g in layout.grids.items()]
         return Usage(sum(u.states for u in parts), sum(u.activations for u in parts))
     depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
     total = depth + layout.grids[LANGUAGE].pp
@@ -199,6 +197,6 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
         start = depth if name == LANGUAGE else 0
         for stage in range(grid.pp):
             in_flight = min(total - (start + stage), cfg.parallel.microbatches)
-            u = stage_usage(cfg, sizes[name], grid, flags[name], stage, in_flight, name in checkpointed)
+            u = stage_usage(cfg, name, sizes[name], grid, flags[name], stage, in_flight)
             worst = max(worst, u, key=lambda x: x.peak)
     return worst

@@ -278,9 +278,11 @@ def render(cfg: Config, plan: Plan) -> str:
     micro = cfg.parallel.microbatches
     model = ", ".join(f"{n} {_params(s.params)} params" for n, s in plan.sizes.items())
     ckpt = cfg.train.activation_checkpointing
+    apart = ", ".join(f"{n} {d}" for n, d in cfg.train.module_dtype.items())
     out = [f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''} of {plan.gpu_memory_gib:g} GiB; {model}; global batch "
            f"{cfg.data.global_batch} x seq_len {seq}, {micro} microbatch{'es' if micro > 1 else ''}, "
-           f"{cfg.train.dtype}" + (f", activation checkpointing of {', '.join(ckpt)}" if ckpt else ""), ""]
+           f"{cfg.train.dtype}" + (f" ({apart})" if apart else "")
+           + (f", activation checkpointing of {', '.join(ckpt)}" if ckpt else ""), ""]
     if best.fits:
         out.append(f"suggested: {label(best.layout, best.modules)} (estimated {best.peak_gib:.1f} GiB per GPU) - "
                    f"{best.why}")

@@ -26,12 +26,12 @@ class MetricsLogger:
         self.wandb = None
         if not enabled:
             return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = (run_dir / "metrics.jsonl").open("a")
         if wandb is not None:
             from mimo.train.wandb_mirror import WandbMirror
 
             self.wandb = WandbMirror(run_dir, **wandb, resumed=start_step > 0)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = (run_dir / "metrics.jsonl").open("a")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -35,6 +35,7 @@ from mimo.train.metrics import MetricsLogger
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve
+from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.resume import RunCheckpointer
 from mimo.train.throughput import Throughput
 from mimo.train.wandb_mirror import require_wandb
@@ -94,7 +95,8 @@ class Trainer:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda":
             # float32 means float32: cuDNN would otherwise run the ViT's patch conv in TF32 (matmuls already don't)
-            torch.backends.cudnn.allow_tf32 = cfg.train.dtype != "float32"
+            torch.backends.cudnn.allow_tf32 = all(cfg.train.dtype_of(m) != "float32"
+                                                  for m in ("language", *cfg.model.modalities))
         self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model().to(self.device)
@@ -123,6 +125,7 @@ class Trainer:
         if self.plan is not None:
             self.plan.parallelize(model)
         apply_fast_paths(self.cfg, model)
+        apply_module_precision(self.cfg, model, torch.device(self.cfg.train.device).type)
         return model
 
     def build_optimizer(self) -> MimoOptimizer:
@@ -152,10 +155,8 @@ class Trainer:
         scale = 1.0 / n_global.clamp_min(1.0)
         loss_total = torch.zeros((), device=self.device)
         self.out_loss.begin(micro, self.all_reduce_sum, self.device)
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                  enabled=self.cfg.train.dtype == "bfloat16")
         for mb in micro:
-            with autocast:
+            with step_autocast(self.cfg, self.device):
                 out = self.model(**mb)
             (out.loss_sum * scale + self.out_loss.term(out)).backward()
             loss_total += out.loss_sum.detach()
@@ -173,9 +174,7 @@ class Trainer:
         pipe = self.plan.pipeline
         d = self.cfg.data
         batch = self.data.global_batch(step, d.global_batch, d.seed) if pipe.needs_data else None
-        autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                          enabled=self.cfg.train.dtype == "bfloat16")
-        result = pipe.train_step(self.model, batch, self.device, autocast)
+        result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device))
         self.plan.finalize_grads(self.model)
         return {**self.update(step, result.loss), "tokens": result.tokens, "loss_tokens": result.loss_tokens,
                 "flops": result.flops}
