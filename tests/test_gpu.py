@@ -1,6 +1,7 @@
 """The GPU fast path on a CUDA device: compiled blocks replayed as CUDA graphs, bf16 weights with fp32
 master AdamW, the chunked head + loss (compiled or Triton) and the flash kernel with grouped KV heads,
-each against an independent fp32 computation. Marked `gpu`: skipped (never passed) where there is no CUDA device.
+each against an independent fp32 computation; `mimo train` in bf16 with activation checkpointing and an
+fp32 encoder against its plain bf16 run. Marked `gpu`: skipped (never passed) where there is no CUDA device.
 
     python3 -m pytest -q tests/test_gpu.py      # on the GPU machine
 """
@@ -15,6 +16,8 @@ from benchmarks.workload import load_preset, make_batches
 from mimo.models.layers import attention
 from mimo.perf import MasterAdamW, linear_cross_entropy
 from mimo.train.loss import IGNORE_INDEX
+from mimo.train.trainer import Trainer
+from tests.tiny_run import metrics, tiny_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 CUDA = torch.device("cuda")
@@ -121,3 +124,22 @@ def test_captured_step_replays_the_eager_step(extra):
     change = [torch.cat([(p.detach().float() - start[n]).reshape(-1) for n, p in run.model.named_parameters()
                          if not n.endswith("k_proj.bias")]) for run in (eager, graphed)]
     assert rel(change[1], change[0]) < 5e-2
+
+
+def _trainer_losses(out, *switches: str) -> list[float]:
+    Trainer(tiny_config(out, "--train.device=cuda", "--train.dtype=bfloat16", "--train.steps=6",
+                        "--data.global_batch=16", *switches)).train()
+    return [r["loss"] for r in metrics(out)]
+
+
+def test_mimo_train_on_a_gpu_with_checkpointing_and_an_fp32_encoder(tmp_path):
+    """`mimo train`'s bf16 autocast on CUDA, with activation checkpointing of both modules (the same kernels
+    again in the backward) and with the encoder kept in fp32 (nested autocast): the loss curves stay
+    within bf16 distance of the plain bf16 run's."""
+    plain = _trainer_losses(tmp_path / "plain")
+    ckpt = _trainer_losses(tmp_path / "ckpt", '--train.activation_checkpointing=["language", "images"]')
+    fp32_encoder = _trainer_losses(tmp_path / "fp32_encoder", "--train.module_dtype.images=float32")
+    assert len(plain) == len(ckpt) == len(fp32_encoder) == 6
+    for other in (ckpt, fp32_encoder):
+        for a, b in zip(other, plain):
+            assert abs(a - b) <= 2e-2 * abs(b), (other, plain)
