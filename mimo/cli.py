@@ -26,14 +26,14 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     cfg = load_config(args.config, overrides)
     if args.nproc > 1 and not launched_distributed():
         return launch_local(args.nproc, ["train", args.config, *overrides])
+    code = 0
     try:
         Trainer(cfg).train()
     except RunAborted as e:
         print(f"mimo: stopped: {e}", file=sys.stderr)
-        leave_distributed()
-        return 3
+        code = 3
     leave_distributed()
-    return 0
+    return code
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -16,8 +16,7 @@ from benchmarks.workload import load_preset, make_batches
 from mimo.models.layers import attention
 from mimo.perf import MasterAdamW, linear_cross_entropy
 from mimo.train.loss import IGNORE_INDEX
-from mimo.train.trainer import Trainer
-from tests.tiny_run import metrics, tiny_config
+from tests.tiny_run import train_losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 CUDA = torch.device("cuda")
@@ -127,9 +126,8 @@ def test_captured_step_replays_the_eager_step(extra):
 
 
 def _trainer_losses(out, *switches: str) -> list[float]:
-    Trainer(tiny_config(out, "--train.device=cuda", "--train.dtype=bfloat16", "--train.steps=6",
-                        "--data.global_batch=16", *switches)).train()
-    return [r["loss"] for r in metrics(out)]
+    return train_losses(out, "--train.device=cuda", "--train.dtype=bfloat16", "--train.steps=6",
+                        "--data.global_batch=16", *switches)
 
 
 def test_mimo_train_on_a_gpu_with_checkpointing_and_an_fp32_encoder(tmp_path):

@@ -53,7 +53,7 @@ def test_a_modality_computes_in_its_own_dtype_beside_the_language_model(tmp_path
     torch.manual_seed(0)
     model = build_model(cfg.model)
     plain = copy.deepcopy(model)
-    assert apply_module_precision(cfg, model, "cpu") == ["images"]
+    assert apply_module_precision(cfg, model) == ["images"]
     seen = _record_dtypes(model)
     with step_autocast(cfg, torch.device("cpu")):
         rows = model.modality_submodules["images"](_pixels())

@@ -4,8 +4,6 @@ or checkpointing: tests/test_data_parallel.py), 1e-6 (checkpointed) or 1e-4 (com
 within 1e-4 of their scale. Checkpointing keeps less for the backward. Unsupported layouts and unknown module
 names are refused with an error that names the field."""
 
-import json
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -15,16 +13,14 @@ from mimo.mimo_model import build_model
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.perf.trainer_fast_paths import apply_fast_paths
-from mimo.train.trainer import Trainer
-from tests.tiny_run import tiny_config
+from tests.tiny_run import tiny_config, train_losses
 
 STEPS = ["--train.steps=4"]
 
 
 def run(tmp_path, name: str, *switches: str) -> tuple[list[float], dict]:
     out = tmp_path / name
-    Trainer(tiny_config(out, *STEPS, *switches)).train()
-    losses = [json.loads(line)["loss"] for line in (out / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    losses = train_losses(out, *STEPS, *switches)
     return losses, load_file(out / "tiny" / "checkpoint" / "model.safetensors")
 
 

@@ -31,6 +31,12 @@ def metrics(out_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+def train_losses(out_dir: Path, *overrides: str) -> list[float]:
+    """Train a tiny run in this process; the loss of each logged step."""
+    Trainer(tiny_config(out_dir, *overrides)).train()
+    return [r["loss"] for r in metrics(out_dir)]
+
+
 def pid_files(out_dir: Path) -> list[Path]:
     return sorted((Path(out_dir) / "pids").glob("rank_*"))
 

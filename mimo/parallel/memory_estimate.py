@@ -16,10 +16,11 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   tokens x hidden x 34 bytes in bf16 (Megatron's estimate with flash attention: no s^2 score term);
   under tensor parallelism (10 + 24/tp) instead of 34, or 34/tp with sequence parallel. Twice that in
   float32 (the module's dtype: train.module_dtype, else train.dtype). The LM's tokens per microbatch
-  per lane are global_batch / (microbatches x LM dp) x seq_len / cp, with seq_len = data.seq_len (data.pack_length
-  when packing; the built-in demo tasks size their own rows, close to data.seq_len). An encoder's are
-  samples per encoder lane x data.images_per_sample x its tokens per input: a ViT's patches (+ class
-  token); for an audio encoder its max_positions, the most rows a clip can give (a rough upper bound).
+  per lane are global_batch / (microbatches x LM dp) x seq_len / cp, with seq_len = data.seq_len
+  (data.pack_length when packing; the built-in demo tasks size their own rows, close to data.seq_len).
+  An encoder's are samples per encoder lane x data.images_per_sample x its tokens per input: a ViT's
+  patches (+ class token); for an audio encoder its max_positions, the most rows a clip can give (a
+  rough upper bound).
   The LM head adds its fp32 logits and their gradient: tokens x vocab x 8 bytes / tp.
 - **Activation checkpointing** (`train.activation_checkpointing` names the module): each layer keeps
   only its input, tokens x hidden x 4 bytes (the residual stream stays fp32 under autocast), /tp with

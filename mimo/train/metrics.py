@@ -9,6 +9,17 @@ from pathlib import Path
 from tqdm import tqdm
 
 
+def scalars(record: dict, prefix: str) -> dict[str, float]:
+    """The numeric entries of a (nested) record as flat `prefix/key` names; booleans count as numbers."""
+    out: dict[str, float] = {}
+    for k, v in record.items():
+        if isinstance(v, dict):
+            out.update(scalars(v, f"{prefix}/{k}"))
+        elif isinstance(v, (int, float)):
+            out[f"{prefix}/{k}"] = v
+    return out
+
+
 class MetricsLogger:
     """Writes one JSON object per logged step and mirrors scalars to TensorBoard and W&B (rank 0 only).
 
@@ -49,12 +60,12 @@ class MetricsLogger:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        values = scalars({k: v for k, v in record.items() if k != "step"}, "train")
         if self.tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(f"train/{k}", v, record["step"])
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, record["step"])
         if self.wandb is not None:
-            self.wandb.log(record)
+            self.wandb.log(values, record["step"])
 
     def progress(self, n: int, **postfix: float) -> None:
         if self.bar is not None:
@@ -66,7 +77,7 @@ class MetricsLogger:
         if self.enabled:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if self.wandb is not None:
-            self.wandb.summary(summary)
+            self.wandb.summary(scalars(summary, "summary"))
 
     def close(self) -> None:
         if self.bar is not None:

@@ -37,11 +37,11 @@ def _run_in(modules: Iterable[nn.Module], device_type: str, bf16: bool) -> None:
         m.forward = types.MethodType(_forward_in_own_precision, m)
 
 
-def apply_module_precision(cfg: Config, model: MimoModel, device_type: str) -> list[str]:
+def apply_module_precision(cfg: Config, model: MimoModel) -> list[str]:
     """Give each modality whose dtype differs from the language model's its own autocast state; returns
     their names. Every module a modality calls from outside (encoders, input and output projections,
     decoders) runs in it."""
-    lm = cfg.train.dtype_of("language")
+    lm, device_type = cfg.train.dtype_of("language"), torch.device(cfg.train.device).type
     changed = [n for n in model.modality_submodules if cfg.train.dtype_of(n) != lm]
     for name in changed:
         sub = model.modality_submodules[name]

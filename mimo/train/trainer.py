@@ -125,7 +125,7 @@ class Trainer:
         if self.plan is not None:
             self.plan.parallelize(model)
         apply_fast_paths(self.cfg, model)
-        apply_module_precision(self.cfg, model, torch.device(self.cfg.train.device).type)
+        apply_module_precision(self.cfg, model)
         return model
 
     def build_optimizer(self) -> MimoOptimizer:
@@ -155,8 +155,9 @@ class Trainer:
         scale = 1.0 / n_global.clamp_min(1.0)
         loss_total = torch.zeros((), device=self.device)
         self.out_loss.begin(micro, self.all_reduce_sum, self.device)
+        autocast = step_autocast(self.cfg, self.device)
         for mb in micro:
-            with step_autocast(self.cfg, self.device):
+            with autocast:
                 out = self.model(**mb)
             (out.loss_sum * scale + self.out_loss.term(out)).backward()
             loss_total += out.loss_sum.detach()

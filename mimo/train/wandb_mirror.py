@@ -27,19 +27,9 @@ def require_wandb() -> None:
                           "(or set run.wandb = false)") from e
 
 
-def scalars(record: dict, prefix: str) -> dict[str, float]:
-    """The numeric entries of a (nested) record as flat `prefix/key` names; booleans count as numbers."""
-    out: dict[str, float] = {}
-    for k, v in record.items():
-        if isinstance(v, dict):
-            out.update(scalars(v, f"{prefix}/{k}"))
-        elif isinstance(v, (int, float)):
-            out[f"{prefix}/{k}"] = v
-    return out
-
-
 class WandbMirror:
-    """One W&B run per mimo run folder: every logged step under `train/`, the final summary under `summary/`."""
+    """One W&B run per mimo run folder, fed the flat scalars MetricsLogger makes (`train/...` per logged step,
+    `summary/...` once)."""
 
     def __init__(self, run_dir: Path, project: str, name: str, config: dict, resumed: bool):
         import wandb
@@ -50,11 +40,11 @@ class WandbMirror:
                               config=config)
         id_file.write_text(run_id + "\n")
 
-    def log(self, record: dict) -> None:
-        self.run.log(scalars({k: v for k, v in record.items() if k != "step"}, "train"), step=record["step"])
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
 
-    def summary(self, summary: dict) -> None:
-        self.run.summary.update(scalars(summary, "summary"))
+    def summary(self, values: dict[str, float]) -> None:
+        self.run.summary.update(values)
 
     def close(self) -> None:
         self.run.finish()
