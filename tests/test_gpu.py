@@ -6,6 +6,8 @@ fp32 encoder against its plain bf16 run. Marked `gpu`: skipped (never passed) wh
     python3 -m pytest -q tests/test_gpu.py      # on the GPU machine
 """
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,25 @@ from tests.tiny_run import train_losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _sdpa_backends_restored():
+    """A benchmark `Run` allows only its own attention backend, process-wide (`use_sdpa_backend`), and sets
+    cuDNN's TF32 switch; left so, the tests after it in this process would have cuDNN attention alone, which
+    takes no fp32 input."""
+    flags = ("flash", "cudnn", "mem_efficient", "math")
+    enabled = {f: getattr(torch.backends.cuda, f"{f}_sdp_enabled")() for f in flags}
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    tf32 = torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32 = tf32
+    for f, on in enabled.items():
+        getattr(torch.backends.cuda, f"enable_{f}_sdp")(on)
+    if cache is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
