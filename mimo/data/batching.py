@@ -92,7 +92,7 @@ def check_token_ids(batch: dict, vocab: int, placeholder_ids: Iterable[int] = ()
         ids = ids.cpu()
         outside = (ids < 0) | (ids >= vocab)
         if outside.any():  # the exemptions are looked up only then: a per-step check of the whole batch
-            outside &= ~torch.isin(ids, torch.tensor(skip, dtype=torch.long))
+            outside &= ~torch.isin(ids, torch.tensor(skip, dtype=torch.long, device=ids.device))
         if outside.any():
             where = tuple(outside.nonzero()[0].tolist())
             raise ValueError(f"{key}{list(where)} = {int(ids[where])} lies outside the LM's vocabulary [0, {vocab}); "
