@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import socket
+import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ class _Launch:
     """What every rank of one run needs besides fn and its arguments."""
 
     world_size: int
-    port: int
+    store: str  # the rendezvous file: a TCP port picked free by the parent could be taken before rank 0 binds it
     timeout: float
     env: dict[str, str]
     cwd: str
@@ -86,7 +87,7 @@ class _OnGpu(TorchFunctionMode):
 
 def _join(rank: int, launch: _Launch) -> contextlib.AbstractContextManager:
     """Join the group on the test backend; the context the test function runs in."""
-    init = dict(rank=rank, world_size=launch.world_size, init_method=f"tcp://127.0.0.1:{launch.port}",
+    init = dict(rank=rank, world_size=launch.world_size, init_method=f"file://{launch.store}",
                 timeout=timedelta(seconds=launch.timeout))
     if backend() == "gloo":
         dist.init_process_group("gloo", **init)
@@ -96,12 +97,6 @@ def _join(rank: int, launch: _Launch) -> contextlib.AbstractContextManager:
     torch.backends.cudnn.allow_tf32 = False
     dist.init_process_group(GPU_BACKEND, **init)
     return _OnGpu(torch.device("cuda", rank))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _context() -> mp.context.BaseContext:
@@ -147,7 +142,8 @@ def run_distributed(fn: Any, world_size: int, *args: Any, timeout: float = 120.0
                     f"{torch.cuda.device_count()} found")
     ctx = _context()
     # the ranks' own dist timeout bounds how long they could outlive a parent that died
-    launch = _Launch(world_size, _free_port(), timeout + 60.0, dict(os.environ), os.getcwd())
+    store_dir = tempfile.mkdtemp(prefix="mimo-dist-")
+    launch = _Launch(world_size, os.path.join(store_dir, "store"), timeout + 60.0, dict(os.environ), os.getcwd())
     procs: list[mp.process.BaseProcess] = []
     pending: dict[Connection, int] = {}
     try:
@@ -165,6 +161,7 @@ def run_distributed(fn: Any, world_size: int, *args: Any, timeout: float = 120.0
                 p.kill()
         for p in procs:
             p.join()
+        shutil.rmtree(store_dir, ignore_errors=True)
 
 
 def _collect(procs: list[mp.process.BaseProcess], pending: dict[Connection, int], deadline: float,
