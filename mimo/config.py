@@ -16,6 +16,9 @@ from typing import Any
 
 import tomllib
 
+LANGUAGE = "language"
+"""The language model's name among the modules (layouts, dtypes, checkpointing)."""
+
 
 @dataclass
 class LLMConfig:
@@ -151,6 +154,12 @@ class ModelConfig:
     llm: LLMConfig = field(default_factory=LLMConfig)
     modalities: dict[str, ModalityConfig] = field(default_factory=dict)
     freeze_llm: bool = False
+
+    @property
+    def module_names(self) -> list[str]:
+        """Every module's name as layouts, dtypes and checkpointing name it: the language model's, then each
+        modality's."""
+        return [LANGUAGE, *self.modalities]
 
 
 @dataclass
@@ -464,7 +473,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.schedule = '{cfg.optim.schedule}'; choose cosine, linear or constant")
     if cfg.train.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"train.dtype = '{cfg.train.dtype}'; choose float32 or bfloat16")
-    modules = ["language", *cfg.model.modalities]
+    modules = cfg.model.module_names
     for name, dtype in cfg.train.module_dtype.items():
         if name not in modules:
             raise ConfigError(f"train.module_dtype.{name}: '{name}' is no module of this model; choose from {modules}")
@@ -501,7 +510,7 @@ def validate(cfg: Config) -> None:
     if cfg.data.packing and cfg.data.pack_length < 1:
         raise ConfigError(f"data.packing = true needs data.pack_length (tokens per packed row) >= 1, got "
                           f"{cfg.data.pack_length}; set it to at least the longest sample, e.g. 2-4x its length")
-    known = set(cfg.model.modalities) | {"language"}
+    known = set(cfg.model.module_names)
     for name in cfg.parallel.modules:
         if name not in known:
             raise ConfigError(f"parallel.modules.{name} names no module; modules are: {', '.join(sorted(known))}")

@@ -190,9 +190,9 @@ def test_tensor_parallel_audio_encoder_is_refused_by_name():
     """Only ViT encoders have a tensor-parallel plan; an audio encoder with tp > 1 is a config error, not a
     KeyError deep inside the plan (and not a check of the unused ViT settings)."""
     cfg = load_config(AVLM, ["--parallel.modules.audio.tp=2"])
-    layout = Layout.from_config(cfg.parallel.modules, ["language", *cfg.model.modalities], 2)
+    layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2)
     with pytest.raises(ConfigError, match=r"parallel.modules.audio.tp = 2: tensor parallelism splits ViT encoders "
                                           r"only, and 'audio' is not a vision modality \(kind = 'audio'\)"):
         validate_plan(cfg, layout)
     cfg = load_config(AVLM, ["--parallel.modules.images.tp=2"])
-    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", *cfg.model.modalities], 2))
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))

@@ -92,7 +92,7 @@ def test_placeholder_ids_outside_the_vocabulary_pass_as_inputs_but_not_as_labels
 
 def test_the_vocabulary_check_holds_under_any_default_device():
     """The check reads the batch on the CPU; its exemptions must sit there too, not on whatever device
-    tensors are made on by default (a CUDA default made it fail on NCCL ranks with a device mismatch)."""
+    tensors are made on by default (the NCCL test harness's CUDA default made it fail with a device mismatch)."""
     batch = {"input_ids": torch.tensor([[1, 300, 2]]), "labels": torch.tensor([[-100, 2, 300]])}
     with torch.device("meta"), pytest.raises(ValueError, match=r"labels\[0, 2\] = 300 lies outside"):
         check_token_ids(batch, 272, [300])

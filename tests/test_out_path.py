@@ -216,7 +216,7 @@ def test_fsdp_with_the_out_path_is_refused_where_fsdp_cannot_reduce_unused_param
     """On a torch whose FSDP2 skips the reduce-scatter of unused parameters, a rank with no image to generate
     would leave the decoder's collective unmatched; the plan refuses before building anything."""
     cfg = load_config(ROOT / "configs" / "demo_text_to_image.toml", ["--parallel.modules.images.fsdp=true"])
-    layout = Layout.from_config(cfg.parallel.modules, ["language", *cfg.model.modalities], 2)
+    layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2)
     monkeypatch.setattr(plan_module, "FSDP_REDUCES_UNUSED_PARAMS", True)
     validate_plan(cfg, layout)
     monkeypatch.setattr(plan_module, "FSDP_REDUCES_UNUSED_PARAMS", False)
@@ -224,4 +224,4 @@ def test_fsdp_with_the_out_path_is_refused_where_fsdp_cannot_reduce_unused_param
         validate_plan(cfg, layout)
     # the decoders live in the Out modality's submodule: FSDP of the LM alone uses every parameter each step
     lm_only = load_config(ROOT / "configs" / "demo_text_to_image.toml", ["--parallel.modules.language.fsdp=true"])
-    validate_plan(lm_only, Layout.from_config(lm_only.parallel.modules, ["language", *lm_only.model.modalities], 2))
+    validate_plan(lm_only, Layout.from_config(lm_only.parallel.modules, lm_only.model.module_names, 2))

@@ -59,7 +59,7 @@ def test_fast_path_trains_like_the_plain_trainer(tmp_path, switches, rtol):
 ])
 def test_unsupported_layouts_are_refused_before_any_collective(tmp_path, overrides, message):
     cfg = tiny_config(tmp_path, *overrides)
-    layout = Layout.from_config(cfg.parallel.modules, ["language", *cfg.model.modalities], 4)
+    layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4)
     with pytest.raises(ConfigError, match=message):
         validate_plan(cfg, layout)
 

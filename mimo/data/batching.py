@@ -13,11 +13,11 @@ from collections.abc import Iterable
 
 import torch
 
+from mimo.config import LANGUAGE
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.loss import IGNORE_INDEX
 
 COUNTS = "modality_counts"
-LANGUAGE = "language"
 
 
 def slice_batch(batch: dict, start: int, stop: int) -> dict:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from mimo.config import Config, ConfigError
+from mimo.config import LANGUAGE, Config, ConfigError
 from mimo.data.batching import to_device
 from mimo.mimo_model import MimoModel
 from mimo.parallel.grid import Grid, GridGroups
@@ -35,8 +35,6 @@ from mimo.parallel.pipeline_stage import EncoderStage, LMStage, StageLink
 from mimo.parallel.schedule import run_1f1b, stage_index, warmup_microbatches
 from mimo.train.flops import train_step_flops
 from mimo.train.loss import loss_weights
-
-LANGUAGE = "language"
 
 
 def agree_on_input(problem: str | None, device: torch.device) -> None:

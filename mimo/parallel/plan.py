@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mimo.config import Config, ConfigError, ModelConfig
+from mimo.config import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.data.batching import split_microbatches
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.bridge import ColocatedBridge
@@ -34,8 +34,6 @@ from mimo.parallel.tensor import (
     tp_lm_loss,
 )
 from mimo.perf.trainer_fast_paths import check_fast_paths
-
-LANGUAGE = "language"
 
 
 def validate_plan(cfg: Config, layout: Layout) -> None:
@@ -114,7 +112,7 @@ class ParallelPlan:
 
     def __init__(self, cfg: Config, rank: int, world: int):
         self.cfg, self.rank, self.world = cfg, rank, world
-        names = [LANGUAGE, *cfg.model.modalities]
+        names = cfg.model.module_names
         self.layout = Layout.from_config(cfg.parallel.modules, names, world)
         validate_plan(cfg, self.layout)
         self.module_cfg = {n: cfg.parallel.modules.get(n) for n in names}

@@ -133,7 +133,7 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
 def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
     """The Layout, or None when the trainer would refuse it (the same checks as `mimo train`)."""
     try:
-        layout = Layout.from_config(modules, [LANGUAGE, *cfg.model.modalities], gpus)
+        layout = Layout.from_config(modules, cfg.model.module_names, gpus)
         validate_plan(with_modules(cfg, modules), layout)
     except ValueError:  # ConfigError included
         return None

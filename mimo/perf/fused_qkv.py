@@ -14,9 +14,9 @@ from mimo.models.layers import SelfAttention
 
 
 def fuse_qkv(model: nn.Module) -> int:
-    """Turn the fused projection on in every attention of `model` that this rank holds; how many. Only over
-    plain `nn.Linear` projections of one dtype and bias setting: a sharded or adapted projection keeps its own
-    forward."""
+    """Turn the fused projection on in every attention of `model` that this rank holds; how many. Refused
+    (ValueError) where a projection is no plain `nn.Linear` (sharded or adapted: its own forward must run) or
+    where the three differ in dtype or bias."""
     count = 0
     for name, module in model.named_modules():
         if not isinstance(module, SelfAttention):

@@ -95,8 +95,7 @@ class Trainer:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda":
             # float32 means float32: cuDNN would otherwise run the ViT's patch conv in TF32 (matmuls already don't)
-            torch.backends.cudnn.allow_tf32 = all(cfg.train.dtype_of(m) != "float32"
-                                                  for m in ("language", *cfg.model.modalities))
+            torch.backends.cudnn.allow_tf32 = all(cfg.train.dtype_of(m) != "float32" for m in cfg.model.module_names)
         self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model().to(self.device)
