@@ -54,7 +54,7 @@ from benchmarks.workload import (
     load_preset,
     model_config,
 )
-from mimo.config import (
+from mimo.config.schema import (
     Config,
     DataConfig,
     ModuleLayoutConfig,
@@ -62,8 +62,8 @@ from mimo.config import (
     ParallelConfig,
     RunConfig,
     TrainConfig,
-    validate,
 )
+from mimo.config.validate import validate
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import LANGUAGE, batch_multiple, validate_plan
 from mimo.parallel.planner import label

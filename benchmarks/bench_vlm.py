@@ -33,7 +33,7 @@ import torch.distributed as dist
 from benchmarks.launch import run_row
 from benchmarks.runner import Options, Run
 from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, train_flops_per_sample
-from mimo.config import TrainConfig
+from mimo.config.schema import TrainConfig
 from mimo.parallel.runtime import init_distributed, leave_distributed, torchrun_cmd
 
 DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}

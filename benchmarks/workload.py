@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mimo.config import LLMConfig, ModalityConfig, ModelConfig, ProjectorConfig, ViTConfig
+from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ProjectorConfig, ViTConfig
 from mimo.mimo_model import token_indices
 from mimo.train.loss import IGNORE_INDEX
 

@@ -1,6 +1,7 @@
 """mimo: train multimodal in/out models with a parallel layout per module."""
 
-from mimo.config import Config, load_config
+from mimo.config.schema import Config
+from mimo.config.load import load_config
 from mimo.mimo_model import MimoModel, ModalitySubmodules, build_model
 
 __all__ = ["Config", "MimoModel", "ModalitySubmodules", "build_model", "load_config"]

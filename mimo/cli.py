@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from mimo.config import ConfigError, load_config
+from mimo.config.schema import ConfigError
+from mimo.config.load import load_config
 
 TRAIN_HELP = """Train a model described by a TOML config. Any config key can be overridden with a dotted
 flag, e.g. `mimo train configs/demo_vlm.toml --train.steps=50 --model.llm.layers=4`.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mimo.config import ModelConfig
+from mimo.config.schema import ModelConfig
 from mimo.data.batching import check_counts, check_placeholders, check_token_ids
 from mimo.models.audio import AudioEncoder
 from mimo.models.decoders import build_image_output

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mimo.config import Config
+from mimo.config.schema import Config
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 

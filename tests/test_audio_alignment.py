@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mimo.config import AudioConfig, LLMConfig, ModalityConfig, ModelConfig
+from mimo.config.schema import AudioConfig, LLMConfig, ModalityConfig, ModelConfig
 from mimo.data.audio_demo import CLIP_SAMPLES, audio_tokens, synth_tones
 from mimo.mimo_model import build_model
 from mimo.models.audio_features import log_mel_spectrogram

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mimo.config import ConfigError, load_config
+from mimo.config.schema import ConfigError
+from mimo.config.load import load_config
 from mimo.data.audio_demo import AVLMData
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData

@@ -4,7 +4,7 @@ that holds it, before anything runs: which data lane the bad sample would land i
 import pytest
 import torch
 
-from mimo.config import load_config
+from mimo.config.load import load_config
 from mimo.data.batching import COUNTS, check_counts, check_placeholders, check_token_ids
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.trainer import Trainer

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from benchmarks import trace_gaps
 from benchmarks.runner import PLAIN, Options, Run, captures_step
 from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, make_batches, train_flops_per_sample
-from mimo.config import LLMConfig
+from mimo.config.schema import LLMConfig
 from mimo.models.layers import rope_cos_sin
 from mimo.models.llm import DecoderLayer
 from mimo.perf import MasterAdamW, checkpoint_blocks, linear_cross_entropy, use_sdpa_backend

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from mimo.config import (
+from mimo.config.schema import (
     Config,
     DataConfig,
     LLMConfig,

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from mimo.config import (
+from mimo.config.schema import (
     Config,
     ConfigError,
     DataConfig,

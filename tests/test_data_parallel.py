@@ -16,7 +16,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from mimo.config import LLMConfig, ModalityConfig, ModelConfig, OptimConfig, ViTConfig
+from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, OptimConfig, ViTConfig
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.data import AbsentInputFiller, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups

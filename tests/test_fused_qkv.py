@@ -4,7 +4,7 @@ where a projection is no plain linear."""
 import pytest
 import torch
 
-from mimo.config import ViTConfig
+from mimo.config.schema import ViTConfig
 from mimo.models.layers import SelfAttention, rope_cos_sin
 from mimo.models.vit import VisionTransformer
 from mimo.perf import fuse_qkv

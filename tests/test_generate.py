@@ -2,7 +2,7 @@
 
 import torch
 
-from mimo.config import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.generate import greedy_generate
 from mimo.mimo_model import build_model
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mimo.config import AudioConfig
+from mimo.config.schema import AudioConfig
 from mimo.interop import import_audio_encoder
 from mimo.models.audio import AudioEncoder, sinusoids
 from mimo.models.audio_features import log_mel_spectrogram

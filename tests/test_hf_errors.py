@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mimo.config import LLMConfig
+from mimo.config.schema import LLMConfig
 from mimo.interop import import_audio_encoder, import_llm, import_vision, load_hf_weights
 from mimo.interop.hf_mapping import llm_names
 from mimo.interop.hf_weights import dim_shard_fn

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mimo.cli import main
-from mimo.config import Config, LLMConfig, ModalityConfig, ModelConfig, ViTConfig, dump_toml
+from mimo.config.schema import Config, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.load import dump_toml
 from mimo.generate import greedy_generate
 from mimo.interop import export_llava, import_llava
 from mimo.mimo_model import MimoModel, build_model

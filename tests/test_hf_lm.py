@@ -4,7 +4,7 @@ position ids included), and an exported mimo LM loads as the matching ForCausalL
 import pytest
 import torch
 
-from mimo.config import LLMConfig
+from mimo.config.schema import LLMConfig
 from mimo.interop import export_causal_lm, hf_export, import_llm
 from mimo.interop.masks import padded_causal_mask
 from mimo.models.llm import DecoderLM

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from mimo.config import ModuleLayoutConfig as M
+from mimo.config.schema import ModuleLayoutConfig as M
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout, Role, StageInfo, check_heads_divisible
 from tests.dist import run_distributed

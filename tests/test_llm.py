@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mimo.config import LLMConfig
+from mimo.config.schema import LLMConfig
 from mimo.models.layers import attention
 from mimo.models.llm import DecoderLM
 

@@ -14,16 +14,8 @@ import torch
 from PIL import Image
 
 from mimo.cli import main as cli_main
-from mimo.config import (
-    ConfigError,
-    DecoderConfig,
-    LLMConfig,
-    ModalityConfig,
-    ModelConfig,
-    ViTConfig,
-    dump_toml,
-    load_config,
-)
+from mimo.config.schema import ConfigError, DecoderConfig, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.load import dump_toml, load_config
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
 from mimo.mimo_model import build_model

@@ -9,7 +9,7 @@ sequence parallel on 4 ranks) has the unpacked run's per-step losses, with less 
 import pytest
 import torch
 
-from mimo.config import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.batching import COUNTS
 from mimo.data.packing import first_fit, pack_batch, sample_lengths
 from mimo.mimo_model import build_model

@@ -16,7 +16,7 @@ import re
 import pytest
 import torch
 
-from mimo.config import (
+from mimo.config.schema import (
     Config,
     ConfigError,
     DataConfig,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mimo.config import ConfigError, ModuleLayoutConfig
+from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.mimo_model import build_model
 from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.trainer import Trainer

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from mimo.config import LLMConfig
+from mimo.config.schema import LLMConfig
 from mimo.mimo_model import MimoModel, ModalitySubmodules
 from mimo.models.llm import DecoderLM
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mimo.config import ConfigError
+from mimo.config.schema import ConfigError
 from mimo.data.synthetic import build_synthetic_data
 from mimo.mimo_model import build_model
 from mimo.train.loss import IGNORE_INDEX

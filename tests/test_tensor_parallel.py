@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mimo.config import LLMConfig, ModalityConfig, ModelConfig, OptimConfig, ViTConfig
+from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, OptimConfig, ViTConfig
 from mimo.mimo_model import build_model
 from mimo.models.llm import DecoderLM
 from mimo.models.vit import VisionTransformer

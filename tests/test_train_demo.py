@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mimo.config import load_config
+from mimo.config.load import load_config
 from mimo.train.trainer import Trainer
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo_vlm.toml"

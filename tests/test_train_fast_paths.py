@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mimo.config import ConfigError
+from mimo.config.schema import ConfigError
 from mimo.mimo_model import build_model
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan

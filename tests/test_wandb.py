@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from mimo.config import ConfigError
+from mimo.config.schema import ConfigError
 from mimo.train.trainer import Trainer
 from tests.cli_curve import ROOT
 from tests.tiny_run import DEMO, TINY, metrics, tiny_config

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mimo.config import Config
+from mimo.config.schema import Config
 from mimo.data.demo import question_answer_rows
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import COLORS, COUNTS, IMAGE_SIZE, QUESTIONS, SHAPES, image_tensor_values, render

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
-from mimo.config import LANGUAGE
+from mimo.config.schema import LANGUAGE
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.loss import IGNORE_INDEX
 

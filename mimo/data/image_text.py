@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from mimo.config import Config
+from mimo.config.schema import Config
 from mimo.data.batching import to_device
 from mimo.data.jsonl import read_manifest
 from mimo.data.samples import BadSample, Record, decode_image, encode_text, special_ids

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mimo.config import Config
+from mimo.config.schema import Config
 from mimo.data.batching import COUNTS
 from mimo.mimo_model import MimoModel
 from mimo.train.loss import IGNORE_INDEX

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from mimo.config import Config, DecoderConfig
+from mimo.config.schema import Config, DecoderConfig
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import COLORS, SHAPES, draw_shape, image_tensor_values
 from mimo.data.tokenizer import ByteTokenizer

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 
-from mimo.config import ConfigError, ModelConfig
+from mimo.config.schema import ConfigError, ModelConfig
 from mimo.interop.hf_config import llm_config_from_hf, vit_config_from_hf
 from mimo.interop.hf_files import DirectorySource
 from mimo.interop.hf_import import load_llm_weights, load_vit_weights

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mimo.config import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
+from mimo.config.schema import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
 from mimo.models.layers import LLAMA3_ROPE_KEYS
 
 LLM_TYPES = ("qwen2", "qwen3", "llama")

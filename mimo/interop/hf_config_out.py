@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mimo.config import LLMConfig, ViTConfig
+from mimo.config.schema import LLMConfig, ViTConfig
 
 MIMO_TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "quick_gelu": "quick_gelu", "silu": "silu",
                   "relu": "relu"}

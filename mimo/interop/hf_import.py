@@ -10,7 +10,7 @@ from pathlib import Path
 
 from torch import nn
 
-from mimo.config import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.interop.hf_config import (
     audio_config_from_hf,
     llm_config_from_hf,

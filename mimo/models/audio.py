@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mimo.config import AudioConfig
+from mimo.config.schema import AudioConfig
 from mimo.models.layers import MLP, SelfAttention
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mimo.config import DecoderConfig, ProjectorConfig, ViTConfig
+from mimo.config.schema import DecoderConfig, ProjectorConfig, ViTConfig
 from mimo.models.projector import MLPProjector
 from mimo.models.vit import ViTBlock
 

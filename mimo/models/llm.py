@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mimo.config import LLMConfig
+from mimo.config.schema import LLMConfig
 from mimo.models.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, rope_cos_sin
 
 

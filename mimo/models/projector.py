@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from mimo.config import ProjectorConfig
+from mimo.config.schema import ProjectorConfig
 from mimo.models.layers import MLP
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mimo.config import ViTConfig
+from mimo.config.schema import ViTConfig
 from mimo.models.layers import MLP, SelfAttention
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo.config import ModuleLayoutConfig
+from mimo.config.schema import ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 
 _FIX = ("grids must span identical ranks (colocated) or be pairwise disjoint (non-colocated); "

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mimo.config import Config, ModuleLayoutConfig
+from mimo.config.schema import Config, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline import LANGUAGE, is_pipelined

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from mimo.config import LANGUAGE, Config, ConfigError
+from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.data.batching import to_device
 from mimo.mimo_model import MimoModel
 from mimo.parallel.grid import Grid, GridGroups

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mimo.config import LANGUAGE, Config, ConfigError, ModelConfig
+from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.data.batching import split_microbatches
 from mimo.mimo_model import MimoModel, build_model
 from mimo.parallel.bridge import ColocatedBridge

@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mimo.config import Config, ConfigError, ModuleLayoutConfig
+from mimo.config.schema import Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.memory_estimate import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes

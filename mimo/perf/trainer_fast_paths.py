@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mimo.config import Config, ConfigError
+from mimo.config.schema import Config, ConfigError
 from mimo.mimo_model import MimoModel
 from mimo.models.llm import DecoderLM
 from mimo.parallel.layout import Layout

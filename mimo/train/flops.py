@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from mimo.config import AudioConfig, LLMConfig, ModelConfig, ViTConfig
+from mimo.config.schema import AudioConfig, LLMConfig, ModelConfig, ViTConfig
 from mimo.models.audio import AudioEncoder
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mimo.config import OptimConfig
+from mimo.config.schema import OptimConfig
 
 NormReducer = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 REPLICAS = "_mimo_replicas"

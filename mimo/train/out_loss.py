@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from mimo.config import ModelConfig
+from mimo.config.schema import ModelConfig
 from mimo.mimo_model import MimoOutput
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]

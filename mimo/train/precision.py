@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from mimo.config import Config
+from mimo.config.schema import Config
 from mimo.mimo_model import MimoModel
 
 

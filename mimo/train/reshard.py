@@ -14,7 +14,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from mimo.config import ModelConfig
+from mimo.config.schema import ModelConfig
 from mimo.mimo_model import build_model
 
 MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")

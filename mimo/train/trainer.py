@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo.config import Config, dump_toml, to_dict
+from mimo.config.schema import Config
+from mimo.config.load import dump_toml, to_dict
 from mimo.data.audio_demo import build_avlm_data
 from mimo.data.batching import split_microbatches, to_device
 from mimo.data.demo import DemoVLMData

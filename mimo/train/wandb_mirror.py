@@ -12,7 +12,7 @@ import importlib
 import uuid
 from pathlib import Path
 
-from mimo.config import ConfigError
+from mimo.config.schema import ConfigError
 
 ID_FILE = "wandb_run_id"
 """File in the run folder that holds the W&B run id, so that a resumed run logs into the same W&B run."""

@@ -1,0 +1,274 @@
+"""The typed config tree: one dataclass per section, the constants every floor shares, `ConfigError`.
+
+`mimo.config.load` reads TOML and dotted overrides into these classes; `mimo.config.validate` checks the
+fields that depend on one another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LANGUAGE = "language"
+"""The language model's name among the modules (layouts, dtypes, checkpointing)."""
+
+
+@dataclass
+class LLMConfig:
+    """A Llama/Qwen2-style decoder."""
+
+    vocab: int = 320
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    mlp: int = 384
+    qkv_bias: bool = True
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    max_seq: int = 4096
+    init_std: float = 0.02
+    qk_norm: bool = False
+    # 0 = hidden // heads; Qwen3 checkpoints set it explicitly.
+    head_dim: int = 0
+    # Llama 3 RoPE scaling, keys as in HF's rope_scaling (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings); empty = plain RoPE.
+    rope_scaling: dict[str, float] = field(default_factory=dict)
+    # A Hugging Face Qwen2/Qwen3/Llama directory: its config.json replaces the fields above and its weights load.
+    hf_path: str = ""
+
+    @property
+    def attention_head_dim(self) -> int:
+        """The width of one attention head: `head_dim` when set, else hidden // heads."""
+        return self.head_dim or self.hidden // self.heads
+
+
+@dataclass
+class ViTConfig:
+    """A CLIP-style vision transformer (pre-LN, GELU MLP, biases, class token, learned positions)."""
+
+    image: int = 32
+    patch: int = 8
+    channels: int = 3
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    mlp: int = 256
+    act: str = "gelu"
+    norm_eps: float = 1e-5
+    drop_class_token: bool = True
+    init_std: float = 0.02
+    # SigLIP-style towers: no class token, no pre-LayerNorm, a patch-embedding bias, a final LayerNorm.
+    class_token: bool = True
+    pre_norm: bool = True
+    patch_bias: bool = False
+    post_norm: bool = False
+
+    @property
+    def positions(self) -> int:
+        """Tokens the blocks attend over: the patches, and the class token if there is one."""
+        return (self.image // self.patch) ** 2 + int(self.class_token)
+
+    @property
+    def tokens_per_image(self) -> int:
+        """Rows one image hands the projector (the class token dropped if configured)."""
+        return self.positions - int(self.class_token and self.drop_class_token)
+
+
+@dataclass
+class AudioConfig:
+    """A Whisper-style audio encoder (conv stem, sinusoidal or learned positions, pre-LN blocks)."""
+
+    n_mels: int = 80
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    mlp: int = 256
+    max_positions: int = 1500
+    act: str = "gelu"
+    norm_eps: float = 1e-5
+    learned_positions: bool = False
+    init_std: float = 0.02
+
+
+@dataclass
+class ProjectorConfig:
+    """Two-layer MLP from encoder width to LM width (LLaVA style)."""
+
+    act: str = "gelu"
+    bias: bool = True
+
+
+@dataclass
+class DecoderConfig:
+    """The Out path's image decoder: per-patch pixels from the LM's states at generation tokens.
+
+    One generated image takes (image / patch)^2 generation tokens; `hidden` is the width of the output
+    projection and of the decoder's bidirectional blocks."""
+
+    image: int = 32
+    patch: int = 8
+    channels: int = 3
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    mlp: int = 256
+    act: str = "gelu"
+    init_std: float = 0.02
+
+
+@dataclass
+class ModalityConfig:
+    """One modality submodule: its encoder, its input projection and its placeholder token."""
+
+    kind: str = "vision"
+    token_id: int = 259
+    vit: ViTConfig = field(default_factory=ViTConfig)
+    # kind = "audio": a Whisper-style encoder over log-mel features.
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    projector: ProjectorConfig = field(default_factory=ProjectorConfig)
+    freeze_encoder: bool = False
+    freeze_projector: bool = False
+    # A Hugging Face CLIP/SigLIP (vision) directory: its config.json replaces the vit fields (drop_class_token
+    # and init_std stay) and its weights load. hf_feature_layer picks the hidden state that feeds the
+    # projector, as LLaVA's vision_feature_layer: -1 = last layer, -2 = penultimate (LLaVA-1.5 with CLIP).
+    hf_path: str = ""
+    hf_feature_layer: int = -1
+    # The Out path: generation tokens with this id (-1 = none) have their LM states decoded into this
+    # modality; its loss (per output token) is added to the text loss with this weight.
+    output_token_id: int = -1
+    output_loss_weight: float = 1.0
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+
+
+@dataclass
+class ModelConfig:
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    modalities: dict[str, ModalityConfig] = field(default_factory=dict)
+    freeze_llm: bool = False
+
+    @property
+    def module_names(self) -> list[str]:
+        """Every module's name as layouts, dtypes and checkpointing name it: the language model's, then each
+        modality's."""
+        return [LANGUAGE, *self.modalities]
+
+
+@dataclass
+class ModuleLayoutConfig:
+    """Where one module runs: a contiguous rank range and its parallel degrees (dp is derived)."""
+
+    offset: int = 0
+    size: int = 0
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    sequence_parallel: bool = False
+    fsdp: bool = False
+
+
+@dataclass
+class ParallelConfig:
+    """Per-module layouts. An empty map puts every module on all ranks as pure data parallel."""
+
+    modules: dict[str, ModuleLayoutConfig] = field(default_factory=dict)
+    microbatches: int = 1
+
+
+@dataclass
+class DataConfig:
+    name: str = "shapes"
+    train_samples: int = 6000
+    eval_samples: int = 300
+    global_batch: int = 32
+    seed: int = 1234
+    # For name = "webdataset" (a .tar shard, a folder of them, or a brace list) or "jsonl" (a manifest):
+    path: str = ""
+    tokenizer: str = "byte"
+    seq_len: int = 64
+    workers: int = 0
+    # Sequence packing: each step's samples fill rows of pack_length tokens (greedy first fit), every
+    # sample attending only to itself with positions restarting; pack_length must hold the longest sample.
+    packing: bool = False
+    pack_length: int = 0
+    # For name = "synthetic" (random tokens and images, for benchmarks): images per sample, whose placeholders
+    # open each seq_len-token sequence.
+    images_per_sample: int = 1
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 30
+    schedule: str = "cosine"
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip: float = 1.0
+    module_lr: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 600
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0
+    device: str = "cpu"
+    # Compute dtype (float32, or bfloat16 autocast over fp32 weights); module_dtype overrides it for single
+    # modules by name, e.g. {images = "float32"} keeps the vision encoder in fp32 beside a bf16 LM.
+    dtype: str = "float32"
+    module_dtype: dict[str, str] = field(default_factory=dict)
+    threads: int = 0
+    # GPU fast paths of mimo.perf (benchmarks/ measures them): torch.compile each transformer block, and the
+    # output head + cross-entropy over row chunks without full fp32 logits (data-parallel layouts only); each
+    # attention's q, k and v from one product (any layout without tensor parallelism).
+    compile: bool = False
+    chunked_loss: bool = False
+    fuse_qkv: bool = False
+    # Modules ("language" and/or modality names) whose transformer blocks keep only their input for the
+    # backward and recompute the rest there: less activation memory for about one more forward of them.
+    activation_checkpointing: list[str] = field(default_factory=list)
+    # Checkpoints (runs/<name>/checkpoints/step_*): every `save_every` steps (0 = only on a stop), newest
+    # `keep_checkpoints` kept. resume: false/"never", true/"auto" (newest complete one, if any), or a path.
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    resume: bool | str = False
+    # Stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient norm.
+    max_bad_steps: int = 10
+    # Peak TFLOP/s of one GPU that MFU (model FLOP/s / peak) is measured against: 989 = H100/H200 SXM dense
+    # bf16 (the benchmarks' figure). Set your card's (e.g. A100: 312) for a meaningful MFU.
+    peak_tflops: float = 989.0
+
+    def dtype_of(self, module: str) -> str:
+        """The compute dtype of `module` ("language" or a modality name): module_dtype's, else dtype."""
+        return self.module_dtype.get(module, self.dtype)
+
+
+@dataclass
+class RunConfig:
+    name: str = "demo_vlm"
+    out_dir: str = "runs"
+    tensorboard: bool = True
+    progress: bool = True
+    # Mirror the logged scalars and the final summary to Weights & Biases from rank 0 (pip install
+    # 'mimo[wandb]'). W&B's environment variables apply, e.g. WANDB_MODE=offline; a resumed run continues
+    # its W&B run.
+    wandb: bool = False
+    wandb_project: str = "mimo"
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the dotted key and the fix."""
