@@ -8,7 +8,7 @@ and the text keeps the preset's length, so seq_len = K * image_tokens(p) + (p["s
 (small, K = 4: 4 * 576 + 1472 = 3776). The data is mimo's `synthetic` set (random text and images, loss
 on the text). The global batch (--global-batch; default: the smallest multiple of every layout's
 granularity that is >= 2N) is the same for every layout, so each LM data lane takes global / (microbatches
-x LM dp) samples per microbatch. Model FLOPs: the step's own count (`mimo.train.flops`, the baseline's
+x LM dp) samples per microbatch. Model FLOPs: the step's own count (`mimo.models.flops`, the baseline's
 formula, extended to K images); MFU against --peak-tflops per GPU.
 
 Each layout runs in its own `torchrun` (a fresh process group and clean memory; a failed or out-of-memory

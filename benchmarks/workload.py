@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ProjectorConfig, ViTConfig
-from mimo.mimo_model import token_indices
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
+from mimo.models.multimodal import token_indices
 
 BASELINE_DIR = Path(__file__).resolve().parent / "baseline"
 BASELINE_SCRIPT = BASELINE_DIR / "hf_vlm_baseline.py"

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from mimo.config.schema import ConfigError
 from mimo.config.load import load_config
+from mimo.config.schema import ConfigError
 
 TRAIN_HELP = """Train a model described by a TOML config. Any config key can be overridden with a dotted
 flag, e.g. `mimo train configs/demo_vlm.toml --train.steps=50 --model.llm.layers=4`.
@@ -44,15 +44,13 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
 
     from mimo.data.shapes import image_tensor_values
     from mimo.data.tokenizer import ByteTokenizer
-    from mimo.generate import greedy_generate
+    from mimo.models.generate import greedy_generate
     from mimo.train.checkpoint import load_run
 
     if overrides:
         raise ConfigError(f"generate takes no config overrides, got {overrides}")
     cfg, model = load_run(args.run)
     if args.out:
-        from mimo.generate_image import write_image
-
         if not model.output_token_ids:
             raise ConfigError(f"--out writes an image, but the run '{args.run}' has no Out path; train one with "
                               "model.modalities.<m>.output_token_id set, e.g. configs/demo_text_to_image.toml")
@@ -75,6 +73,29 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
     out = greedy_generate(model, torch.tensor([ids]), modality_inputs, args.max_new_tokens, tok.EOS)
     print(tok.decode(out[0]))
     return 0
+
+
+def write_image(model, prompt: str, path: str, scale: int = 4) -> str:
+    """`mimo generate --out`: draw the byte-tokenised `prompt` with the model's one Out-path modality, as a PNG
+    enlarged `scale` times with nearest-neighbour pixels."""
+    from PIL import Image
+
+    from mimo.data.tokenizer import ByteTokenizer
+    from mimo.models.generate import generate_images, to_uint8
+
+    if len(model.output_token_ids) != 1:
+        raise ValueError(f"this run has {len(model.output_token_ids)} Out-path modalities; --out needs a run "
+                         "trained with exactly one (model.modalities.<m>.output_token_id), e.g. "
+                         "configs/demo_text_to_image.toml")
+    (name, tid), = model.output_token_ids.items()
+    tok = ByteTokenizer()
+    tokens = list(model.modality_submodules[name].decoders.values())[-1].patches_per_image
+    ids = [tok.BOS, *tok.encode(prompt)] + [tid] * tokens
+    img = Image.fromarray(to_uint8(generate_images(model, name, [ids], tok.PAD))[0])
+    if scale > 1:
+        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+    img.save(path)
+    return path
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:

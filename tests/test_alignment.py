@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mimo.mimo_model import align_embeddings, align_embeddings_by_index, text_positions, token_indices
+from mimo.models.multimodal import align_embeddings, align_embeddings_by_index, text_positions, token_indices
 
 H = 8
 IMG, AUD = 50, 51

@@ -7,8 +7,8 @@ import torch
 
 from mimo.config.schema import AudioConfig, LLMConfig, ModalityConfig, ModelConfig
 from mimo.data.audio_demo import CLIP_SAMPLES, audio_tokens, synth_tones
-from mimo.mimo_model import build_model
 from mimo.models.audio_features import log_mel_spectrogram
+from mimo.models.build import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

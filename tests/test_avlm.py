@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mimo.config.schema import ConfigError
 from mimo.config.load import load_config
+from mimo.config.schema import ConfigError
 from mimo.data.audio_demo import AVLMData
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
 from mimo.parallel.data import GradReducer, apply_fsdp
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from mimo.config.load import load_config
-from mimo.data.batching import COUNTS, check_counts, check_placeholders, check_token_ids
+from mimo.data.batching import COUNTS
+from mimo.data.checks import check_batch, check_counts, check_placeholders, check_token_ids
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.trainer import Trainer
 from tests.test_avlm import AVLM, TINY
@@ -54,13 +55,13 @@ def test_counts_must_account_for_every_input():
 def test_trainer_checks_the_whole_global_batch(tmp_path):
     trainer = Trainer(load_config(AVLM, [*TINY, f"--run.out_dir={tmp_path}"]))
     batch = trainer.data.global_batch(0, 8, 1)
-    trainer.model.check_batch(batch)
+    check_batch(trainer.model, batch)
     ids = batch["input_ids"]
     s = int((ids == 260).sum(1).argmax())  # a sample with a clip: drop one of its audio placeholders
     first = int((ids[s] == 260).nonzero()[0])
     ids[s, first] = 32
     with pytest.raises(ValueError, match=f"Number of audio tokens .* in sample {s} of the global batch"):
-        trainer.model.check_batch(batch)
+        check_batch(trainer.model, batch)
 
 
 def test_token_ids_and_labels_must_lie_in_the_vocabulary(tmp_path):
@@ -69,15 +70,15 @@ def test_token_ids_and_labels_must_lie_in_the_vocabulary(tmp_path):
     trainer = Trainer(load_config(AVLM, [*TINY, f"--run.out_dir={tmp_path}"]))
     vocab = trainer.model.language_model.cfg.vocab
     batch = trainer.data.global_batch(0, 8, 1)
-    trainer.model.check_batch(batch)  # placeholders and ignored labels included
+    check_batch(trainer.model, batch)  # placeholders and ignored labels included
     batch["labels"][3, 5] = vocab + 6
     with pytest.raises(ValueError, match=rf"labels\[3, 5\] = {vocab + 6} lies outside the LM's vocabulary "
                                          rf"\[0, {vocab}\); set model.llm.vocab to at least {vocab + 7}"):
-        trainer.model.check_batch(batch)
+        check_batch(trainer.model, batch)
     batch = trainer.data.global_batch(0, 8, 1)
     batch["input_ids"][0, 2] = -4
     with pytest.raises(ValueError, match=r"input_ids\[0, 2\] = -4 lies outside"):
-        trainer.model.check_batch(batch)
+        check_batch(trainer.model, batch)
 
 
 def test_placeholder_ids_outside_the_vocabulary_pass_as_inputs_but_not_as_labels():

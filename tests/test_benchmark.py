@@ -20,8 +20,8 @@ from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, make
 from mimo.config.schema import LLMConfig
 from mimo.models.layers import rope_cos_sin
 from mimo.models.llm import DecoderLayer
+from mimo.models.loss import IGNORE_INDEX, cross_entropy_sum
 from mimo.perf import MasterAdamW, checkpoint_blocks, linear_cross_entropy, use_sdpa_backend
-from mimo.train.loss import IGNORE_INDEX, cross_entropy_sum
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "bench"

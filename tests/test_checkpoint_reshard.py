@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from mimo.data.batching import to_device
-from mimo.train.loss import loss_weights
+from mimo.models.loss import loss_weights
 from mimo.train.trainer import Trainer
 from tests.dist import run_distributed
 from tests.tiny_run import tiny_config

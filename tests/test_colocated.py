@@ -26,7 +26,7 @@ from mimo.config.schema import (
     ViTConfig,
 )
 from mimo.data.batching import COUNTS
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map

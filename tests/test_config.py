@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from mimo.config.schema import ConfigError
 from mimo.config.load import dump_toml, load_config, parse_overrides
+from mimo.config.schema import ConfigError
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo_vlm.toml"
 

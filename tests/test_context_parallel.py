@@ -27,11 +27,11 @@ from mimo.config.schema import (
 )
 from mimo.data.batching import COUNTS
 from mimo.data.packing import pack_batch
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
+from mimo.models.loss import loss_weights
 from mimo.parallel.context import check_divisible, gathered_order, zigzag_index
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import ParallelPlan, validate_plan
-from mimo.train.loss import loss_weights
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.dist import run_distributed

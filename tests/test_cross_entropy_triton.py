@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from mimo.models.loss import IGNORE_INDEX
 from mimo.perf import chunk_loss_and_grad
 from mimo.perf.linear_ce import chunk_kernel, chunk_loss_into_grad
-from mimo.train.loss import IGNORE_INDEX
 from tests.triton_interpreter import run_in_interpreter
 
 CHECK = r"""
@@ -17,7 +17,7 @@ import math
 import torch
 from mimo.perf import cross_entropy_triton, linear_cross_entropy, triton_support
 from mimo.perf.linear_ce import chunk_loss_and_grad
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
 
 assert triton_support.unavailable(torch.device("cpu")) is None
 torch.manual_seed(0)

@@ -19,7 +19,7 @@ from mimo.data.samples import BadSample, Record, encode_text
 from mimo.data.shapes import make_samples
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.data.webdataset import read_shard, read_webdataset
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
 from mimo.train.trainer import Trainer
 from tests.dist import run_distributed
 from tests.tiny_run import tiny_config

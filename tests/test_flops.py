@@ -5,8 +5,8 @@ import torch
 
 from benchmarks.workload import MODALITY, load_preset, model_config, train_flops_per_sample
 from mimo.config.schema import AudioConfig, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.models.flops import train_step_flops
 from mimo.models.sample_rows import OUTPUT_LENGTHS
-from mimo.train.flops import train_step_flops
 from mimo.train.throughput import Throughput
 
 

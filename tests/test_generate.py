@@ -3,8 +3,8 @@
 import torch
 
 from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
-from mimo.generate import greedy_generate
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
+from mimo.models.generate import greedy_generate
 
 
 def test_kv_cache_matches_full_recompute():

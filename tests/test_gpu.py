@@ -16,8 +16,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from benchmarks.runner import PLAIN, Options, Run
 from benchmarks.workload import load_preset, make_batches
 from mimo.models.layers import attention
+from mimo.models.loss import IGNORE_INDEX
 from mimo.perf import MasterAdamW, linear_cross_entropy
-from mimo.train.loss import IGNORE_INDEX
 from tests.tiny_run import train_losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

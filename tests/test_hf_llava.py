@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from mimo.cli import main
-from mimo.config.schema import Config, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.config.load import dump_toml
-from mimo.generate import greedy_generate
+from mimo.config.schema import Config, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.interop import export_llava, import_llava
-from mimo.mimo_model import MimoModel, build_model
+from mimo.models.build import build_model
+from mimo.models.generate import greedy_generate
+from mimo.models.multimodal import MimoModel
 from mimo.train.checkpoint import save_weights
 from tests.hf_helpers import (
     TOL,

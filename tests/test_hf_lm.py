@@ -6,7 +6,7 @@ import torch
 
 from mimo.config.schema import LLMConfig
 from mimo.interop import export_causal_lm, hf_export, import_llm
-from mimo.interop.masks import padded_causal_mask
+from mimo.models.layers import padded_causal_mask
 from mimo.models.llm import DecoderLM
 from tests.hf_helpers import (
     TOL,

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mimo.config.schema import ConfigError
 from mimo.config.load import dump_toml, load_config
+from mimo.config.schema import ConfigError
 from mimo.interop import export_llava
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
 from tests.hf_helpers import (
     TOL,
     perturb,

@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 
 from mimo.cli import main as cli_main
-from mimo.config.schema import ConfigError, DecoderConfig, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.config.load import dump_toml, load_config
+from mimo.config.schema import ConfigError, DecoderConfig, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
 from mimo.models.decoders import image_to_patches, patches_to_image
 from mimo.parallel import plan as plan_module
 from mimo.parallel.layout import Layout

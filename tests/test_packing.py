@@ -12,7 +12,7 @@ import torch
 from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.batching import COUNTS
 from mimo.data.packing import first_fit, pack_batch, sample_lengths
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
 from mimo.models.layers import document_mask
 from mimo.train.trainer import Trainer
 from tests.dist import run_distributed

@@ -6,8 +6,8 @@ import pytest
 import tomllib
 
 from mimo.cli import main
-from mimo.config.schema import ModuleLayoutConfig
 from mimo.config.load import load_config
+from mimo.config.schema import ModuleLayoutConfig
 from mimo.parallel.layout import Layout
 from mimo.parallel.memory_estimate import GIB, estimate, module_sizes
 from mimo.parallel.plan import validate_plan

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mimo.config.schema import ConfigError, ModuleLayoutConfig
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
 from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.trainer import Trainer
 from tests.dist import run_distributed

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from mimo.config.schema import LLMConfig
-from mimo.mimo_model import MimoModel, ModalitySubmodules
 from mimo.models.llm import DecoderLM
+from mimo.models.multimodal import MimoModel, ModalitySubmodules
 
 
 class Fixed(nn.Module):

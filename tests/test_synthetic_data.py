@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from mimo.config.schema import ConfigError
+from mimo.data.checks import check_batch
 from mimo.data.synthetic import build_synthetic_data
-from mimo.mimo_model import build_model
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.build import build_model
+from mimo.models.loss import IGNORE_INDEX
 from mimo.train.trainer import Trainer
 from tests.dist import run_distributed
 from tests.tiny_run import metrics, tiny_config, train_rank
@@ -31,7 +32,7 @@ def test_batch_layout_and_determinism(tmp_path):
     assert torch.equal(labels[:, PLACEHOLDERS - 1 : -1], ids[:, PLACEHOLDERS:])
     assert b["modality_inputs"]["images"]["vit"]["pixel_values"].shape == (12, 3, 32, 32)
     assert b["modality_counts"]["images"].tolist() == [3, 3, 3, 3]
-    model.check_batch(b)
+    check_batch(model, b)
     again = build_synthetic_data(cfg, model).global_batch(3, 4, 7)
     assert torch.equal(again["input_ids"], ids)
     assert torch.equal(again["modality_inputs"]["images"]["vit"]["pixel_values"],

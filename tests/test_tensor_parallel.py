@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, OptimConfig, ViTConfig
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
 from mimo.models.llm import DecoderLM
 from mimo.models.vit import VisionTransformer
 from mimo.parallel import comm

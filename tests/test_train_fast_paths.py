@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from mimo.config.schema import ConfigError
-from mimo.mimo_model import build_model
+from mimo.models.build import build_model
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.perf.trainer_fast_paths import apply_fast_paths

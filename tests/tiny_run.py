@@ -10,8 +10,8 @@ import json
 import os
 from pathlib import Path
 
-from mimo.config.schema import Config
 from mimo.config.load import load_config
+from mimo.config.schema import Config
 from mimo.train.trainer import Trainer
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo_vlm.toml"

@@ -27,9 +27,9 @@ from mimo.data.demo import question_answer_rows
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import COLORS, COUNTS, IMAGE_SIZE, QUESTIONS, SHAPES, image_tensor_values, render
 from mimo.data.tokenizer import ByteTokenizer
-from mimo.mimo_model import MimoModel
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_SAMPLING_RATE, audio_frames, log_mel_spectrogram
+from mimo.models.multimodal import MimoModel
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 
 CLIP_SECONDS = 0.6

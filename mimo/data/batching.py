@@ -9,13 +9,9 @@ and modality inputs may come from different (nested) sample ranges, as the coloc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
 from mimo.config.schema import LANGUAGE
-from mimo.models.sample_rows import OUTPUT_LENGTHS
-from mimo.train.loss import IGNORE_INDEX
 
 COUNTS = "modality_counts"
 
@@ -68,72 +64,12 @@ def rows_per_sample(counts: torch.Tensor, per_input: torch.Tensor) -> torch.Tens
     return torch.zeros_like(counts).index_add_(0, sample, per_input.to(counts.device))
 
 
-def check_counts(batch: dict) -> None:
-    """Each modality's `modality_counts` must account for every one of its inputs: the split by samples
-    slices inputs by the counts' running sums, so a short count would silently drop inputs."""
-    for name, counts in batch.get(COUNTS, {}).items():
-        total = int(counts.sum())
-        for key, size in leading_sizes(batch.get("modality_inputs", {}).get(name, {})).items():
-            if size != total:
-                raise ValueError(f"modality_counts['{name}'] sums to {total} but input '{name}.{key}' holds {size} "
-                                 f"items; give every sample the number of '{name}' inputs it holds")
-
-
-def check_token_ids(batch: dict, vocab: int, placeholder_ids: Iterable[int] = ()) -> None:
-    """Every token id and label of the global batch inside the LM's vocabulary [0, vocab) (labels may be
-    IGNORE_INDEX; placeholders are replaced before the embedding). An id past the embedding table or the
-    head would otherwise stop a GPU with a device-side assert, or make the chunked loss NaN, far from
-    its cause: usually a tokenizer with more ids than model.llm.vocab."""
-    exempt = {"input_ids": list(placeholder_ids), "labels": [IGNORE_INDEX]}
-    for key, skip in exempt.items():
-        ids = batch.get(key)
-        if ids is None:
-            continue
-        ids = ids.cpu()
-        outside = (ids < 0) | (ids >= vocab)
-        if outside.any():  # the exemptions are looked up only then: a per-step check of the whole batch
-            outside &= ~torch.isin(ids, torch.tensor(skip, dtype=torch.long, device=ids.device))
-        if outside.any():
-            where = tuple(outside.nonzero()[0].tolist())
-            raise ValueError(f"{key}{list(where)} = {int(ids[where])} lies outside the LM's vocabulary [0, {vocab}); "
-                             f"set model.llm.vocab to at least {int(ids[outside].max()) + 1} (the tokenizer's size) "
-                             "or fix the data")
-
-
-def check_placeholders(batch: dict, name: str, token_id: int, rows_per_input: int | None) -> None:
-    """Each sample's placeholder tokens of modality `name` against the rows its inputs will become, on
-    the whole global batch, so that every rank holding the batch raises the same error before any
-    collective (a mismatch found later, in one data lane or pipeline stage, would leave the other ranks
-    waiting). Rows per input come from the inputs' `output_lengths` (clips) or `rows_per_input` (an
-    encoder with a fixed number, e.g. a ViT); with neither, the alignment's own check applies.
-    """
-    ids = batch["input_ids"]
-    kwargs = next(iter(batch.get("modality_inputs", {}).get(name, {}).values()), {})
-    counts = input_counts(batch, name).cpu()
-    n = int(counts.sum())
-    if OUTPUT_LENGTHS in kwargs:
-        per_input = kwargs[OUTPUT_LENGTHS].long().cpu()
-    elif rows_per_input is not None:
-        per_input = torch.full((n,), rows_per_input, dtype=torch.long)
-    else:
-        return
-    if per_input.numel() != n:
-        return  # inputs and counts disagree: check_counts names that error
-    expected = rows_per_sample(counts, per_input)
-    got = (ids == token_id).sum(1).cpu()
-    bad = (got != expected).nonzero().flatten().tolist()
-    if bad:
-        s = bad[0]
-        raise ValueError(f"Number of {name} tokens ({int(got[s])}) does not match number of {name} embeddings "
-                         f"({int(expected[s])}) in sample {s} of the global batch")
-
-
 def split_microbatches(batch: dict, microbatches: int, lanes: dict[str, tuple[int, int]] | None = None) -> list[dict]:
     """This rank's model inputs for each microbatch.
 
     `lanes` maps "language" and each modality to (this rank's DP index, DP size); absent = (0, 1).
     Inputs are sliced by the running sums of `modality_counts`, which `check_counts` (part of
-    `MimoModel.check_batch`) has checked against them.
+    `mimo.data.checks.check_batch`) has checked against them.
     """
     lanes = lanes or {}
     n = batch["input_ids"].shape[0]

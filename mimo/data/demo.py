@@ -13,7 +13,7 @@ import torch
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import COLORS, COUNTS, QUESTIONS, SHAPES, Sample, image_tensor_values, make_samples
 from mimo.data.tokenizer import ByteTokenizer
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
 
 
 def question_answer_rows(pairs: list[tuple[list[int], str]], seq_len: int,

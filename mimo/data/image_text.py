@@ -29,8 +29,8 @@ from mimo.data.samples import BadSample, Record, decode_image, encode_text, spec
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.data.webdataset import read_webdataset
-from mimo.mimo_model import MimoModel
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
+from mimo.models.multimodal import MimoModel
 
 Item = tuple[int, list[int] | None, list[int] | None, np.ndarray | None, str]
 """(row, ids, labels, pixels, problem): ids/labels where the rank needs the text, pixels where it needs

@@ -28,7 +28,7 @@ import torch
 
 from mimo.data.batching import COUNTS, input_counts
 from mimo.data.samples import special_ids
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
 
 PACKABLE = frozenset({"input_ids", "labels", "loss_mask", "position_ids", "modality_inputs", COUNTS})
 

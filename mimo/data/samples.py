@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 USER_ROLES = ("user", "human", "system")

@@ -19,8 +19,8 @@ import torch
 
 from mimo.config.schema import Config
 from mimo.data.batching import COUNTS
-from mimo.mimo_model import MimoModel
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
+from mimo.models.multimodal import MimoModel
 
 POOL_SLACK = 64
 """Images beyond one batch's in the pool: how many different windows (offsets) a step can pick from."""

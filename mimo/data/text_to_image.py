@@ -24,9 +24,9 @@ from mimo.config.schema import Config, DecoderConfig
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import COLORS, SHAPES, draw_shape, image_tensor_values
 from mimo.data.tokenizer import ByteTokenizer
-from mimo.mimo_model import MimoModel
 from mimo.models.decoders import image_to_patches
-from mimo.train.loss import IGNORE_INDEX
+from mimo.models.loss import IGNORE_INDEX
+from mimo.models.multimodal import MimoModel
 
 # Shape centre as a fraction of the image side; "center" also draws a larger shape.
 PLACES = {"center": (0.5, 0.5), "left": (0.27, 0.5), "right": (0.73, 0.5), "top": (0.5, 0.27),

@@ -15,7 +15,7 @@ from mimo.interop.hf_config import llm_config_from_hf, vit_config_from_hf
 from mimo.interop.hf_files import DirectorySource
 from mimo.interop.hf_import import load_llm_weights, load_vit_weights
 from mimo.interop.hf_weights import ShardFn
-from mimo.mimo_model import MimoModel
+from mimo.models.multimodal import MimoModel
 
 
 def _config_of(path: str, field: str) -> dict:
@@ -57,7 +57,7 @@ def load_hf_weights_into(model: MimoModel, cfg: ModelConfig, shard_fn: ShardFn |
 
 def build_hf_model(cfg: ModelConfig) -> MimoModel:
     """`build_model` for a config with hf_path fields: resolve `cfg` in place, build, load the weights."""
-    from mimo.mimo_model import build_model
+    from mimo.models.build import build_model
 
     resolve_hf_architecture(cfg)
     plain = copy.deepcopy(cfg)

@@ -18,9 +18,9 @@ from torch import nn
 from mimo.interop.hf_config_out import hf_act, hf_text_config, hf_vision_config, require_transformers
 from mimo.interop.hf_files import INDEX
 from mimo.interop.hf_mapping import llm_names, projector_names, vit_names, with_prefix
-from mimo.mimo_model import MimoModel
 from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
+from mimo.models.multimodal import MimoModel
 from mimo.models.vit import VisionTransformer
 
 MAX_SHARD_BYTES = 5 * 2**30

@@ -21,9 +21,9 @@ from mimo.interop.hf_config import (
 from mimo.interop.hf_files import WeightSource, open_source
 from mimo.interop.hf_mapping import audio_names, llm_names, projector_names, vit_names, with_prefix
 from mimo.interop.hf_weights import ShardFn, find_prefix, load_hf_weights
-from mimo.mimo_model import MimoModel, ModalitySubmodules
 from mimo.models.audio import AudioEncoder
 from mimo.models.llm import DecoderLM
+from mimo.models.multimodal import MimoModel, ModalitySubmodules
 from mimo.models.projector import MLPProjector
 from mimo.models.vit import VisionTransformer
 

@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from mimo.mimo_model import MimoModel
 from mimo.models.layers import SelfAttention, attention
+from mimo.models.multimodal import MimoModel
 from mimo.parallel.comm import copy_to_tp, gather_from_sp
 
 SEQ_DIM = 1

@@ -28,7 +28,7 @@ from mimo.parallel.comm import collective_device
 from mimo.train.optim import REPLICAS, NormReducer
 
 if TYPE_CHECKING:
-    from mimo.mimo_model import MimoModel, MimoOutput
+    from mimo.models.multimodal import MimoModel, MimoOutput
 
 ModalityInputs = dict[str, dict[str, dict[str, torch.Tensor]]]
 

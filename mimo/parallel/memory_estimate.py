@@ -108,7 +108,7 @@ def with_hf_shapes(cfg: Config) -> Config:
 
 def module_sizes(cfg: Config) -> dict[str, ModuleSize]:
     """Count every module's parameters exactly by building the model on the meta device (no memory)."""
-    from mimo.mimo_model import build_model
+    from mimo.models.build import build_model
 
     cfg = with_hf_shapes(cfg)
     with torch.device("meta"):

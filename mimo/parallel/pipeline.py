@@ -24,7 +24,10 @@ from torch.distributed import ProcessGroup
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.data.batching import to_device
-from mimo.mimo_model import MimoModel
+from mimo.data.checks import check_batch, check_vocabulary
+from mimo.models.flops import train_step_flops
+from mimo.models.loss import loss_weights
+from mimo.models.multimodal import MimoModel
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline_bridge import PipelineBridge
@@ -33,8 +36,6 @@ from mimo.parallel.pipeline_p2p import Outbox, pair_groups
 from mimo.parallel.pipeline_split import drop_parameters, only_encoder, split_encoder, split_lm
 from mimo.parallel.pipeline_stage import EncoderStage, LMStage, StageLink
 from mimo.parallel.schedule import run_1f1b, stage_index, warmup_microbatches
-from mimo.train.flops import train_step_flops
-from mimo.train.loss import loss_weights
 
 
 def agree_on_input(problem: str | None, device: torch.device) -> None:
@@ -102,7 +103,7 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
 @dataclass(frozen=True)
 class StepResult:
     """A step's numbers, identical on every rank: mean loss per token, loss tokens, input tokens, model FLOPs
-    (mimo.train.flops; carried in float64, so exact below 2^53)."""
+    (mimo.models.flops; carried in float64, so exact below 2^53)."""
 
     loss: float
     loss_tokens: int
@@ -224,10 +225,10 @@ class PipelinePlan:
         text = inputs = problem = None
         try:  # only stages that read the batch can find it bad; agree_on_input tells every rank
             if self.module == LANGUAGE and self.needs_data:
-                model.check_token_ids(batch)
+                check_vocabulary(model, batch)
                 text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)]
             elif self.module != LANGUAGE and self.first:
-                model.check_batch(batch, [self.module])
+                check_batch(model, batch, [self.module])
                 inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp)
         except ValueError as e:
             problem = f"rank {self.rank} ({self.module} stage {self.pp_rank}): {e}"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from mimo.mimo_model import ModalitySubmodules
 from mimo.models.llm import DecoderLM
+from mimo.models.multimodal import ModalitySubmodules
 from mimo.models.vit import VisionTransformer
 from mimo.train.optim import REPLICAS
 

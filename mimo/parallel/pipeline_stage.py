@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from mimo.data.batching import rows_per_sample, to_device
-from mimo.mimo_model import MimoModel, ModalitySubmodules
+from mimo.models.multimodal import MimoModel, ModalitySubmodules
 from mimo.models.sample_rows import OUTPUT_LENGTHS, run_encoder
 from mimo.parallel.pipeline_bridge import PipelineBridge
 from mimo.parallel.pipeline_p2p import Outbox, recv_like, recv_message, send_message, send_payload

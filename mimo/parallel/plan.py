@@ -14,7 +14,8 @@ from torch import nn
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.data.batching import split_microbatches
-from mimo.mimo_model import MimoModel, build_model
+from mimo.models.build import build_model
+from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge import ColocatedBridge
 from mimo.parallel.context import ContextParallel
 from mimo.parallel.data import FSDP_REDUCES_UNUSED_PARAMS, GradReducer, apply_fsdp, norm_sq_reducer

@@ -33,8 +33,9 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed import ProcessGroup
 
-from mimo.mimo_model import LossFn
 from mimo.models.llm import DecoderLM
+from mimo.models.loss import IGNORE_INDEX, loss_weights
+from mimo.models.multimodal import LossFn
 from mimo.models.vit import VisionTransformer
 from mimo.parallel.comm import (
     copy_to_tp,
@@ -45,7 +46,6 @@ from mimo.parallel.comm import (
     split_to_tp,
 )
 from mimo.parallel.layout import check_heads_divisible
-from mimo.train.loss import IGNORE_INDEX, loss_weights
 from mimo.train.optim import REPLICAS
 
 SEQ_DIM = 1

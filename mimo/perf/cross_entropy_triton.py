@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from mimo.models.loss import IGNORE_INDEX
 from mimo.perf.triton_support import tl, triton
-from mimo.train.loss import IGNORE_INDEX
 
 if triton is not None:
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
+from mimo.models.loss import IGNORE_INDEX
 from mimo.perf import cross_entropy_triton, triton_support
-from mimo.train.loss import IGNORE_INDEX
 
 CHUNK_KERNELS = ("torch", "compiled", "triton")
 ChunkFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -113,7 +113,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
     hidden `[..., H]` and weight `[V, H]` share one dtype (the matmuls run in it); labels `[...]` are
     aligned with the rows that predict them, IGNORE_INDEX where no loss is taken. Same contract as
-    `mimo.train.loss.cross_entropy_sum(hidden @ weight.T, labels)`. Chunks are near-equal in size so
+    `mimo.models.loss.cross_entropy_sum(hidden @ weight.T, labels)`. Chunks are near-equal in size so
     that a compiled chunk function sees at most two shapes; `kernel` picks how each chunk's softmax,
     loss and logit gradient run (`chunk_kernel`). `group_bytes` bounds the buffer of logit gradients
     (whole chunks; at least one).

@@ -14,9 +14,10 @@ from safetensors.torch import load_file, save_model
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 
-from mimo.config.schema import Config
 from mimo.config.load import load_config
-from mimo.mimo_model import MimoModel, build_model
+from mimo.config.schema import Config
+from mimo.models.build import build_model
+from mimo.models.multimodal import MimoModel
 from mimo.train.safe_dcp import SafeFileSystemReader, read_metadata_file
 
 WEIGHTS = "model.safetensors"

@@ -10,8 +10,8 @@ import torch
 
 from mimo.data.batching import to_device
 from mimo.data.demo import DemoVLMData
-from mimo.generate import greedy_generate
-from mimo.mimo_model import MimoModel
+from mimo.models.generate import greedy_generate
+from mimo.models.multimodal import MimoModel
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mimo.data.audio_demo import AVLMData
-from mimo.mimo_model import MimoModel
+from mimo.models.multimodal import MimoModel
 from mimo.train.evaluate import greedy_hits
 
 KINDS = ("image", "audio")

@@ -27,8 +27,8 @@ from mimo.data.text_to_image import (
     prompt_for,
     render_drawing,
 )
-from mimo.generate_image import generate_images, to_uint8
-from mimo.mimo_model import MimoModel
+from mimo.models.generate import generate_images, to_uint8
+from mimo.models.multimodal import MimoModel
 from mimo.train.checkpoint import load_run
 
 ATTRIBUTES = {"color": list(COLORS), "shape": list(SHAPES), "place": list(PLACES)}

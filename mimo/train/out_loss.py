@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from mimo.config.schema import ModelConfig
-from mimo.mimo_model import MimoOutput
+from mimo.models.multimodal import MimoOutput
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 

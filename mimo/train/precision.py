@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mimo.config.schema import Config
-from mimo.mimo_model import MimoModel
+from mimo.models.multimodal import MimoModel
 
 
 def step_autocast(cfg: Config, device: torch.device) -> torch.autocast:

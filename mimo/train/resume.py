@@ -22,8 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from mimo.config.schema import Config
 from mimo.config.load import to_dict
+from mimo.config.schema import Config
 from mimo.train.checkpoint import load_training_state, save_training_state, training_state
 from mimo.train.checkpoint_store import CheckpointStore, Found, crc32, folder_step, validate, verify_share
 from mimo.train.faults import RunAborted, StepGuard

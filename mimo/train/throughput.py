@@ -15,7 +15,7 @@ import torch
 
 
 class Throughput:
-    """Accumulates each step's tokens and model FLOPs (mimo.train.flops) and turns them into rates: tokens/s
+    """Accumulates each step's tokens and model FLOPs (mimo.models.flops) and turns them into rates: tokens/s
     over all ranks, model TFLOP/s per GPU."""
 
     def __init__(self, world: int, peak_tflops: float, device: torch.device, start: float):

@@ -12,16 +12,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo.config.schema import Config
 from mimo.config.load import dump_toml, to_dict
+from mimo.config.schema import Config
 from mimo.data.audio_demo import build_avlm_data
 from mimo.data.batching import split_microbatches, to_device
+from mimo.data.checks import check_batch
 from mimo.data.demo import DemoVLMData
 from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
 from mimo.data.packing import PackedBatches
 from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
 from mimo.data.text_to_image import build_text_to_image_data
-from mimo.mimo_model import MimoModel, build_model
+from mimo.models.build import build_model
+from mimo.models.flops import train_step_flops
+from mimo.models.loss import loss_weights
+from mimo.models.multimodal import MimoModel
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
 from mimo.perf.trainer_fast_paths import apply_fast_paths
@@ -30,8 +34,6 @@ from mimo.train.evaluate import evaluate_answers
 from mimo.train.evaluate_avlm import evaluate_avlm
 from mimo.train.evaluate_text_to_image import evaluate_text_to_image
 from mimo.train.faults import StepGuard, skip_step
-from mimo.train.flops import train_step_flops
-from mimo.train.loss import loss_weights
 from mimo.train.metrics import MetricsLogger
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
@@ -148,7 +150,7 @@ class Trainer:
         if self.plan is not None and self.plan.pipeline is not None:
             return self.pipeline_step(step)
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
-        self.model.check_batch(batch)
+        check_batch(self.model, batch)
         micro = [to_device(mb, self.device) for mb in self.local_microbatches(batch)]
         local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro)
         n_global = self.all_reduce_sum(local_tokens.detach().clone())

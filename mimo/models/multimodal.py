@@ -8,22 +8,16 @@ crossing for a layout), then `align_embeddings` writes them into the sequence.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from mimo.config.schema import ModelConfig
-from mimo.data.batching import check_counts, check_placeholders, check_token_ids
-from mimo.models.audio import AudioEncoder
-from mimo.models.decoders import build_image_output
 from mimo.models.layers import document_mask
 from mimo.models.llm import DecoderLM
-from mimo.models.projector import MLPProjector
+from mimo.models.loss import cross_entropy_sum
 from mimo.models.sample_rows import leading_rows, run_encoder
-from mimo.models.vit import VisionTransformer
-from mimo.train.loss import cross_entropy_sum
 
 TEXT = "text"
 
@@ -92,20 +86,6 @@ class ModalitySubmodules(nn.Module):
             raise ValueError("this modality's last decoder has no loss(pred, target) -> (sum, count) method; "
                              "give it one to train the Out path")
         return last.loss(pred, target)
-
-
-def build_vision_submodules(vit_cfg, proj_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
-    vit = VisionTransformer(vit_cfg)
-    proj = MLPProjector(vit_cfg.hidden, lm_hidden, proj_cfg, init_std)
-    return ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])
-
-
-def build_audio_submodules(audio_cfg, proj_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
-    """A Whisper-style encoder ("whisper") and its MLP projector; pass `output_lengths` with the features
-    to give clips of different durations their own token counts (see models/sample_rows.py)."""
-    encoder = AudioEncoder(audio_cfg)
-    proj = MLPProjector(audio_cfg.hidden, lm_hidden, proj_cfg, init_std)
-    return ModalitySubmodules(encoders={"whisper": encoder}, input_projections=[proj])
 
 
 def _check_counts(name: str, k: int, n: int) -> None:
@@ -260,26 +240,6 @@ class MimoModel(nn.Module):
                     raise ValueError(f"input_ids hold {n} placeholder tokens of '{name}' (id {tid}) but "
                                      f"modality_inputs has no '{name}' entry")
 
-    def check_token_ids(self, batch: dict) -> None:
-        """Every token id and label of `batch` inside the LM's vocabulary (placeholders exempt in input_ids)."""
-        check_token_ids(batch, self.language_model.cfg.vocab, self.special_token_ids.values())
-
-    def check_batch(self, batch: dict, modalities: Iterable[str] | None = None) -> None:
-        """A whole global batch (with `modality_counts`) against this model's placeholders: counts against
-        inputs, then each sample's placeholders against the rows its inputs will give. Every rank holding
-        the batch reaches the same verdict before any collective, whichever lane a bad sample would reach.
-        Modalities with several encoders are left to the alignment's own check. The whole-model check
-        (`modalities` None) also holds every token id and label to the LM's vocabulary."""
-        check_counts(batch)
-        if modalities is None:
-            self.check_token_ids(batch)
-        for name in self.modality_submodules.keys() if modalities is None else modalities:
-            encoders = self.modality_submodules[name].encoders
-            if len(encoders) == 1:
-                (encoder,) = encoders.values()
-                check_placeholders(batch, name, self.special_token_ids[name],
-                                   getattr(encoder, "tokens_per_image", None))
-
     def combined_embeddings(self, input_ids: torch.Tensor,
                             modality_inputs: dict | None = None,
                             modality_token_indices: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -362,39 +322,3 @@ class MimoModel(nn.Module):
             target_rows = leading_rows(targets, per_sample, f"modality_targets['{name}']")
             sums[name], counts[name] = sub.output_loss(sub.decode(rows), target_rows)
         return sums, counts
-
-
-def build_model(cfg: ModelConfig) -> MimoModel:
-    """Build the full single-device model from config. Weights depend only on the torch RNG state, except
-    where hf_path fields name Hugging Face weights to load."""
-    if cfg.llm.hf_path or any(m.hf_path for m in cfg.modalities.values()):
-        from mimo.interop.hf_build import build_hf_model
-
-        return build_hf_model(cfg)
-    lm = DecoderLM(cfg.llm)
-    subs = {}
-    for name, m in cfg.modalities.items():
-        if m.kind == "audio":
-            subs[name] = build_audio_submodules(m.audio, m.projector, cfg.llm.hidden, cfg.llm.init_std)
-        else:
-            subs[name] = build_vision_submodules(m.vit, m.projector, cfg.llm.hidden, cfg.llm.init_std)
-        if m.output_token_id >= 0:
-            projections, decoders = build_image_output(m.decoder, cfg.llm.hidden, cfg.llm.init_std)
-            subs[name].output_projections.extend(projections)
-            subs[name].decoders.update(decoders)
-    model = MimoModel(lm, subs, {name: m.token_id for name, m in cfg.modalities.items()},
-                      {name: m.output_token_id for name, m in cfg.modalities.items() if m.output_token_id >= 0})
-    apply_freezing(model, cfg)
-    return model
-
-
-def apply_freezing(model: MimoModel, cfg: ModelConfig) -> None:
-    """Per-module freezing: frozen parameters get no gradient and no optimizer state."""
-    if cfg.freeze_llm:
-        model.language_model.requires_grad_(False)
-    for name, m in cfg.modalities.items():
-        sub = model.modality_submodules[name]
-        if m.freeze_encoder:
-            sub.encoders.requires_grad_(False)
-        if m.freeze_projector:
-            sub.input_projections.requires_grad_(False)

@@ -1,0 +1,61 @@
+"""The pure model builder: a config in, a single-device MimoModel out, on whatever device is current
+(including meta). Weights depend only on the torch RNG state; Hugging Face weights are mimo.hf's job."""
+
+from __future__ import annotations
+
+from mimo.config.schema import ModelConfig
+from mimo.models.audio import AudioEncoder
+from mimo.models.decoders import build_image_output
+from mimo.models.llm import DecoderLM
+from mimo.models.multimodal import MimoModel, ModalitySubmodules
+from mimo.models.projector import MLPProjector
+from mimo.models.vit import VisionTransformer
+
+
+def build_vision_submodules(vit_cfg, proj_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
+    vit = VisionTransformer(vit_cfg)
+    proj = MLPProjector(vit_cfg.hidden, lm_hidden, proj_cfg, init_std)
+    return ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])
+
+
+def build_audio_submodules(audio_cfg, proj_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
+    """A Whisper-style encoder ("whisper") and its MLP projector; pass `output_lengths` with the features
+    to give clips of different durations their own token counts (see models/sample_rows.py)."""
+    encoder = AudioEncoder(audio_cfg)
+    proj = MLPProjector(audio_cfg.hidden, lm_hidden, proj_cfg, init_std)
+    return ModalitySubmodules(encoders={"whisper": encoder}, input_projections=[proj])
+
+
+def build_model(cfg: ModelConfig) -> MimoModel:
+    """Build the full single-device model from a config without hf_path fields (mimo.hf.build.build_model
+    takes those). Weights depend only on the torch RNG state."""
+    if cfg.llm.hf_path or any(m.hf_path for m in cfg.modalities.values()):
+        raise ValueError("models.build.build_model builds from the config alone; a config with hf_path fields "
+                         "goes through mimo.hf.build.build_model, which resolves and loads the weights")
+    lm = DecoderLM(cfg.llm)
+    subs = {}
+    for name, m in cfg.modalities.items():
+        if m.kind == "audio":
+            subs[name] = build_audio_submodules(m.audio, m.projector, cfg.llm.hidden, cfg.llm.init_std)
+        else:
+            subs[name] = build_vision_submodules(m.vit, m.projector, cfg.llm.hidden, cfg.llm.init_std)
+        if m.output_token_id >= 0:
+            projections, decoders = build_image_output(m.decoder, cfg.llm.hidden, cfg.llm.init_std)
+            subs[name].output_projections.extend(projections)
+            subs[name].decoders.update(decoders)
+    model = MimoModel(lm, subs, {name: m.token_id for name, m in cfg.modalities.items()},
+                      {name: m.output_token_id for name, m in cfg.modalities.items() if m.output_token_id >= 0})
+    apply_freezing(model, cfg)
+    return model
+
+
+def apply_freezing(model: MimoModel, cfg: ModelConfig) -> None:
+    """Per-module freezing: frozen parameters get no gradient and no optimizer state."""
+    if cfg.freeze_llm:
+        model.language_model.requires_grad_(False)
+    for name, m in cfg.modalities.items():
+        sub = model.modality_submodules[name]
+        if m.freeze_encoder:
+            sub.encoders.requires_grad_(False)
+        if m.freeze_projector:
+            sub.input_projections.requires_grad_(False)
