@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from benchmarks.workload import load_preset, model_config
-from mimo.models.build import build_model
+from mimo.hf.build import build_model
 from mimo.perf import MasterAdamW
 from mimo.perf.adamw_triton import TableUpdate
 

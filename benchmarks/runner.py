@@ -19,7 +19,7 @@ from torch.distributed import ProcessGroup
 
 from benchmarks import trace_gaps
 from benchmarks.workload import MODALITY, Batch, model_config
-from mimo.models.build import build_model
+from mimo.hf.build import build_model
 from mimo.perf import (
     CHUNK_KERNELS,
     SDPA_BACKENDS,

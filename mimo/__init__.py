@@ -2,7 +2,7 @@
 
 from mimo.config.load import load_config
 from mimo.config.schema import Config
-from mimo.models.build import build_model
+from mimo.hf.build import build_model
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
 
 __all__ = ["Config", "MimoModel", "ModalitySubmodules", "build_model", "load_config"]

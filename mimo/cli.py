@@ -110,7 +110,7 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.interop.hf_export import export_run
+    from mimo.export.hf import export_run
 
     if overrides:
         raise ConfigError(f"export takes no config overrides, got {overrides}")

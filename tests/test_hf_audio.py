@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mimo.config.schema import AudioConfig
-from mimo.interop import import_audio_encoder
+from mimo.hf import import_audio_encoder
 from mimo.models.audio import AudioEncoder, sinusoids
 from mimo.models.audio_features import log_mel_spectrogram
 from tests.hf_helpers import (

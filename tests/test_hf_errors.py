@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mimo.config.schema import LLMConfig
-from mimo.interop import import_audio_encoder, import_llm, import_vision, load_hf_weights
-from mimo.interop.hf_mapping import llm_names
-from mimo.interop.hf_weights import dim_shard_fn
+from mimo.hf import import_audio_encoder, import_llm, import_vision, load_hf_weights
+from mimo.hf.load import dim_shard_fn
+from mimo.hf.names import llm_names
 from mimo.models.llm import DecoderLM
 from tests.hf_helpers import (
     save,

@@ -8,8 +8,9 @@ import torch
 from mimo.cli import main
 from mimo.config.load import dump_toml
 from mimo.config.schema import Config, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
-from mimo.interop import export_llava, import_llava
-from mimo.models.build import build_model
+from mimo.export import export_llava
+from mimo.hf import import_llava
+from mimo.hf.build import build_model
 from mimo.models.generate import greedy_generate
 from mimo.models.multimodal import MimoModel
 from mimo.train.checkpoint import save_weights

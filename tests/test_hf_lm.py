@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from mimo.config.schema import LLMConfig
-from mimo.interop import export_causal_lm, hf_export, import_llm
+from mimo.export import export_causal_lm
+from mimo.export import hf as hf_export
+from mimo.hf import import_llm
 from mimo.models.layers import padded_causal_mask
 from mimo.models.llm import DecoderLM
 from tests.hf_helpers import (

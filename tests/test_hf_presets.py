@@ -8,8 +8,8 @@ import torch
 
 from mimo.config.load import dump_toml, load_config
 from mimo.config.schema import ConfigError
-from mimo.interop import export_llava
-from mimo.models.build import build_model
+from mimo.export import export_llava
+from mimo.hf.build import build_model
 from tests.hf_helpers import (
     TOL,
     perturb,

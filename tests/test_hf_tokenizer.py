@@ -2,7 +2,7 @@
 
 import pytest
 
-from mimo.interop.tokenizer import llava_prompt_ids, load_tokenizer
+from mimo.data.tokenizer import llava_prompt_ids, load_tokenizer
 from tests.hf_helpers import transformers
 
 tokenizers = pytest.importorskip("tokenizers")

@@ -4,10 +4,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mimo.interop.hf_config import llm_config_from_hf
-from mimo.interop.hf_files import open_source
-from mimo.interop.hf_import import import_llm, load_llm_weights
-from mimo.interop.hf_weights import dim_shard_fn
+from mimo.hf.config import llm_config_from_hf
+from mimo.hf.files import open_source
+from mimo.hf.load import dim_shard_fn, import_llm, load_llm_weights
 from mimo.models.llm import DecoderLM
 from mimo.parallel.plan import tp_shard_dim
 from mimo.parallel.tensor import parallelize_lm, tp_lm_logits

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mimo.interop import import_vision
+from mimo.hf import import_vision
 from mimo.models.vit import VisionTransformer
 from tests.hf_helpers import (
     TOL,

@@ -27,7 +27,7 @@ from mimo.data.batching import to_device
 from mimo.data.jsonl import read_manifest
 from mimo.data.samples import BadSample, Record, decode_image, encode_text, special_ids
 from mimo.data.seeded_batches import SeededBatches
-from mimo.data.tokenizer import ByteTokenizer
+from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
 from mimo.data.webdataset import read_webdataset
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
@@ -226,8 +226,6 @@ def load_tokenizer_spec(spec: str) -> Any:
     """`byte` = the built-in byte tokenizer; anything else is a local Hugging Face tokenizer directory."""
     if spec == "byte":
         return ByteTokenizer()
-    from mimo.interop.tokenizer import load_tokenizer
-
     return load_tokenizer(spec)
 
 

@@ -96,7 +96,7 @@ def with_hf_shapes(cfg: Config) -> Config:
     the paths cleared; `cfg` itself where none is set. Sizes and the trainer's checks need the real shapes."""
     if not (cfg.model.llm.hf_path or any(m.hf_path for m in cfg.model.modalities.values())):
         return cfg
-    from mimo.interop.hf_build import resolve_hf_architecture
+    from mimo.hf.build import resolve_hf_architecture
 
     cfg = copy.deepcopy(cfg)
     resolve_hf_architecture(cfg.model)

@@ -14,7 +14,7 @@ from torch import nn
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.data.batching import split_microbatches
-from mimo.models.build import build_model
+from mimo.hf.build import build_model
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge import ColocatedBridge
 from mimo.parallel.context import ContextParallel

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from mimo.config.load import load_config
 from mimo.config.schema import Config
-from mimo.models.build import build_model
+from mimo.hf.build import build_model
 from mimo.models.multimodal import MimoModel
 from mimo.train.safe_dcp import SafeFileSystemReader, read_metadata_file
 

@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from mimo.config.schema import ModelConfig
-from mimo.models.build import build_model
+from mimo.hf.build import build_model
 
 MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 

@@ -22,7 +22,7 @@ from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
 from mimo.data.packing import PackedBatches
 from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
 from mimo.data.text_to_image import build_text_to_image_data
-from mimo.models.build import build_model
+from mimo.hf.build import build_model
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel

@@ -10,18 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from mimo.config.schema import LLMConfig, ViTConfig
+from mimo.data.tokenizer import require_transformers
 
 MIMO_TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "quick_gelu": "quick_gelu", "silu": "silu",
                   "relu": "relu"}
-
-
-def require_transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as e:
-        raise RuntimeError("exporting to Hugging Face needs `transformers`; install the extra: "
-                           "pip install -e '.[hf]'") from e
-    return transformers
 
 
 def hf_act(name: str, field: str) -> str:

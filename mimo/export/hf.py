@@ -15,13 +15,15 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from mimo.interop.hf_config_out import hf_act, hf_text_config, hf_vision_config, require_transformers
-from mimo.interop.hf_files import INDEX
-from mimo.interop.hf_mapping import llm_names, projector_names, vit_names, with_prefix
+from mimo.data.tokenizer import require_transformers
+from mimo.export.config import hf_act, hf_text_config, hf_vision_config
+from mimo.hf.files import INDEX
+from mimo.hf.names import llm_names, projector_names, vit_names, with_prefix
 from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel
 from mimo.models.vit import VisionTransformer
+from mimo.train.checkpoint import load_run
 
 MAX_SHARD_BYTES = 5 * 2**30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -151,8 +153,6 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
 
 def export_run(run_dir: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None) -> Path:
     """`mimo export`: a finished run's weights as a LLaVA directory, or with `lm_only` the LM as a causal LM."""
-    from mimo.train.checkpoint import load_run
-
     cfg, model = load_run(run_dir)
     # The tokenizer travels with the export: data.tokenizer when it is a directory, else the LM's own.
     tok = cfg.data.tokenizer if Path(cfg.data.tokenizer).is_dir() else cfg.model.llm.hf_path or None

@@ -1,4 +1,5 @@
-"""Config-driven assembly of a MimoModel from Hugging Face directories (`hf_path` fields of the config).
+"""`build_model`: a MimoModel from a config, with the weights of its Hugging Face directories (`hf_path`
+fields) loaded; a config without them goes straight to the pure builder (mimo.models.build).
 
 The directories are the truth for architecture: their config.json overwrites the LM's and each vision
 tower's architecture fields in the run's config (so the saved config.toml records the real shapes), the
@@ -11,10 +12,10 @@ from __future__ import annotations
 import copy
 
 from mimo.config.schema import ConfigError, ModelConfig
-from mimo.interop.hf_config import llm_config_from_hf, vit_config_from_hf
-from mimo.interop.hf_files import DirectorySource
-from mimo.interop.hf_import import load_llm_weights, load_vit_weights
-from mimo.interop.hf_weights import ShardFn
+from mimo.hf.config import llm_config_from_hf, vit_config_from_hf
+from mimo.hf.files import DirectorySource
+from mimo.hf.load import ShardFn, load_llm_weights, load_vit_weights
+from mimo.models.build import build_model as build_plain_model
 from mimo.models.multimodal import MimoModel
 
 
@@ -55,15 +56,21 @@ def load_hf_weights_into(model: MimoModel, cfg: ModelConfig, shard_fn: ShardFn |
                 load_vit_weights(model.modality_submodules[name].encoders["vit"], src, shard_fn)
 
 
+def build_model(cfg: ModelConfig) -> MimoModel:
+    """The full single-device model: seeded from the torch RNG state, then the weights of every hf_path
+    loaded (their config.json resolves `cfg`'s architecture fields in place first)."""
+    if cfg.llm.hf_path or any(m.hf_path for m in cfg.modalities.values()):
+        return build_hf_model(cfg)
+    return build_plain_model(cfg)
+
+
 def build_hf_model(cfg: ModelConfig) -> MimoModel:
     """`build_model` for a config with hf_path fields: resolve `cfg` in place, build, load the weights."""
-    from mimo.models.build import build_model
-
     resolve_hf_architecture(cfg)
     plain = copy.deepcopy(cfg)
     plain.llm.hf_path = ""
     for m in plain.modalities.values():
         m.hf_path = ""
-    model = build_model(plain)
+    model = build_plain_model(plain)
     load_hf_weights_into(model, cfg)
     return model
