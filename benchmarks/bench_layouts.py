@@ -55,6 +55,7 @@ from benchmarks.workload import (
     model_config,
 )
 from mimo.config.schema import (
+    LANGUAGE,
     Config,
     DataConfig,
     ModuleLayoutConfig,
@@ -65,9 +66,10 @@ from mimo.config.schema import (
 )
 from mimo.config.validate import validate
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import LANGUAGE, batch_multiple, validate_plan
-from mimo.parallel.planner import label
+from mimo.parallel.plan import batch_multiple, validate_plan
 from mimo.parallel.runtime import leave_distributed, torchrun_cmd
+from mimo.perf.trainer_fast_paths import check_fast_paths
+from mimo.planner.candidates import label
 from mimo.train.trainer import Trainer
 
 HOMOGENEOUS, COLOCATED, PIPELINED = "homogeneous", "colocated", "pipelined"
@@ -320,7 +322,9 @@ def plan_runs(args: argparse.Namespace) -> tuple[list[BenchLayout], int]:
                             f"(microbatches x each module's dp); use a multiple of {unit}")
             continue
         try:
-            validate_plan(bench_config(args, layout, global_batch), layout.grids(args.nproc))
+            cfg, grids = bench_config(args, layout, global_batch), layout.grids(args.nproc)
+            validate_plan(cfg, grids)
+            check_fast_paths(cfg, grids)
         except ValueError as e:
             problems.append(f"--layout {layout.name}: {e}")
     if problems:

@@ -129,11 +129,11 @@ first as the [parallel...] tables to paste into the config. Overrides work as fo
 `mimo plan configs/demo_vlm.toml --gpus 8 --model.llm.hidden=4096 --model.llm.layers=32`.
 Ranking (from BENCHMARKS.md): among layouts that fit, plain data parallelism, then FSDP, then the
 LM alone tensor parallel, then layouts that split the encoder too, then pipelined ones.
-The memory model is an estimate; mimo/parallel/memory_estimate.py states it."""
+The memory model is an estimate; mimo/planner/memory.py states it."""
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.parallel.planner import default_gpu_memory_gib, make_plan, render
+    from mimo.planner.candidates import default_gpu_memory_gib, make_plan, render
 
     cfg = load_config(args.config, overrides)
     memory = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mimo.parallel.bridge import ColocatedBridge
+from mimo.parallel.bridge.colocated import ColocatedBridge
 from mimo.parallel.grid import Grid
 from tests.dist import run_distributed
 

@@ -31,11 +31,11 @@ from mimo.config.schema import (
 from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
 from mimo.models.flops import train_step_flops
+from mimo.parallel.bridge.pipelined import lane_overlaps
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline_bridge import lane_overlaps
-from mimo.parallel.pipeline_split import stage_layers
+from mimo.parallel.pipeline.schedule import warmup_microbatches
+from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.plan import ParallelPlan, validate_plan
-from mimo.parallel.schedule import warmup_microbatches
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.dist import rank_device, run_distributed

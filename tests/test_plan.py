@@ -9,9 +9,10 @@ from mimo.cli import main
 from mimo.config.load import load_config
 from mimo.config.schema import ModuleLayoutConfig
 from mimo.parallel.layout import Layout
-from mimo.parallel.memory_estimate import GIB, estimate, module_sizes
 from mimo.parallel.plan import validate_plan
-from mimo.parallel.planner import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, render, to_toml, with_modules
+from mimo.perf.trainer_fast_paths import check_fast_paths
+from mimo.planner.candidates import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, render, to_toml, with_modules
+from mimo.planner.memory import GIB, estimate, module_sizes
 
 # A text-only LM small enough to count by hand (no biases, untied head):
 #   embedding 64 x 32 = 2048, head 2048, final norm 32;
@@ -100,6 +101,7 @@ def test_demo_on_8_gpus_suggests_plain_data_parallel():
         modules = {n: ModuleLayoutConfig(**t) for n, t in tables["modules"].items()}
         layout = Layout.from_config(modules, ["language", "images"], 8)
         validate_plan(with_modules(cfg, modules), layout)
+        check_fast_paths(with_modules(cfg, modules), layout)
         assert layout.grids == row.layout.grids
         if row is best:
             assert all(g.dp == 8 and g.tp == 1 for g in layout.grids.values())

@@ -27,6 +27,7 @@ from mimo.models.build import build_model
 from mimo.models.llm import DecoderLM
 from mimo.models.vit import VisionTransformer
 from mimo.parallel import comm
+from mimo.parallel.data import REPLICAS
 from mimo.parallel.tensor import (
     mark_tp_replicated,
     parallelize_lm,
@@ -37,7 +38,7 @@ from mimo.parallel.tensor import (
     tp_lm_loss,
     vocab_parallel_cross_entropy,
 )
-from mimo.train.optim import REPLICAS, MimoOptimizer
+from mimo.train.optim import MimoOptimizer
 from tests.dist import run_distributed
 
 IMAGE_TOKEN = 60

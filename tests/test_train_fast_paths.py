@@ -12,7 +12,7 @@ from mimo.config.schema import ConfigError
 from mimo.models.build import build_model
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
-from mimo.perf.trainer_fast_paths import apply_fast_paths
+from mimo.perf.trainer_fast_paths import apply_fast_paths, check_fast_paths
 from tests.tiny_run import tiny_config, train_losses
 
 STEPS = ["--train.steps=4"]
@@ -62,6 +62,7 @@ def test_unsupported_layouts_are_refused_before_any_collective(tmp_path, overrid
     layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4)
     with pytest.raises(ConfigError, match=message):
         validate_plan(cfg, layout)
+        check_fast_paths(cfg, layout)
 
 
 def _saved_bytes(model, x: torch.Tensor, positions: torch.Tensor) -> int:

@@ -14,8 +14,7 @@ Per step, after the last microbatch's backward:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -24,13 +23,14 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+from mimo.models.multimodal import MimoModel, MimoOutput
 from mimo.parallel.comm import collective_device
-from mimo.train.optim import REPLICAS, NormReducer
-
-if TYPE_CHECKING:
-    from mimo.models.multimodal import MimoModel, MimoOutput
 
 ModalityInputs = dict[str, dict[str, dict[str, torch.Tensor]]]
+NormReducer = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+REPLICAS = "_mimo_replicas"
+"""Parameter attribute: how many ranks of its module's reduction group hold an identical copy of this
+local gradient (TP-replicated x DP-replicated). The global norm counts each distinct entry once."""
 
 
 class GradReducer:

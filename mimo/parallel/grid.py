@@ -1,9 +1,10 @@
 """A grid: one module's contiguous rank range factored into named parallel dims.
 
 The pure part (`Grid`) answers "which ranks share a tp/cp/dp/pp group" with plain integers, so
-layouts can be validated and tested without processes. `Grid.build` is the one place that turns
-those rank lists into process groups; the result (`GridGroups`) is what the rest of `parallel/`
-asks for groups, coordinates and device meshes.
+layouts can be validated and tested without processes. This file is the only place that creates
+process groups: `Grid.build` turns a grid's rank lists into groups (the result, `GridGroups`, is what
+the rest of `parallel/` asks for groups, coordinates and device meshes); `member_group` makes the
+colocated bridges' groups and `pair_groups` the pipeline's two-rank links.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ BUILT_DIMS: tuple[tuple[str, ...], ...] = (
 """The dim sets `Grid.build` creates groups for, in creation order (same on every rank)."""
 
 Dims = str | tuple[str, ...]
+Pair = tuple[int, int]
 
 
 def canonical_dims(dims: Dims) -> tuple[str, ...]:
@@ -214,3 +216,34 @@ class GridGroups:
     def is_last_stage(self) -> bool:
         """True on the last pp stage; False where this rank is not in the grid."""
         return self.member and self.grid.coords(self.rank)["pp"] == self.grid.pp - 1
+
+
+def member_group(rank_lists: list[list[int]]) -> tuple[ProcessGroup | None, int]:
+    """Collective over the world: one process group per rank list, created in list order.
+
+    Every rank must pass the same lists. Returns this rank's group and its index in that group's
+    list (None and 0 where no list holds this rank).
+    """
+    rank = dist.get_rank()
+    mine, index = None, 0
+    for ranks in rank_lists:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine, index = group, ranks.index(rank)
+    return mine, index
+
+
+def pair_groups(pairs: list[Pair]) -> dict[Pair, ProcessGroup]:
+    """Collective over the world: one two-rank group per (src, dst) pair, created in list order.
+
+    Every rank must pass the same list. Returns the groups this rank belongs to, keyed by pair.
+    """
+    rank = dist.get_rank()
+    out = {}
+    for src, dst in pairs:
+        if src == dst:
+            raise ValueError(f"a pipeline link needs two different ranks, got {src} -> {dst}")
+        group = dist.new_group(sorted((src, dst)))
+        if rank in (src, dst):
+            out[(src, dst)] = group
+    return out

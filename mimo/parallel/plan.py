@@ -16,12 +16,12 @@ from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.data.batching import split_microbatches
 from mimo.hf.build import build_model
 from mimo.models.multimodal import MimoModel
-from mimo.parallel.bridge import ColocatedBridge
+from mimo.parallel.bridge.colocated import ColocatedBridge
 from mimo.parallel.context import ContextParallel
 from mimo.parallel.data import FSDP_REDUCES_UNUSED_PARAMS, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout, check_heads_divisible
-from mimo.parallel.pipeline import PipelinePlan, is_pipelined, validate_pipeline
+from mimo.parallel.pipeline.plan import PipelinePlan, is_pipelined, validate_pipeline
 from mimo.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -34,11 +34,11 @@ from mimo.parallel.tensor import (
     tp_lm_logits,
     tp_lm_loss,
 )
-from mimo.perf.trainer_fast_paths import check_fast_paths
 
 
 def validate_plan(cfg: Config, layout: Layout) -> None:
-    """Every config/layout mismatch that would otherwise surface inside a collective (pure)."""
+    """Every config/layout mismatch that would otherwise surface inside a collective (pure). The fast
+    paths' layout checks (mimo.perf) run beside it, in the trainer and the planner."""
     pipelined = is_pipelined(layout)
     if pipelined:
         validate_pipeline(cfg, layout)
@@ -60,7 +60,6 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
             raise ConfigError(f"parallel.modules.{name}.cp = {grid.cp}: context parallelism applies to the LM only; "
                               "use cp = 1 for modality encoders")
     validate_context_parallel(cfg, layout)
-    check_fast_paths(cfg, layout)
     outs = out_modalities(cfg)
     sharded = [n for n in outs if n in cfg.parallel.modules and cfg.parallel.modules[n].fsdp]  # decoders live there
     if outs and sharded and not FSDP_REDUCES_UNUSED_PARAMS:

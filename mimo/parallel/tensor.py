@@ -45,8 +45,8 @@ from mimo.parallel.comm import (
     reduce_scatter_to_sp,
     split_to_tp,
 )
+from mimo.parallel.data import REPLICAS
 from mimo.parallel.layout import check_heads_divisible
-from mimo.train.optim import REPLICAS
 
 SEQ_DIM = 1
 """Hidden states are `[B, S, H]`; sequence parallelism shards dim 1."""

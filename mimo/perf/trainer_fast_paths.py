@@ -18,7 +18,7 @@ from mimo.models.llm import DecoderLM
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline import is_pipelined
+from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.regional import checkpoint_blocks, compile_blocks

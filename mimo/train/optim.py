@@ -8,17 +8,12 @@ modules, and clipping uses it; a non-finite norm skips the step for every module
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from mimo.config.schema import OptimConfig
-
-NormReducer = Callable[[dict[str, torch.Tensor]], torch.Tensor]
-REPLICAS = "_mimo_replicas"
-"""Parameter attribute: how many ranks of its module's reduction group hold an identical copy of this
-local gradient (TP-replicated x DP-replicated). The global norm counts each distinct entry once."""
+from mimo.parallel.data import REPLICAS, NormReducer
 
 
 def local_grad_sq(params: list[torch.Tensor]) -> torch.Tensor:

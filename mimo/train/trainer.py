@@ -26,9 +26,10 @@ from mimo.hf.build import build_model
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
-from mimo.parallel.plan import ParallelPlan
+from mimo.parallel.layout import Layout
+from mimo.parallel.plan import ParallelPlan, validate_plan
 from mimo.parallel.runtime import init_distributed
-from mimo.perf.trainer_fast_paths import apply_fast_paths
+from mimo.perf.trainer_fast_paths import apply_fast_paths, check_fast_paths
 from mimo.train.checkpoint import save_weights
 from mimo.train.evaluate import evaluate_answers
 from mimo.train.evaluate_avlm import evaluate_avlm
@@ -76,6 +77,14 @@ def evaluate_demo(cfg: Config, model: MimoModel, data: Any, device: str | torch.
     return evaluate_answers(model, data, device=device)
 
 
+def check_layout(cfg: Config, world: int) -> None:
+    """The layout's checks, then the fast paths' checks on it: pure, the same error on every rank, before
+    the plan creates any process group."""
+    layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world)
+    validate_plan(cfg, layout)
+    check_fast_paths(cfg, layout)
+
+
 def module_map(model: MimoModel) -> dict[str, torch.nn.Module]:
     """The modules that get their own optimizer: the LM ("language") and each modality submodule."""
     return {"language": model.language_model, **dict(model.modality_submodules.items())}
@@ -99,6 +108,8 @@ class Trainer:
         if self.device.type == "cuda":
             # float32 means float32: cuDNN would otherwise run the ViT's patch conv in TF32 (matmuls already don't)
             torch.backends.cudnn.allow_tf32 = all(cfg.train.dtype_of(m) != "float32" for m in cfg.model.module_names)
+        if self.world > 1:
+            check_layout(cfg, self.world)
         self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model().to(self.device)
@@ -171,7 +182,7 @@ class Trainer:
                 "flops": train_step_flops(self.cfg.model, batch), **out_losses}
 
     def pipeline_step(self, step: int) -> dict:
-        """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline) runs every microbatch's
+        """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline.plan) runs every microbatch's
         forward and backward. Only ranks holding a first or last stage build the batch; every rank gets
         the loss, so rank 0 logs it even where it holds no LM stage."""
         pipe = self.plan.pipeline

@@ -4,7 +4,7 @@ Why this shape:
 - Sends never block (`isend`, kept in an `Outbox` until the step drains it), receives do. With every
   send asynchronous, a rank only ever waits for data a peer produces earlier in the schedule, so
   the 1F1B order alone rules out deadlock.
-- Each direction of each rank pair has its own two-rank process group (`pair_groups`). On NCCL a
+- Each direction of each rank pair has its own two-rank process group (`grid.pair_groups`). On NCCL a
   group is one communicator and one stream; sharing it between the activations going down and the
   gradients coming up would queue a rank's receive behind its own pending send.
 - Forward messages carry a header (dtype and shape of every tensor), because row counts change with
@@ -24,25 +24,6 @@ DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16,
 
 HEADER_LEN = 64
 """int64 entries of a message header: [tensor count, then per tensor: dtype index, ndim, *shape]."""
-
-Pair = tuple[int, int]
-
-
-def pair_groups(pairs: list[Pair]) -> dict[Pair, ProcessGroup]:
-    """Collective over the world: one two-rank group per (src, dst) pair, created in list order.
-
-    Every rank must pass the same list. Returns the groups this rank belongs to, keyed by pair.
-    """
-    rank = dist.get_rank()
-    out = {}
-    for src, dst in pairs:
-        if src == dst:
-            raise ValueError(f"a pipeline link needs two different ranks, got {src} -> {dst}")
-        group = dist.new_group(sorted((src, dst)))
-        if rank in (src, dst):
-            out[(src, dst)] = group
-    return out
-
 
 class Outbox:
     """Pending sends of one step: the tensors stay referenced until their send completes."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from mimo.data.batching import COUNTS, LANGUAGE, input_counts, split_microbatches
+from mimo.config.schema import LANGUAGE
+from mimo.data.batching import COUNTS, input_counts, split_microbatches
 
 MODALITY_KEYS = ("modality_inputs", COUNTS)
 
@@ -25,7 +26,7 @@ def lm_microbatches(batch: dict, microbatches: int, lane: int, dp: int) -> list[
 def encoder_microbatches(batch: dict, name: str, encoder: str, microbatches: int, lane: int,
                          dp: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """Per microbatch: the encoder's keyword inputs for this lane and the number of inputs of each of
-    the lane's samples (`input_counts`; checked against the inputs by `MimoModel.check_batch`)."""
+    the lane's samples (`input_counts`; checked against the inputs by `mimo.data.checks.check_batch`)."""
     inputs = batch.get("modality_inputs", {}).get(name)
     n = batch["input_ids"].shape[0]
     size = n // microbatches // dp

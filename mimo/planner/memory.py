@@ -41,11 +41,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mimo.config.schema import Config, ModuleLayoutConfig
+from mimo.config.schema import LANGUAGE, Config, ModuleLayoutConfig
+from mimo.hf.build import resolve_hf_architecture
+from mimo.models.build import build_model
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline import LANGUAGE, is_pipelined
-from mimo.parallel.pipeline_split import stage_layers
+from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.parallel.pipeline.split import stage_layers
 
 GIB = 1024**3
 FIXED_BYTES = 2 * GIB
@@ -96,8 +98,6 @@ def with_hf_shapes(cfg: Config) -> Config:
     the paths cleared; `cfg` itself where none is set. Sizes and the trainer's checks need the real shapes."""
     if not (cfg.model.llm.hf_path or any(m.hf_path for m in cfg.model.modalities.values())):
         return cfg
-    from mimo.hf.build import resolve_hf_architecture
-
     cfg = copy.deepcopy(cfg)
     resolve_hf_architecture(cfg.model)
     cfg.model.llm.hf_path = ""
@@ -108,8 +108,6 @@ def with_hf_shapes(cfg: Config) -> Config:
 
 def module_sizes(cfg: Config) -> dict[str, ModuleSize]:
     """Count every module's parameters exactly by building the model on the meta device (no memory)."""
-    from mimo.models.build import build_model
-
     cfg = with_hf_shapes(cfg)
     with torch.device("meta"):
         model = build_model(cfg.model)

@@ -5,7 +5,7 @@ tp t, dp N/t, replicated or FSDP, the LM with and without sequence parallel), co
 tp_e, LM tp_l, the LM sequence parallel when tp_l > 1) and pipelined ones (each encoder alone on the
 first N/2, N/4 or N/8 ranks, the LM on the rest with the least tp x pp that fits). A candidate the
 trainer would refuse (`validate_plan`, `Layout`) is dropped, so the planner never suggests a layout that
-cannot run. Memory comes from `mimo.parallel.memory_estimate`.
+cannot run. Memory comes from `mimo.planner.memory`.
 
 Ranking follows what BENCHMARKS.md measured on H200s: for a model that fits, plain data parallelism
 beat every heterogeneous layout; tensor parallelism of the LM costs compute and communication; a
@@ -23,12 +23,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mimo.config.schema import Config, ConfigError, ModuleLayoutConfig
+from mimo.config.schema import LANGUAGE, Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.memory_estimate import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
-from mimo.parallel.pipeline import LANGUAGE, is_pipelined
+from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.plan import validate_plan
+from mimo.perf.trainer_fast_paths import check_fast_paths
+from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 
 PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)
 """Preference classes, best first (see the module docstring)."""
@@ -134,7 +135,9 @@ def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
     """The Layout, or None when the trainer would refuse it (the same checks as `mimo train`)."""
     try:
         layout = Layout.from_config(modules, cfg.model.module_names, gpus)
-        validate_plan(with_modules(cfg, modules), layout)
+        planned = with_modules(cfg, modules)
+        validate_plan(planned, layout)
+        check_fast_paths(planned, layout)
     except ValueError:  # ConfigError included
         return None
     return layout
@@ -301,7 +304,7 @@ def render(cfg: Config, plan: Plan) -> str:
     widths = [max(len(row[c]) for row in table) for c in range(len(head) - 1)]
     for row in table:
         out.append("  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1])
-    out += ["", "Estimate per GPU (mimo/parallel/memory_estimate.py): 16 B per trainable parameter (fp32 weights, "
+    out += ["", "Estimate per GPU (mimo/planner/memory.py): 16 B per trainable parameter (fp32 weights, "
             "grads, AdamW moments) / tp for sharded weights, / dp with FSDP; activations ~34 B x tokens x hidden "
             "per layer (bf16, flash attention; 10+24/tp under TP, 34/tp with SP; x2 in float32) plus fp32 logits "
             "and their grad; 1F1B stages hold up to min(stages, microbatches) microbatches; + 2 GiB fixed."]

@@ -10,7 +10,7 @@ path). Every rank runs the same three phases over M microbatches:
 
 so the last stage alternates from the start and every earlier stage runs just far enough ahead to
 keep the pipeline full. An encoder shallower than the deepest one simply runs further ahead.
-Sends never block (see pipeline_p2p), so each rank only waits on data its peers produce earlier in
+Sends never block (see mimo.parallel.p2p), so each rank only waits on data its peers produce earlier in
 this order, and the schedule cannot deadlock.
 """
 

@@ -1,6 +1,6 @@
 """One rank's pipeline stage for one step: receive, compute, send; and the same backwards.
 
-The 1F1B schedule (`mimo.parallel.schedule`) only calls `forward(t)` for microbatch t and
+The 1F1B schedule (`mimo.parallel.pipeline.schedule`) only calls `forward(t)` for microbatch t and
 `backward()` for the oldest microbatch still in flight. Each stage keeps, per in-flight microbatch,
 the tensors it received (fresh leaves that require grad) and the output it produced; backward runs
 autograd from the output with the gradient received from downstream, then sends the leaves'
@@ -23,8 +23,8 @@ from torch.distributed import ProcessGroup
 from mimo.data.batching import rows_per_sample, to_device
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
 from mimo.models.sample_rows import OUTPUT_LENGTHS, run_encoder
-from mimo.parallel.pipeline_bridge import PipelineBridge
-from mimo.parallel.pipeline_p2p import Outbox, recv_like, recv_message, send_message, send_payload
+from mimo.parallel.bridge.pipelined import PipelineBridge
+from mimo.parallel.p2p import Outbox, recv_like, recv_message, send_message, send_payload
 
 Autocast = Callable[[], AbstractContextManager]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mimo.parallel.grid import Grid
+from mimo.parallel.grid import Grid, member_group
 
 
 def _all_gather_int(value: int, group: dist.ProcessGroup, device: torch.device) -> list[int]:
@@ -117,11 +117,7 @@ class ColocatedBridge:
 
     def _build_groups(self) -> None:
         """Collective: every rank creates every bridge group in the same order."""
-        rank = dist.get_rank()
-        for ranks in self.peer_groups():
-            g = dist.new_group(ranks)
-            if rank in ranks:
-                self.group, self.index = g, ranks.index(rank)
+        self.group, self.index = member_group(self.peer_groups())
 
     def __call__(self, rows: torch.Tensor, expected_rows: int) -> torch.Tensor:
         """Collective over this rank's bridge group: encoder-replica rows -> LM-replica rows."""

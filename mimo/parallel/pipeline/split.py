@@ -16,7 +16,7 @@ from torch import nn
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import ModalitySubmodules
 from mimo.models.vit import VisionTransformer
-from mimo.train.optim import REPLICAS
+from mimo.parallel.data import REPLICAS
 
 
 def stage_layers(n_layers: int, pp: int, pp_rank: int) -> list[str]:

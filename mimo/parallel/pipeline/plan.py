@@ -7,9 +7,9 @@ the LM's tied-embedding group; it cuts the model down to the stage (`split`) and
 step's forward and backward passes (`train_step`). Everything after the backward (sequence-parallel
 and DP gradient reductions, the global norm, the optimizer) is the same as for colocated layouts.
 
-Pieces: pipeline_split (what a stage holds), pipeline_data (what a stage reads), pipeline_stage
-(what a stage computes and sends), pipeline_bridge (encoder -> LM), pipeline_p2p (messages),
-schedule (the 1F1B order).
+Pieces: split (what a stage holds), microbatches (what a stage reads), stage (what a stage computes
+and sends), schedule (the 1F1B order); beside them parallel/bridge/pipelined.py (encoder -> LM) and
+parallel/p2p.py (messages).
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from mimo.data.checks import check_batch, check_vocabulary
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
-from mimo.parallel.grid import Grid, GridGroups
+from mimo.parallel.bridge.pipelined import PipelineBridge
+from mimo.parallel.grid import Grid, GridGroups, pair_groups
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline_bridge import PipelineBridge
-from mimo.parallel.pipeline_data import encoder_microbatches, lm_microbatches
-from mimo.parallel.pipeline_p2p import Outbox, pair_groups
-from mimo.parallel.pipeline_split import drop_parameters, only_encoder, split_encoder, split_lm
-from mimo.parallel.pipeline_stage import EncoderStage, LMStage, StageLink
-from mimo.parallel.schedule import run_1f1b, stage_index, warmup_microbatches
+from mimo.parallel.p2p import Outbox
+from mimo.parallel.pipeline.microbatches import encoder_microbatches, lm_microbatches
+from mimo.parallel.pipeline.schedule import run_1f1b, stage_index, warmup_microbatches
+from mimo.parallel.pipeline.split import drop_parameters, only_encoder, split_encoder, split_lm
+from mimo.parallel.pipeline.stage import EncoderStage, LMStage, StageLink
 
 
 def agree_on_input(problem: str | None, device: torch.device) -> None:

@@ -27,17 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from mimo.parallel.grid import Grid
-from mimo.parallel.pipeline_p2p import (
-    DTYPES,
-    Outbox,
-    Pair,
-    pair_groups,
-    recv_like,
-    recv_message,
-    send_message,
-    send_payload,
-)
+from mimo.parallel.grid import Grid, Pair, pair_groups
+from mimo.parallel.p2p import DTYPES, Outbox, recv_like, recv_message, send_message, send_payload
 
 
 def lane_overlaps(enc_dp: int, lm_dp: int, per_microbatch: int) -> list[tuple[int, int, int, int]]:

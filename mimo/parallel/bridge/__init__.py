@@ -1,0 +1,1 @@
+"""Encoder -> LM crossings: colocated (modules share ranks, different DP) and pipelined (disjoint ranks)."""
