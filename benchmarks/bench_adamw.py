@@ -17,8 +17,8 @@ import torch
 
 from benchmarks.workload import load_preset, model_config
 from mimo.hf.build import build_model
-from mimo.perf import MasterAdamW
 from mimo.perf.adamw_triton import TableUpdate
+from mimo.perf.master_adamw import MasterAdamW
 
 BYTES_PER_PARAM = 2 + 3 * 4 * 2 + 2  # bf16 gradient in; fp32 master and moments in and out; bf16 weight out
 

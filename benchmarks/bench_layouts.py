@@ -68,7 +68,7 @@ from mimo.config.validate import validate
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import batch_multiple, validate_plan
 from mimo.parallel.runtime import leave_distributed, torchrun_cmd
-from mimo.perf.trainer_fast_paths import check_fast_paths
+from mimo.perf.apply import check_fast_paths
 from mimo.planner.candidates import label
 from mimo.train.trainer import Trainer
 

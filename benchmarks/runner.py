@@ -20,16 +20,10 @@ from torch.distributed import ProcessGroup
 from benchmarks import trace_gaps
 from benchmarks.workload import MODALITY, Batch, model_config
 from mimo.hf.build import build_model
-from mimo.perf import (
-    CHUNK_KERNELS,
-    SDPA_BACKENDS,
-    MasterAdamW,
-    checkpoint_blocks,
-    compile_blocks,
-    fuse_qkv,
-    linear_cross_entropy,
-    use_sdpa_backend,
-)
+from mimo.perf.fused_qkv import fuse_qkv
+from mimo.perf.linear_ce import CHUNK_KERNELS, linear_cross_entropy
+from mimo.perf.master_adamw import MasterAdamW
+from mimo.perf.regional import SDPA_BACKENDS, checkpoint_blocks, compile_blocks, use_sdpa_backend
 
 PRECISIONS = ("bf16", "autocast", "fp32")
 VIT_COMPILE = ("blocks", "whole", "graphs")

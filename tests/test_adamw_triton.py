@@ -6,13 +6,13 @@ compares the compiled kernel with torch's AdamW and runs the benchmark's capture
 import pytest
 import torch
 
-from mimo.perf import MasterAdamW
 from mimo.perf.adamw_triton import TableUpdate
+from mimo.perf.master_adamw import MasterAdamW
 from tests.triton_interpreter import run_in_interpreter
 
 CHECK = r"""
 import torch
-from mimo.perf import MasterAdamW
+from mimo.perf.master_adamw import MasterAdamW
 from mimo.perf.adamw_triton import BLOCK
 from tests import test_benchmark as flat
 

@@ -21,7 +21,9 @@ from mimo.config.schema import LLMConfig
 from mimo.models.layers import rope_cos_sin
 from mimo.models.llm import DecoderLayer
 from mimo.models.loss import IGNORE_INDEX, cross_entropy_sum
-from mimo.perf import MasterAdamW, checkpoint_blocks, linear_cross_entropy, use_sdpa_backend
+from mimo.perf.linear_ce import linear_cross_entropy
+from mimo.perf.master_adamw import MasterAdamW
+from mimo.perf.regional import checkpoint_blocks, use_sdpa_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "bench"

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from mimo.models.loss import IGNORE_INDEX
-from mimo.perf import chunk_loss_and_grad
-from mimo.perf.linear_ce import chunk_kernel, chunk_loss_into_grad
+from mimo.perf.linear_ce import chunk_kernel, chunk_loss_and_grad, chunk_loss_into_grad
 from tests.triton_interpreter import run_in_interpreter
 
 CHECK = r"""
 import math
 import torch
-from mimo.perf import cross_entropy_triton, linear_cross_entropy, triton_support
+from mimo.perf import cross_entropy_triton, triton_support
+from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.linear_ce import chunk_loss_and_grad
 from mimo.models.loss import IGNORE_INDEX
 

@@ -22,9 +22,9 @@ from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.data import REPLICAS, AbsentInputFiller, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
-from mimo.perf import fuse_qkv
+from mimo.perf.apply import transformer_blocks
+from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.regional import checkpoint_blocks
-from mimo.perf.trainer_fast_paths import transformer_blocks
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.dist import run_distributed

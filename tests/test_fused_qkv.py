@@ -7,7 +7,7 @@ import torch
 from mimo.config.schema import ViTConfig
 from mimo.models.layers import SelfAttention, rope_cos_sin
 from mimo.models.vit import VisionTransformer
-from mimo.perf import fuse_qkv
+from mimo.perf.fused_qkv import fuse_qkv
 
 
 @pytest.mark.parametrize("bias", [True, False])

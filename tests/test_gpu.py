@@ -17,7 +17,8 @@ from benchmarks.runner import PLAIN, Options, Run
 from benchmarks.workload import load_preset, make_batches
 from mimo.models.layers import attention
 from mimo.models.loss import IGNORE_INDEX
-from mimo.perf import MasterAdamW, linear_cross_entropy
+from mimo.perf.linear_ce import linear_cross_entropy
+from mimo.perf.master_adamw import MasterAdamW
 from tests.tiny_run import train_losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

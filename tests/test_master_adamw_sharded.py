@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mimo.perf import MasterAdamW
+from mimo.perf.master_adamw import MasterAdamW
 from tests.dist import run_distributed
 
 BATCH = 8

@@ -10,7 +10,7 @@ from mimo.config.load import load_config
 from mimo.config.schema import ModuleLayoutConfig
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
-from mimo.perf.trainer_fast_paths import check_fast_paths
+from mimo.perf.apply import check_fast_paths
 from mimo.planner.candidates import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, render, to_toml, with_modules
 from mimo.planner.memory import GIB, estimate, module_sizes
 

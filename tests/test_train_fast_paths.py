@@ -12,7 +12,7 @@ from mimo.config.schema import ConfigError
 from mimo.models.build import build_model
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
-from mimo.perf.trainer_fast_paths import apply_fast_paths, check_fast_paths
+from mimo.perf.apply import apply_fast_paths, check_fast_paths
 from tests.tiny_run import tiny_config, train_losses
 
 STEPS = ["--train.steps=4"]

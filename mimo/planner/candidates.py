@@ -28,7 +28,7 @@ from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.plan import validate_plan
-from mimo.perf.trainer_fast_paths import check_fast_paths
+from mimo.perf.apply import check_fast_paths
 from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 
 PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)

@@ -29,7 +29,7 @@ from mimo.models.multimodal import MimoModel
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import ParallelPlan, validate_plan
 from mimo.parallel.runtime import init_distributed
-from mimo.perf.trainer_fast_paths import apply_fast_paths, check_fast_paths
+from mimo.perf.apply import apply_fast_paths, check_fast_paths
 from mimo.train.checkpoint import save_weights
 from mimo.train.evaluate import evaluate_answers
 from mimo.train.evaluate_avlm import evaluate_avlm
