@@ -45,7 +45,7 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
     from mimo.data.shapes import image_tensor_values
     from mimo.data.tokenizer import ByteTokenizer
     from mimo.models.generate import greedy_generate
-    from mimo.train.checkpoint import load_run
+    from mimo.train.checkpoint.weights import load_run
 
     if overrides:
         raise ConfigError(f"generate takes no config overrides, got {overrides}")
@@ -99,14 +99,36 @@ def write_image(model, prompt: str, path: str, scale: int = 4) -> str:
 
 
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.train.checkpoint import load_run
-    from mimo.train.trainer import build_demo_data, evaluate_demo
+    from mimo.tasks import build_demo_data, evaluate_demo
+    from mimo.train.checkpoint.weights import load_run
 
     if overrides:
         raise ConfigError(f"eval takes no config overrides, got {overrides}")
     cfg, model = load_run(args.run)
-    print(json.dumps(evaluate_demo(cfg, model, build_demo_data(cfg, model), "cpu"), indent=2))
+    if args.grid and cfg.data.name != "text_to_image":
+        raise ConfigError(f"--grid draws the text-to-image showcase; the run '{args.run}' has data.name = "
+                          f"'{cfg.data.name}', not 'text_to_image'")
+    data = build_demo_data(cfg, model)
+    print(json.dumps(evaluate_demo(cfg, model, data, "cpu"), indent=2))
+    if args.grid:
+        write_showcase_grid(model, data, args.grid)
     return 0
+
+
+def write_showcase_grid(model, data, path: str) -> None:
+    """`mimo eval --grid`: one drawing per (colour, shape), true renderings beside generated ones, and the
+    prompts printed in grid order."""
+    import numpy as np
+
+    from mimo.eval.text_to_image import draw, save_grid, showcase_drawings
+
+    shows = showcase_drawings(data.decoder.image)
+    made = draw(model, data, shows)
+    truth = np.stack([d.image for d in shows])
+    pairs = np.concatenate([np.concatenate([truth[i : i + 4], made[i : i + 4]]) for i in range(0, 16, 4)])
+    save_grid(pairs, path, columns=8)
+    for d in shows:
+        print(d.prompt)
 
 
 def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -162,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="held-out accuracy of a trained run",
                        description="Evaluate a trained run on its held-out set (exact match, greedy).")
     e.add_argument("--run", required=True, help="run folder written by `mimo train`")
+    e.add_argument("--grid", help="text-to-image runs: also write a PNG of true renderings (left half) and generated "
+                   "images (right half), one per colour and shape")
     e.set_defaults(func=cmd_eval)
     x = sub.add_parser("export", help="write a trained run as a Hugging Face model directory",
                        description="Export a trained run as a LlavaForConditionalGeneration directory (vision "

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import mimo.train.resume as resume_mod
-from mimo.train.checkpoint_store import MARKER, STAGING, CheckpointStore, crc32
-from mimo.train.safe_dcp import CorruptCheckpointError, read_metadata_file
+import mimo.train.checkpoint.resume as resume_mod
+from mimo.train.checkpoint.safe_dcp import CorruptCheckpointError, read_metadata_file
+from mimo.train.checkpoint.store import MARKER, STAGING, CheckpointStore, crc32
 from mimo.train.trainer import Trainer
 from tests.tiny_run import metrics, tiny_config
 

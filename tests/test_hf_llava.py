@@ -13,7 +13,7 @@ from mimo.hf import import_llava
 from mimo.hf.build import build_model
 from mimo.models.generate import greedy_generate
 from mimo.models.multimodal import MimoModel
-from mimo.train.checkpoint import save_weights
+from mimo.train.checkpoint.weights import save_weights
 from tests.hf_helpers import (
     TOL,
     perturb,

@@ -18,13 +18,13 @@ from mimo.config.load import dump_toml, load_config
 from mimo.config.schema import ConfigError, DecoderConfig, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
+from mimo.eval.text_to_image import judge_recognises, train_judge
 from mimo.models.build import build_model
 from mimo.models.decoders import image_to_patches, patches_to_image
 from mimo.parallel import plan as plan_module
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
-from mimo.train.checkpoint import save_weights
-from mimo.train.evaluate_text_to_image import judge_recognises, train_judge
+from mimo.train.checkpoint.weights import save_weights
 from mimo.train.out_loss import OutPathLoss
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel
 from mimo.models.vit import VisionTransformer
-from mimo.train.checkpoint import load_run
+from mimo.train.checkpoint.weights import load_run
 
 MAX_SHARD_BYTES = 5 * 2**30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

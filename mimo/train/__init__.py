@@ -1,1 +1,1 @@
-"""Training: loss, optimizers, checkpoints, metrics and the step loop."""
+"""Floor 8: the one trainer, its optimizers, precision, faults, metrics and checkpoints."""

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from mimo.train.wandb_mirror import WandbMirror
+
 
 def scalars(record: dict, prefix: str) -> dict[str, float]:
     """The numeric entries of a (nested) record as flat `prefix/key` names; booleans count as numbers."""
@@ -40,8 +42,6 @@ class MetricsLogger:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.file = (run_dir / "metrics.jsonl").open("a")
         if wandb is not None:
-            from mimo.train.wandb_mirror import WandbMirror
-
             self.wandb = WandbMirror(run_dir, **wandb, resumed=start_step > 0)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

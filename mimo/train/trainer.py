@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from mimo.config.load import dump_toml, to_dict
 from mimo.config.schema import Config
-from mimo.data.audio_demo import build_avlm_data
 from mimo.data.batching import split_microbatches, to_device
 from mimo.data.checks import check_batch
-from mimo.data.demo import DemoVLMData
-from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
 from mimo.data.packing import PackedBatches
-from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
-from mimo.data.text_to_image import build_text_to_image_data
 from mimo.hf.build import build_model
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
@@ -30,51 +23,17 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.plan import ParallelPlan, validate_plan
 from mimo.parallel.runtime import init_distributed
 from mimo.perf.apply import apply_fast_paths, check_fast_paths
-from mimo.train.checkpoint import save_weights
-from mimo.train.evaluate import evaluate_answers
-from mimo.train.evaluate_avlm import evaluate_avlm
-from mimo.train.evaluate_text_to_image import evaluate_text_to_image
+from mimo.tasks import build_demo_data, evaluate_demo
+from mimo.train.checkpoint.resume import RunCheckpointer
+from mimo.train.checkpoint.weights import save_weights
 from mimo.train.faults import StepGuard, skip_step
 from mimo.train.metrics import MetricsLogger
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve
 from mimo.train.precision import apply_module_precision, step_autocast
-from mimo.train.resume import RunCheckpointer
 from mimo.train.throughput import Throughput
 from mimo.train.wandb_mirror import require_wandb
-
-# Demo sets beyond "shapes", by data.name: (build from the config, held-out evaluation of a model).
-DEMO_SETS: dict[str, tuple[Callable[[Config, MimoModel], Any], Callable[[MimoModel, Any], dict]]] = {
-    "avlm": (build_avlm_data, evaluate_avlm),
-    "text_to_image": (build_text_to_image_data, evaluate_text_to_image),
-    "synthetic": (build_synthetic_data, evaluate_synthetic),
-}
-
-
-def build_demo_data(cfg: Config, model: MimoModel) -> Any:
-    if cfg.data.name in DEMO_SETS:
-        return DEMO_SETS[cfg.data.name][0](cfg, model)
-    if cfg.data.name in IMAGE_TEXT_SETS:
-        return build_image_text_data(cfg, model)
-    if cfg.data.name != "shapes":
-        raise ValueError(f"data.name = '{cfg.data.name}' is not a known data set; use one of "
-                         f"{', '.join(['shapes', *DEMO_SETS, *IMAGE_TEXT_SETS])}")
-    if len(cfg.model.modalities) != 1:
-        raise ValueError("the shapes demo needs exactly one vision modality under model.modalities")
-    (name, mcfg), = cfg.model.modalities.items()
-    vit = model.modality_submodules[name].encoders["vit"]
-    return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, vit.tokens_per_image,
-                       mcfg.token_id, modality=name)
-
-
-def evaluate_demo(cfg: Config, model: MimoModel, data: Any, device: str | torch.device) -> dict:
-    """Held-out evaluation of the demo set that data.name names."""
-    if cfg.data.name in DEMO_SETS:
-        return DEMO_SETS[cfg.data.name][1](model, data)
-    if cfg.data.name in IMAGE_TEXT_SETS:
-        return data.evaluate(model, device)
-    return evaluate_answers(model, data, device=device)
 
 
 def check_layout(cfg: Config, world: int) -> None:

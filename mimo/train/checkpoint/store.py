@@ -17,7 +17,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from mimo.train.safe_dcp import CorruptCheckpointError, read_metadata_file
+from mimo.train.checkpoint.safe_dcp import CorruptCheckpointError, read_metadata_file
 
 MARKER = "COMPLETE.json"
 STAGING = ".staging-"

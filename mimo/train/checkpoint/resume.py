@@ -24,13 +24,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mimo.config.load import to_dict
 from mimo.config.schema import Config
-from mimo.train.checkpoint import load_training_state, save_training_state, training_state
-from mimo.train.checkpoint_store import CheckpointStore, Found, crc32, folder_step, validate, verify_share
+from mimo.train.checkpoint.reshard import full_shapes, globalize
+from mimo.train.checkpoint.safe_dcp import CorruptCheckpointError
+from mimo.train.checkpoint.store import CheckpointStore, Found, crc32, folder_step, validate, verify_share
+from mimo.train.checkpoint.weights import load_training_state, save_training_state, training_state
 from mimo.train.faults import RunAborted, StepGuard
 from mimo.train.optim import MimoOptimizer
-from mimo.train.reshard import full_shapes, globalize
 from mimo.train.rng import capture_rng, restore_rng
-from mimo.train.safe_dcp import CorruptCheckpointError
 
 STATE = "state.json"
 

@@ -8,9 +8,6 @@ so a low score can be told apart from a weak judge.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -22,14 +19,12 @@ from mimo.data.text_to_image import (
     PLACES,
     Drawing,
     TextToImageData,
-    build_text_to_image_data,
     make_drawings,
     prompt_for,
     render_drawing,
 )
 from mimo.models.generate import generate_images, to_uint8
 from mimo.models.multimodal import MimoModel
-from mimo.train.checkpoint import load_run
 
 ATTRIBUTES = {"color": list(COLORS), "shape": list(SHAPES), "place": list(PLACES)}
 
@@ -137,26 +132,3 @@ def showcase_drawings(size: int, seed: int = 4242) -> list[Drawing]:
             p = places[(i + j) % len(places)]
             out.append(Drawing(prompt_for(c, s, p), render_drawing(c, s, p, rng, size), c, s, p))
     return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m mimo.train.evaluate_text_to_image --run DIR [--grid PNG]`: evaluate, draw the showcase grid."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--run", required=True, help="a run of configs/demo_text_to_image.toml")
-    parser.add_argument("--grid", help="write a PNG: true renderings (left half) and generated images (right half)")
-    args = parser.parse_args(argv)
-    cfg, model = load_run(args.run)
-    data = build_text_to_image_data(cfg, model)
-    print(json.dumps(evaluate_text_to_image(model, data), indent=2))
-    if args.grid:
-        shows = showcase_drawings(data.decoder.image)
-        made = draw(model, data, shows)
-        truth = np.stack([d.image for d in shows])
-        pairs = np.concatenate([np.concatenate([truth[i : i + 4], made[i : i + 4]]) for i in range(0, 16, 4)])
-        save_grid(pairs, args.grid, columns=8)
-        for d in shows:
-            print(d.prompt)
-
-
-if __name__ == "__main__":
-    main()

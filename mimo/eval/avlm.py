@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter
 
 from mimo.data.audio_demo import AVLMData
+from mimo.eval.answers import greedy_hits
 from mimo.models.multimodal import MimoModel
-from mimo.train.evaluate import greedy_hits
 
 KINDS = ("image", "audio")
 

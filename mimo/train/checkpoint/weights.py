@@ -18,7 +18,7 @@ from mimo.config.load import load_config
 from mimo.config.schema import Config
 from mimo.hf.build import build_model
 from mimo.models.multimodal import MimoModel
-from mimo.train.safe_dcp import SafeFileSystemReader, read_metadata_file
+from mimo.train.checkpoint.safe_dcp import SafeFileSystemReader, read_metadata_file
 
 WEIGHTS = "model.safetensors"
 
