@@ -2,7 +2,7 @@
 are placed at their placeholder tokens, and the LM runs over the combined sequence.
 
 Where encoder output crosses to the LM: `MimoModel.embed_modalities` runs each submodule and passes
-its rows through `self.bridges[name]` (identity on one process; parallel/bridge.py installs the real
+its rows through `self.bridges[name]` (identity on one process; parallel/bridge/ installs the real
 crossing for a layout), then `align_embeddings` writes them into the sequence.
 """
 

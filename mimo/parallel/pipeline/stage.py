@@ -32,7 +32,7 @@ Autocast = Callable[[], AbstractContextManager]
 @dataclass(frozen=True)
 class StageLink:
     """This rank's connection to one neighbouring stage of its module: the peer, the group this rank
-    sends on and the group it receives on (one group per direction, see pipeline_p2p)."""
+    sends on and the group it receives on (one group per direction, see mimo.parallel.p2p)."""
 
     peer: int
     send_group: ProcessGroup

@@ -1,0 +1,199 @@
+"""The audio-visual demo: batches mix samples with an image, a clip or both, train without bias on any
+microbatch split (also one with no clip or no image at all), and `mimo train configs/demo_avlm.toml` runs."""
+
+import copy
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mimo.config.load import load_config
+from mimo.config.schema import ConfigError
+from mimo.data.audio_demo import AVLMData
+from mimo.data.batching import split_microbatches
+from mimo.data.text_to_image import TextToImageData
+from mimo.models.build import build_model
+from mimo.parallel.data import GradReducer, apply_fsdp
+from mimo.parallel.grid import Grid
+from mimo.parallel.layout import Layout
+from mimo.parallel.plan import validate_plan
+from mimo.train.out_loss import OutPathLoss
+from mimo.train.trainer import Trainer, module_map
+from tests.support.dist import run_distributed
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+AVLM = Path(__file__).resolve().parents[2] / "configs" / "demo_avlm.toml"
+T2I = Path(__file__).resolve().parents[2] / "configs" / "demo_text_to_image.toml"
+TINY_T2I = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
+            "--model.llm.mlp=64", "--model.modalities.images.vit.patch=16", "--model.modalities.images.vit.hidden=16",
+            "--model.modalities.images.decoder.hidden=32", "--model.modalities.images.decoder.layers=1",
+            "--model.modalities.images.decoder.heads=2", "--model.modalities.images.decoder.mlp=32"]
+TINY = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
+        "--model.llm.mlp=64", "--model.modalities.images.vit.patch=16", "--model.modalities.images.vit.hidden=16",
+        "--model.modalities.images.vit.layers=1", "--model.modalities.images.vit.heads=2",
+        "--model.modalities.images.vit.mlp=32", "--model.modalities.audio.audio.n_mels=16",
+        "--model.modalities.audio.audio.hidden=16", "--model.modalities.audio.audio.layers=1",
+        "--model.modalities.audio.audio.heads=2", "--model.modalities.audio.audio.mlp=32",
+        "--data.train_samples=16", "--data.eval_samples=8", "--data.global_batch=8", "--optim.warmup_steps=1",
+        "--run.progress=false", "--run.tensorboard=false", "--train.threads=1"]
+
+
+def tiny():
+    cfg = load_config(AVLM, TINY)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    data = AVLMData(16, 8, seed=1, image_tokens=4, image_token_id=259, audio_token_id=260, n_mels=16)
+    return model, data
+
+
+def test_batches_mix_modalities_and_count_their_tokens():
+    _, data = tiny()
+    b = data.collate(data.train[:8])
+    has_img = [s.image is not None for s in data.train[:8]]
+    has_aud = [s.audio is not None for s in data.train[:8]]
+    assert b["modality_counts"]["images"].tolist() == [int(x) for x in has_img]
+    assert b["modality_counts"]["audio"].tolist() == [int(x) for x in has_aud]
+    assert not all(has_img) and not all(has_aud)
+    lengths = b["modality_inputs"]["audio"]["whisper"]["output_lengths"]
+    assert (b["input_ids"] == 259).sum() == 4 * sum(has_img)
+    assert (b["input_ids"] == 260).sum() == lengths.sum()
+    assert len(set(lengths.tolist())) > 1, "clips of different durations"
+    assert b["modality_inputs"]["images"]["vit"]["pixel_values"].shape[0] == sum(has_img)
+    assert {s.about for s in data.train} == {"image", "audio"}
+
+
+def _grads(model, micro: list[dict]) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    n = sum((mb["labels"] != -100).sum() for mb in micro).float()
+    for mb in micro:
+        (model(**mb).loss_sum / n).backward()
+    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def test_any_microbatch_split_gives_the_whole_batch_gradients():
+    model, data = tiny()
+    by_layout = {}
+    for s in data.train:
+        by_layout.setdefault((s.image is not None, s.audio is not None), []).append(s)
+    # microbatches of 2 (k=4): [image, image] has no clip, [audio, audio] no image, then two mixed pairs
+    order = (by_layout[(True, False)][:2] + by_layout[(False, True)][:2] + by_layout[(True, True)][:2]
+             + [by_layout[(True, False)][2], by_layout[(False, True)][2]])
+    batch = data.collate(order)
+    whole = _grads(model, split_microbatches(batch, 1))
+    for k in (2, 4, 8):
+        split = _grads(model, split_microbatches(batch, k))
+        assert split.keys() == whole.keys()
+        for name in whole:
+            torch.testing.assert_close(split[name], whole[name], rtol=1e-5, atol=1e-7)
+    assert whole["modality_submodules.audio.encoders.whisper.conv1.weight"].abs().sum() > 0
+    assert whole["modality_submodules.images.encoders.vit.patch_embedding.weight"].abs().sum() > 0
+
+
+def test_demo_config_trains_and_evaluates(tmp_path):
+    cfg = load_config(AVLM, [*TINY, "--train.steps=3", f"--run.out_dir={tmp_path}", "--parallel.microbatches=2"])
+    trainer = Trainer(cfg)
+    ev = trainer.train()["eval"]
+    held_out = trainer.data.eval
+    assert ev["eval_samples"] == len(held_out) == 8
+    # every held-out question is scored, and the per-question scores add up to the image and audio ones
+    asked = Counter(s.question for s in held_out)
+    assert set(ev["per_question"]) == set(asked)
+    for about in ("image", "audio"):
+        questions = {s.question for s in held_out if s.about == about}
+        n = sum(asked[q] for q in questions)
+        assert ev[f"{about}_accuracy"] == pytest.approx(sum(ev["per_question"][q] * asked[q] for q in questions) / n)
+    assert set(ev["majority_baseline"]) == {"image", "audio"}
+    assert (tmp_path / "demo_avlm" / "checkpoint" / "model.safetensors").is_file()
+
+
+def _lane_grads(mode: str, rank: int, world: int, model, batch: dict, out_path: bool) -> dict[str, torch.Tensor]:
+    """This rank's share of `batch` in two microbatches, FSDP-sharded or replicated, reduced over DP."""
+    groups = Grid(dp=world).build("dp")
+    group = groups.group("dp")
+    subs = dict(model.modality_submodules.items())
+    if mode == "fsdp":
+        apply_fsdp(model.language_model, groups.device_mesh("dp"), entry_methods=("embed", "logits"))
+        for sub in subs.values():
+            apply_fsdp(sub, groups.device_mesh("dp"), entry_methods=("decode",) if out_path else ())
+    else:
+        reducers = [GradReducer(m, group) for m in module_map(model).values()]
+    lanes = {name: (rank, world) for name in ("language", *subs)}
+    micro = split_microbatches(batch, 2, lanes)
+    n_text = sum((mb["labels"] != -100).sum() for mb in micro).float()
+    dist.all_reduce(n_text, group=group)
+    out_loss = OutPathLoss(model_cfg(out_path))
+    out_loss.begin(micro, lambda t: dist.all_reduce(t, group=group) or t, torch.device("cpu"))
+    for mb in micro:
+        out = model(**mb)
+        (out.loss_sum / n_text + out_loss.term(out)).backward()
+    if mode != "fsdp":
+        for r in reducers:
+            r.reduce()
+    full = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            for n, p in model.named_parameters() if p.grad is not None}
+    return full
+
+
+def model_cfg(out_path: bool):
+    return load_config(T2I if out_path else AVLM, TINY_T2I if out_path else TINY).model
+
+
+def _participation(rank: int, world: int) -> None:
+    """AV: rank 1 never sees a clip and rank 0's first microbatch has no image. Out path: rank 1 generates
+    nothing. Replicated and FSDP-sharded, each must match one process on the whole batch (and not hang)."""
+    for out_path in (False, True):
+        for mode in ("replicated", "fsdp"):
+            torch.manual_seed(0)
+            model = build_model(model_cfg(out_path))
+            ref = copy.deepcopy(model)
+            if out_path:
+                data = TextToImageData(8, 1, seed=2, decoder=model_cfg(True).modalities["images"].decoder,
+                                       output_token_id=261)
+                batch = data.collate(data.train)
+                keep = torch.tensor([1, 1, 0, 0, 1, 1, 0, 0], dtype=torch.bool)  # rank 1's samples draw nothing
+                batch["input_ids"] = torch.where(keep[:, None] | (batch["input_ids"] != 261), batch["input_ids"],
+                                                 torch.full_like(batch["input_ids"], data.tok.PAD))
+                batch["labels"] = torch.where(keep[:, None] | (batch["labels"] != 261), batch["labels"],
+                                              torch.full_like(batch["labels"], data.tok.EOS))
+            else:
+                data = AVLMData(16, 1, seed=1, image_tokens=4, image_token_id=259, audio_token_id=260, n_mels=16)
+                by_layout: dict = {}
+                for s in data.train:
+                    by_layout.setdefault((s.image is not None, s.audio is not None), []).append(s)
+                audio, image, both = by_layout[(False, True)], by_layout[(True, False)], by_layout[(True, True)]
+                # microbatch t holds samples 4t..4t+3, rank r the pair 4t+2r, 4t+2r+1 of it
+                batch = data.collate(audio[:2] + image[:2] + [both[0], audio[2]] + image[2:4])
+            ref_loss = OutPathLoss(model_cfg(out_path))
+            ref_loss.begin([batch], lambda t: t, torch.device("cpu"))
+            whole = ref(**split_microbatches(batch, 1)[0])
+            (whole.loss_sum / (batch["labels"] != -100).sum() + ref_loss.term(whole)).backward()
+            mine = split_microbatches(batch, 2, dict.fromkeys(("language", "images", "audio"), (rank, world)))
+            if rank == 1:
+                absent = [mb["input_ids"].eq(261).sum() for mb in mine] if out_path else \
+                    [mb["modality_inputs"]["audio"]["whisper"]["input_features"].shape[0] for mb in mine]
+                assert absent == [0, 0]
+            got = _lane_grads(mode, rank, world, model, batch, out_path)
+            for name, p in ref.named_parameters():
+                # FSDP reduce-scatters zeros for parameters its unit never used; one process leaves None.
+                expect = p.grad if p.grad is not None else torch.zeros_like(p)
+                torch.testing.assert_close(got.get(name, torch.zeros_like(p)), expect, rtol=1e-5, atol=1e-8,
+                                           msg=f"{mode} out_path={out_path} {name}")
+
+
+def test_two_ranks_with_absent_modalities_match_one_process():
+    run_distributed(_participation, 2, timeout=240)
+
+
+def test_tensor_parallel_audio_encoder_is_refused_by_name():
+    """Only ViT encoders have a tensor-parallel plan; an audio encoder with tp > 1 is a config error, not a
+    KeyError deep inside the plan (and not a check of the unused ViT settings)."""
+    cfg = load_config(AVLM, ["--parallel.modules.audio.tp=2"])
+    layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2)
+    with pytest.raises(ConfigError, match=r"parallel.modules.audio.tp = 2: tensor parallelism splits ViT encoders "
+                                          r"only, and 'audio' is not a vision modality \(kind = 'audio'\)"):
+        validate_plan(cfg, layout)
+    cfg = load_config(AVLM, ["--parallel.modules.images.tp=2"])
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))

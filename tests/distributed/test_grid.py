@@ -1,0 +1,133 @@
+"""Grid rank arithmetic against hand-written groups, and the built process groups on gloo."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mimo.parallel.grid import BUILT_DIMS, DIMS, Grid
+from tests.support.dist import run_distributed
+
+TP2_DP4 = Grid(tp=2, dp=4)
+TP2_CP2_DP2_AT4 = Grid(offset=4, tp=2, cp=2, dp=2)
+TP2_DP2_PP2 = Grid(tp=2, dp=2, pp=2)
+
+
+def test_tp2_dp4_groups():
+    assert TP2_DP4.rank_groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert TP2_DP4.rank_groups("dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert TP2_DP4.rank_groups("cp") == [[r] for r in range(8)]
+    assert TP2_DP4.rank_groups(("tp", "cp", "dp")) == [list(range(8))]
+
+
+def test_tp2_cp2_dp2_with_offset():
+    g = TP2_CP2_DP2_AT4
+    assert (g.size, g.ranks) == (8, list(range(4, 12)))
+    assert g.rank_groups("tp") == [[4, 5], [6, 7], [8, 9], [10, 11]]
+    assert g.rank_groups("cp") == [[4, 6], [5, 7], [8, 10], [9, 11]]
+    assert g.rank_groups("dp") == [[4, 8], [5, 9], [6, 10], [7, 11]]
+    assert g.rank_groups(("dp", "cp")) == [[4, 6, 8, 10], [5, 7, 9, 11]]
+    assert g.rank_groups(("tp", "cp")) == [[4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+def test_tp2_dp2_pp2_groups():
+    g = TP2_DP2_PP2
+    assert g.rank_groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert g.rank_groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert g.rank_groups(("tp", "pp")) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert g.rank_groups(("tp", "cp", "dp")) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+@pytest.mark.parametrize("grid", [TP2_DP4, TP2_CP2_DP2_AT4, TP2_DP2_PP2, Grid(offset=3), Grid(tp=3, pp=2)])
+def test_groups_partition_the_grid(grid: Grid):
+    for dims in BUILT_DIMS:
+        groups = grid.rank_groups(dims)
+        assert sorted(r for g in groups for r in g) == grid.ranks
+        assert all(len(g) == len(groups[0]) for g in groups)
+        assert groups == sorted(sorted(g) for g in groups)
+
+
+def test_dims_are_canonical():
+    assert TP2_DP4.rank_groups(("dp", "tp")) == TP2_DP4.rank_groups(("tp", "dp"))
+    assert BUILT_DIMS[-1] == DIMS
+
+
+def test_coords_round_trip():
+    g = Grid(offset=2, tp=2, cp=3, dp=2, pp=2)
+    for r in g.ranks:
+        assert g.rank_of(**g.coords(r)) == r
+    assert g.coords(2 + 1 + 2 * 2 + 6 * 1 + 12 * 1) == {"tp": 1, "cp": 2, "dp": 1, "pp": 1}
+    assert g.rank_of(pp=1) == 14
+    assert g.contains(25) and not g.contains(26) and not g.contains(1)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="grid tp must be >= 1, got 0"):
+        Grid(tp=0)
+    with pytest.raises(ValueError, match="offset must be >= 0"):
+        Grid(offset=-1)
+    with pytest.raises(ValueError, match="unknown grid dim 'ep'; dims are tp, cp, dp, pp"):
+        TP2_DP4.rank_groups(("tp", "ep"))
+    with pytest.raises(ValueError, match="repeat"):
+        TP2_DP4.rank_groups(("tp", "tp"))
+    with pytest.raises(ValueError, match="dp=4 is outside the grid's dp=4; use 0..3"):
+        TP2_DP4.rank_of(dp=4)
+    with pytest.raises(ValueError, match="rank 8 is not in the grid of ranks 0..7"):
+        TP2_DP4.coords(8)
+
+
+def test_expert_groups():
+    assert TP2_DP2_PP2.expert_groups(2) == {
+        "ep": [[0, 1], [2, 3], [4, 5], [6, 7]],
+        "edp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+    }
+    assert TP2_DP2_PP2.expert_groups(4)["ep"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="ep=3 must be >= 1 and divide tp\\*cp\\*dp=4"):
+        TP2_DP2_PP2.expert_groups(3)
+
+
+def _check_built(grid: Grid, rank: int) -> None:
+    """Build `grid` (collective) and check every group by summing 2**rank over it."""
+    built = grid.build()
+    if not grid.contains(rank):
+        assert all(built.group(d) is None for d in BUILT_DIMS)
+        assert not built.is_first_stage and not built.is_last_stage
+        with pytest.raises(RuntimeError, match=f"rank {rank} is not in the grid"):
+            built.device_mesh("dp")
+        return
+    for dims in BUILT_DIMS:
+        expected = next(g for g in grid.rank_groups(dims) if rank in g)
+        group = built.group(dims)
+        x = torch.tensor([1 << rank])
+        dist.all_reduce(x, group=group)
+        assert x.item() == sum(1 << r for r in expected), (dims, expected)
+        assert dist.get_world_size(group) == built.size_of(dims) == len(expected)
+        assert dist.get_rank(group) == built.rank_in(dims) == expected.index(rank)
+    mesh = built.device_mesh(("dp", "cp"))
+    assert mesh.device_type == "cpu" and mesh.mesh_dim_names == ("cp_dp",)
+    assert mesh.size() == grid.cp * grid.dp and mesh.get_local_rank() == built.rank_in(("cp", "dp"))
+    pp = grid.coords(rank)["pp"]
+    assert (built.is_first_stage, built.is_last_stage) == (pp == 0, pp == grid.pp - 1)
+
+
+def _build_on_4(rank: int, world_size: int) -> None:
+    for grid in (Grid(tp=2, dp=2), Grid(dp=2, pp=2), Grid(offset=2, tp=2), Grid(offset=3), Grid(dp=4)):
+        _check_built(grid, rank)
+    with pytest.raises(ValueError, match="grid 'big' spans ranks 2..5 but the world has 4 ranks"):
+        Grid(offset=2, tp=4).build("big")
+    with pytest.raises(ValueError, match="no process group was built for dims \\('tp', 'pp'\\)"):
+        Grid(dp=4).build().group(("pp", "tp"))
+
+
+def _build_on_8(rank: int, world_size: int) -> None:
+    for grid in (TP2_DP4, TP2_DP2_PP2, Grid(tp=2, cp=2, dp=2), Grid(offset=4, cp=2, pp=2)):
+        _check_built(grid, rank)
+
+
+@pytest.mark.slow
+def test_build_on_4_processes():
+    run_distributed(_build_on_4, 4)
+
+
+@pytest.mark.slow
+def test_build_on_8_processes():
+    run_distributed(_build_on_8, 8)

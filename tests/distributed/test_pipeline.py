@@ -1,0 +1,216 @@
+"""Pipelined layouts (encoder and LM on disjoint ranks, each with its own tp x pp x dp) equal
+single-process training, tensor by tensor.
+
+Every layout of the issue's table runs 4 microbatches of 4 samples under the multi-module 1F1B
+schedule. Samples hold 0, 1 or 2 images (so rows per sample vary across both bridge directions:
+fan-in, fan-out and equal) and microbatch 2 holds none at all. Checked against one process on the
+same global batch: the loss, every gradient of encoder, projector and LM, and the weights after one
+AdamW step with clipping, max |diff| <= 1e-5 x max |ref| (fp32). Some layouts tie the LM's
+embeddings, so the first and last LM stages' copies must get the summed gradient.
+"""
+
+import contextlib
+import copy
+import re
+
+import pytest
+import torch
+
+from mimo.config.schema import (
+    Config,
+    ConfigError,
+    DataConfig,
+    LLMConfig,
+    ModalityConfig,
+    ModelConfig,
+    ModuleLayoutConfig,
+    OptimConfig,
+    ParallelConfig,
+    ViTConfig,
+)
+from mimo.data.batching import COUNTS
+from mimo.models.build import build_model
+from mimo.models.flops import train_step_flops
+from mimo.parallel.bridge.pipelined import lane_overlaps
+from mimo.parallel.layout import Layout
+from mimo.parallel.pipeline.schedule import warmup_microbatches
+from mimo.parallel.pipeline.split import stage_layers
+from mimo.parallel.plan import ParallelPlan, validate_plan
+from mimo.train.optim import MimoOptimizer
+from mimo.train.trainer import module_map
+from tests.support.dist import rank_device, run_distributed
+from tests.support.parity import freeze_key_biases, grads_then_step, rel_diff
+
+RTOL = 1e-5
+IMG, S, MICRO, PER_MB = 60, 16, 4, 4
+IMAGES_PER_SAMPLE = [0, 2, 1, 1, 2, 0, 1, 0, 0, 0, 0, 0, 1, 1, 2, 0]
+# (encoder (tp, pp, dp), LM (tp, pp, dp), tied LM embeddings, LM sequence parallel), by world size
+LAYOUTS = {
+    2: [((1, 1, 1), (1, 1, 1), False, False)],
+    4: [((1, 1, 1), (1, 3, 1), True, False)],
+    8: [((2, 1, 1), (2, 3, 1), False, True), ((2, 2, 1), (2, 2, 1), True, False),
+        ((1, 1, 4), (2, 2, 1), True, False), ((2, 2, 1), (1, 1, 4), False, False),
+        ((1, 1, 2), (2, 3, 1), True, False)],
+}
+
+
+def _module(offset: int, tp: int, pp: int, dp: int, sp: bool = False) -> ModuleLayoutConfig:
+    return ModuleLayoutConfig(offset=offset, size=tp * pp * dp, tp=tp, pp=pp, sequence_parallel=sp)
+
+
+def _config(enc: tuple[int, int, int], lm: tuple[int, int, int], tied: bool, sp: bool = False) -> Config:
+    enc_size = enc[0] * enc[1] * enc[2]
+    return Config(
+        model=ModelConfig(
+            llm=LLMConfig(vocab=64, hidden=32, layers=3, heads=4, kv_heads=2, mlp=64, init_std=0.1,
+                          tie_embeddings=tied),
+            modalities={"images": ModalityConfig(token_id=IMG, vit=ViTConfig(image=8, patch=4, hidden=16, layers=2,
+                                                                             heads=4, mlp=32, init_std=0.1))}),
+        parallel=ParallelConfig(modules={"images": _module(0, *enc), "language": _module(enc_size, *lm, sp)},
+                                microbatches=MICRO),
+        data=DataConfig(global_batch=PER_MB * MICRO),
+        # eps well above the gradients keeps Adam's first update proportional to the gradient (see
+        # test_colocated); clip below the norm exercises the global norm across disjoint modules.
+        optim=OptimConfig(lr=1e-2, eps=1e-2, warmup_steps=0, schedule="constant", clip=0.05))
+
+
+def _batch() -> dict:
+    g = torch.Generator().manual_seed(7)
+    n = PER_MB * MICRO
+    counts = torch.tensor(IMAGES_PER_SAMPLE)
+    ids = torch.randint(1, 50, (n, S), generator=g)
+    labels = torch.full((n, S), -100)
+    for s in range(n):
+        k = int(counts[s]) * 4
+        ids[s, 1: 1 + k] = IMG
+        text = list(range(1 + k, S - s % 3))
+        labels[s, text] = torch.randint(1, 50, (len(text),), generator=g)
+    pixels = torch.randn(int(counts.sum()), 3, 8, 8, generator=g)
+    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(S).expand(n, S).contiguous(),
+            "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}}, COUNTS: {"images": counts}}
+
+
+def _reference(cfg: Config, batch: dict, model) -> dict:
+    out = model(batch["input_ids"], labels=batch["labels"], modality_inputs=batch["modality_inputs"])
+    loss = out.loss_sum / out.num_tokens
+    loss.backward()
+    grads, params = grads_then_step(cfg, model)
+    return {"loss": loss.item(), "grads": grads, "params": params}
+
+
+def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool) -> float:
+    """One layout; returns (on rank 0) the worst relative difference of loss, gradients and weights."""
+    what = f"encoder {enc} LM {lm} tied {tied} sp {sp}"
+    cfg = _config(enc, lm, tied, sp)
+    batch = _batch()
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    freeze_key_biases(model)
+    par = copy.deepcopy(model)
+    ref = _reference(cfg, batch, model)
+
+    plan = ParallelPlan(cfg, rank, world)
+    plan.parallelize(par)
+    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    pipe = plan.pipeline
+    result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
+    worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])
+    assert worst <= RTOL, f"{what}: loss {result.loss} vs {ref['loss']}"
+    assert result.flops == train_step_flops(cfg.model, batch), f"{what}: the step's FLOPs are counted once"
+    plan.finalize_grads(par)
+    grads = plan.gather_full(par, grads=True)
+    stepped, _, _ = opt.step(0)
+    assert stepped, what
+    params = plan.gather_full(par)
+    if rank != 0:
+        return worst
+    assert grads.keys() == ref["grads"].keys() == params.keys(), what
+    for kind, got, want in (("grad", grads, ref["grads"]), ("weight after step", params, ref["params"])):
+        for name, t in got.items():
+            r = rel_diff(t, want[name])
+            assert r <= RTOL, f"{what}: {kind} {name}: max |diff| is {r:.3g} x max |ref|"
+            worst = max(worst, r)
+    return worst
+
+
+def _all_cases(rank: int, world: int) -> list[float]:
+    return [_run_case(rank, world, *case) for case in LAYOUTS[world]]
+
+
+@pytest.mark.parametrize("world", sorted(LAYOUTS))
+def test_pipelined_layouts_equal_single_process(world):
+    worst = run_distributed(_all_cases, world, timeout=600)[0]
+    for (enc, lm, _, _), w in zip(LAYOUTS[world], worst):
+        print(f"encoder {enc} LM {lm}: max relative diff {w:.2e}")
+
+
+def test_schedule_and_split_arithmetic():
+    assert [warmup_microbatches(4, s, 4) for s in range(4)] == [3, 2, 1, 0]
+    assert warmup_microbatches(6, 0, 4) == 4
+    assert [stage_layers(3, 2, r) for r in range(2)] == [["0"], ["1", "2"]]
+    with pytest.raises(ValueError, match="3 layers cannot fill 4"):
+        stage_layers(3, 4, 0)
+    # encoder lane, LM lane, samples [lo, hi) of the microbatch
+    assert lane_overlaps(4, 1, 4) == [(0, 0, 0, 1), (1, 0, 1, 2), (2, 0, 2, 3), (3, 0, 3, 4)]
+    assert lane_overlaps(1, 2, 4) == [(0, 0, 0, 2), (0, 1, 2, 4)]
+    assert lane_overlaps(2, 3, 6) == [(0, 0, 0, 2), (0, 1, 2, 3), (1, 1, 3, 4), (1, 2, 4, 6)]
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: c.parallel.modules.update(language=_module(2, 1, 6, 1)),
+     r"parallel.modules.language.pp \(6\) exceeds model.llm.layers \(3\)"),
+    (lambda c: setattr(c.parallel.modules["images"], "fsdp", True), "parallel.modules.images.fsdp"),
+    (lambda c: setattr(c.parallel.modules["images"], "sequence_parallel", True),
+     "a pipelined encoder cannot be sequence parallel"),
+    (lambda c: setattr(c.model.modalities["images"], "output_token_id", 61), "the Out path needs a colocated"),
+])
+def test_bad_pipeline_configs_are_rejected_before_any_collective(change, message):
+    cfg = _config((1, 2, 1), (2, 3, 1), False)
+    change(cfg)
+    layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 8)
+    with pytest.raises(ConfigError, match=message):
+        validate_plan(cfg, layout)
+
+
+def test_pipeline_stages_need_disjoint_ranks():
+    cfg = _config((1, 1, 1), (1, 1, 1), False)
+    cfg.parallel.modules = {"language": ModuleLayoutConfig(pp=2)}
+    layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 2)
+    with pytest.raises(ConfigError, match="pipeline parallelism needs the modules on disjoint ranks"):
+        validate_plan(cfg, layout)
+
+
+def _bad_batch_case(rank: int, world: int, damage: str) -> str:
+    """Returns the error this rank raised for a damaged batch (every rank must raise, none may hang)."""
+    cfg = _config((1, 1, 1), (1, 1, 1), False)
+    batch = _batch()
+    if damage == "placeholders":
+        batch["input_ids"][3, 1] = 7  # sample 3 has one image (4 rows) but now only 3 placeholders
+    elif damage == "labels":
+        batch["labels"][2, 3] = cfg.model.llm.vocab + 1  # a label past the head: only the LM rank reads labels
+    else:
+        batch[COUNTS]["images"] = batch[COUNTS]["images"].clone()
+        batch[COUNTS]["images"][1] = 1  # sample 1 claims one image fewer than the pixels hold
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    plan = ParallelPlan(cfg, rank, world)
+    plan.parallelize(model)
+    pipe = plan.pipeline
+    with pytest.raises(ValueError) as err:
+        pipe.train_step(model, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("damage, message, origin", [
+    ("placeholders", r"Number of images tokens \(3\) does not match number of images embeddings \(4\) in sample 3",
+     "rank 0 (images stage 0)"),
+    ("counts", r"modality_counts\['images'\] sums to 10 but input 'images.vit.pixel_values' holds 11 items",
+     "rank 0 (images stage 0)"),
+    ("labels", r"labels\[2, 3\] = \d+ lies outside the LM's vocabulary", "rank 1 (language stage 0)"),
+])
+def test_a_bad_batch_raises_on_every_rank_instead_of_hanging(damage, message, origin):
+    """Only the rank that reads the damaged part can see it (the encoder rank the pixels, the LM rank the
+    labels); every other rank must raise too."""
+    messages = run_distributed(_bad_batch_case, 2, damage, timeout=60)
+    assert len(messages) == 2 and messages[0] == messages[1], messages
+    assert re.search(message, messages[0]) and origin in messages[0], messages[0]

@@ -1,0 +1,118 @@
+"""`train.module_dtype`: one module computes in its own dtype beside the others (SPEC 3.5, per-module precision).
+
+The oracle is the plain model: a modality in fp32 beside a bf16 language model gives exactly the rows the
+fp32 model gives without autocast, and one in bf16 beside an fp32 language model those of bf16 autocast.
+Forward hooks read the dtype each module computed in, in one process and in a pipeline on 2 ranks (encoder
+and language model on different ranks). The memory estimate follows each module's dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from mimo.config.schema import ConfigError, ModuleLayoutConfig
+from mimo.models.build import build_model
+from mimo.train.precision import apply_module_precision, step_autocast
+from mimo.train.trainer import Trainer
+from tests.support.dist import run_distributed
+from tests.support.tiny_run import tiny_config
+
+VIT_LINEAR = "modality_submodules.images.encoders.vit.layers.0.mlp.fc1"
+PROJECTOR = "modality_submodules.images.input_projections.0.fc1"
+LM_LINEAR = "language_model.layers.0.self_attn.q_proj"
+PIPELINE = ["--parallel.modules.images.size=1", "--parallel.modules.language.offset=1",
+            "--parallel.modules.language.size=1"]
+
+
+def _record_dtypes(model: torch.nn.Module) -> dict[str, list[torch.dtype]]:
+    """Output dtypes of the watched linears this rank holds, filled on every call."""
+    seen: dict[str, list[torch.dtype]] = {}
+    modules = dict(model.named_modules())
+    for name in (VIT_LINEAR, PROJECTOR, LM_LINEAR):
+        if name in modules:
+            seen[name] = []
+            modules[name].register_forward_hook(lambda m, i, out, name=name: seen[name].append(out.dtype))
+    return seen
+
+
+def _pixels() -> dict:
+    return {"vit": {"pixel_values": torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))}}
+
+
+@pytest.mark.parametrize("overrides, lm, encoder", [
+    (["--train.dtype=bfloat16", "--train.module_dtype.images=float32"], "bfloat16", "float32"),
+    (["--train.dtype=float32", "--train.module_dtype.images=bfloat16"], "float32", "bfloat16"),
+    (["--train.dtype=bfloat16", "--train.module_dtype.language=float32"], "float32", "bfloat16"),
+])
+def test_a_modality_computes_in_its_own_dtype_beside_the_language_model(tmp_path, overrides, lm, encoder):
+    cfg = tiny_config(tmp_path, *overrides)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    plain = copy.deepcopy(model)
+    assert apply_module_precision(cfg, model) == ["images"]
+    seen = _record_dtypes(model)
+    with step_autocast(cfg, torch.device("cpu")):
+        rows = model.modality_submodules["images"](_pixels())
+        model.language_model(torch.randn(2, 8, 32), torch.arange(8).expand(2, 8))
+    expect = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    assert seen == {VIT_LINEAR: [expect[encoder]], PROJECTOR: [expect[encoder]], LM_LINEAR: [expect[lm]]}
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=encoder == "bfloat16"):
+        reference = plain.modality_submodules["images"](_pixels())
+    assert torch.equal(rows, reference)
+
+
+def test_the_trainer_runs_each_module_in_its_dtype(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.module_dtype.images=float32"))
+    seen = _record_dtypes(trainer.model)
+    rec = trainer.train_step(0)
+    assert rec["stepped"] and torch.isfinite(torch.tensor(rec["loss"]))
+    assert set(seen[VIT_LINEAR]) == set(seen[PROJECTOR]) == {torch.float32} and seen[VIT_LINEAR]
+    assert set(seen[LM_LINEAR]) == {torch.bfloat16}
+
+
+def _pipeline_rank(rank: int, world: int, out_dir: str) -> dict[str, list[str]]:
+    trainer = Trainer(tiny_config(Path(out_dir), "--train.dtype=bfloat16", "--train.module_dtype.images=float32",
+                                  *PIPELINE))
+    seen = _record_dtypes(trainer.model)
+    assert trainer.train_step(0)["stepped"]
+    return {name: sorted({str(d) for d in dtypes}) for name, dtypes in seen.items() if dtypes}
+
+
+def test_module_dtypes_hold_in_a_pipeline_on_two_ranks(tmp_path):
+    encoder_rank, lm_rank = run_distributed(_pipeline_rank, 2, str(tmp_path), timeout=120)
+    assert encoder_rank == {VIT_LINEAR: ["torch.float32"], PROJECTOR: ["torch.float32"]}
+    assert lm_rank == {LM_LINEAR: ["torch.bfloat16"]}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--train.module_dtype.vision=float32", r"train.module_dtype.vision: 'vision' is no module of this model; "
+                                            r"choose from \['language', 'images'\]"),
+    ("--train.module_dtype.images=float16", r"train.module_dtype.images = 'float16'; choose float32 or bfloat16"),
+])
+def test_bad_module_dtypes_name_the_field(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(tmp_path, override)
+
+
+def test_the_memory_estimate_follows_each_modules_dtype(tmp_path):
+    from mimo.planner.candidates import layout_of, make_plan, render
+    from mimo.planner.memory import estimate, module_sizes
+
+    def activations(*overrides: str) -> float:
+        cfg = tiny_config(tmp_path, *overrides)
+        modules = {"language": ModuleLayoutConfig(), "images": ModuleLayoutConfig()}
+        return estimate(cfg, layout_of(cfg, modules, 1), module_sizes(cfg), modules).activations
+
+    bf16 = activations("--train.dtype=bfloat16")
+    lm_fp32 = activations("--train.dtype=bfloat16", "--train.module_dtype.language=float32")
+    all_fp32 = activations("--train.dtype=float32")
+    encoder_fp32 = activations("--train.dtype=bfloat16", "--train.module_dtype.images=float32")
+    # layers' activations double in fp32; the logits (fp32 either way) do not
+    assert bf16 < encoder_fp32 < all_fp32 and bf16 < lm_fp32 < all_fp32
+    assert (lm_fp32 - bf16) + (encoder_fp32 - bf16) == pytest.approx(all_fp32 - bf16)
+    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.module_dtype.images=float32")
+    assert "bfloat16 (images float32)" in render(cfg, make_plan(cfg, 1, 80)).splitlines()[0]

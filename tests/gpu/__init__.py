@@ -1,0 +1,1 @@
+"""Tests marked gpu: run on the GPU machine, skipped elsewhere."""

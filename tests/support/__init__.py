@@ -1,0 +1,1 @@
+"""What the tests share: the process harness, parity helpers, tiny configs and runs."""

@@ -1,0 +1,100 @@
+"""Qwen2, Qwen3 and Llama: imported weights give transformers' hidden states and logits (padding mask and
+position ids included), and an exported mimo LM loads as the matching ForCausalLM with the same logits."""
+
+import pytest
+import torch
+
+from mimo.config.schema import LLMConfig
+from mimo.export import export_causal_lm
+from mimo.export import hf as hf_export
+from mimo.hf import import_llm
+from mimo.models.layers import padded_causal_mask
+from mimo.models.llm import DecoderLM
+from tests.support.hf_helpers import (
+    TOL,
+    perturb,
+    rel_diff,
+    save,
+    tiny_causal_lm,
+    transformers,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+CASES = {"qwen2": ("qwen2", {}), "qwen2_tied": ("qwen2", {"tie_word_embeddings": True}), "qwen3": ("qwen3", {}),
+         "llama": ("llama", {}), "llama3_rope": ("llama", {"rope_parameters": LLAMA3_ROPE})}
+
+
+def padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two sequences, the second left-padded by 4: ids, 0/1 attention mask, position ids."""
+    torch.manual_seed(2)
+    ids = torch.randint(0, vocab, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    return ids, mask, (mask.cumsum(1) - 1).clamp_min(0)
+
+
+def compare(lm: DecoderLM, hf: torch.nn.Module) -> tuple[float, float]:
+    ids, mask, pos = padded_batch(lm.cfg.vocab)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+        hidden = lm(lm.embed(ids), pos, mask=padded_causal_mask(mask))
+        logits = lm.logits(hidden)
+    real = mask.bool()
+    return rel_diff(hidden[real], ref.hidden_states[-1][real]), rel_diff(logits[real], ref.logits[real])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_matches_transformers(case, tmp_path):
+    family, extra = CASES[case]
+    hf = perturb(tiny_causal_lm(family, **extra))
+    lm = import_llm(save(hf, tmp_path / case))
+    assert lm.cfg.qk_norm == (family == "qwen3") and lm.cfg.qkv_bias == (family == "qwen2")
+    assert (lm.lm_head is None) == bool(extra.get("tie_word_embeddings"))
+    hidden, logits = compare(lm, hf)
+    assert hidden <= TOL and logits <= TOL, (case, hidden, logits)
+
+
+def test_import_from_model_object_equals_directory(tmp_path):
+    hf = perturb(tiny_causal_lm("qwen3"))
+    from_dir, from_obj = import_llm(save(hf, tmp_path / "q3")), import_llm(hf)
+    for (name, a), (_, b) in zip(from_dir.state_dict().items(), from_obj.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+EXPORT_CASES = {
+    "Qwen2ForCausalLM": LLMConfig(vocab=61, hidden=32, layers=2, heads=4, kv_heads=2, mlp=48, init_std=0.2),
+    "Qwen3ForCausalLM": LLMConfig(vocab=61, hidden=32, layers=2, heads=4, kv_heads=1, mlp=48, qkv_bias=False,
+                                  qk_norm=True, head_dim=16, tie_embeddings=True, init_std=0.2),
+    "LlamaForCausalLM": LLMConfig(vocab=61, hidden=32, layers=2, heads=4, kv_heads=2, mlp=48, qkv_bias=False,
+                                  rope_theta=5e5, init_std=0.2, rope_scaling={
+                                      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 16.0}),
+}
+
+
+@pytest.mark.parametrize("arch", list(EXPORT_CASES))
+def test_export_loads_as_causal_lm(arch, tmp_path):
+    torch.manual_seed(3)
+    lm = perturb(DecoderLM(EXPORT_CASES[arch])).eval()
+    out = export_causal_lm(lm, tmp_path / "out")
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(hf).__name__ == arch
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    hidden, logits = compare(lm, hf.float().eval())
+    assert hidden <= TOL and logits <= TOL, (arch, hidden, logits)
+
+
+def test_large_export_is_sharded_and_reimports(tmp_path, monkeypatch):
+    monkeypatch.setattr(hf_export, "MAX_SHARD_BYTES", 8 * 1024)
+    torch.manual_seed(3)
+    lm = perturb(DecoderLM(EXPORT_CASES["Qwen2ForCausalLM"])).eval()
+    out = export_causal_lm(lm, tmp_path / "out")
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 2 and (out / "model.safetensors.index.json").is_file()
+    again = import_llm(out)
+    for (name, a), (_, b) in zip(lm.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
+    assert max(compare(lm, hf)) <= TOL

@@ -1,0 +1,108 @@
+"""`run.wandb` mirrors what metrics.jsonl and summary.json hold to Weights & Biases, and a resumed run
+continues the same W&B run.
+
+W&B itself is not a test dependency: a stand-in `wandb` module records every call (init's arguments, each
+`log` with its step, the summary, `finish`), and the records are checked against the run's own files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from mimo.config.schema import ConfigError
+from mimo.train.trainer import Trainer
+from tests.support.cli_curve import ROOT
+from tests.support.tiny_run import DEMO, TINY, metrics, tiny_config
+
+
+class _Run:
+    def __init__(self, **kwargs):
+        self.init = kwargs
+        self.logged: list[tuple[int, dict]] = []
+        self.summary: dict = {}
+        self.finished = False
+
+    def log(self, data: dict, step: int) -> None:
+        assert not self.finished
+        self.logged.append((step, data))
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+@pytest.fixture
+def wandb_runs(monkeypatch) -> list[_Run]:
+    runs: list[_Run] = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: runs.append(_Run(**kwargs)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return runs
+
+
+def test_every_logged_step_and_the_summary_reach_wandb(tmp_path, wandb_runs):
+    Trainer(tiny_config(tmp_path, "--train.steps=4", "--run.wandb=true", "--run.wandb_project=vlm")).train()
+    [run] = wandb_runs
+    assert run.init["project"] == "vlm" and run.init["name"] == "tiny" and run.init["resume"] == "allow"
+    assert run.init["dir"] == str(tmp_path / "tiny")
+    assert run.init["config"]["model"]["llm"]["hidden"] == 32
+    assert (tmp_path / "tiny" / "wandb_run_id").read_text().strip() == run.init["id"]
+    rows = metrics(tmp_path)
+    assert [step for step, _ in run.logged] == [r["step"] for r in rows] == [0, 1, 2, 3]
+    for (_, data), row in zip(run.logged, rows):
+        assert data["train/loss"] == row["loss"] and data["train/lr"] == row["lr"]
+        assert data["train/stepped"] == row["stepped"] and "train/step" not in data
+    summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
+    assert run.summary["summary/final_loss"] == summary["final_loss"]
+    assert run.summary["summary/eval/accuracy"] == summary["eval"]["accuracy"]
+    assert run.finished
+
+
+def test_a_resumed_run_continues_its_wandb_run_and_a_fresh_one_starts_another(tmp_path, wandb_runs):
+    Trainer(tiny_config(tmp_path, "--train.steps=2", "--train.save_every=2", "--run.wandb=true")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=4", "--train.resume=true", "--run.wandb=true")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=2", "--run.wandb=true")).train()
+    first, resumed, fresh = wandb_runs
+    assert resumed.init["id"] == first.init["id"]
+    assert [step for step, _ in resumed.logged] == [2, 3]
+    assert fresh.init["id"] != first.init["id"], "a run from step 0 in the same folder is a new W&B run"
+    assert (tmp_path / "tiny" / "wandb_run_id").read_text().strip() == fresh.init["id"]
+
+
+def test_wandb_without_the_package_names_the_field(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    with pytest.raises(ConfigError, match=r"run\.wandb = true needs the wandb package: pip install 'mimo\[wandb\]'"):
+        Trainer(tiny_config(tmp_path, "--run.wandb=true"))
+
+
+def test_only_rank_0_of_a_two_rank_run_talks_to_wandb(tmp_path):
+    """Under `mimo train --nproc 2` (plain data parallel) one W&B run is made, from rank 0, with every step."""
+    fake = tmp_path / "fake" / "wandb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import json, os\n"
+        "def _write(kind, **kw):\n"
+        "    with open(os.environ['FAKE_WANDB_LOG'], 'a') as f:\n"
+        "        f.write(json.dumps({'kind': kind, 'rank': os.environ.get('RANK'), **kw}) + '\\n')\n"
+        "class _Run:\n"
+        "    summary = {}\n"
+        "    def log(self, data, step): _write('log', step=step)\n"
+        "    def finish(self): _write('finish')\n"
+        "def init(**kw):\n"
+        "    _write('init', id=kw['id'])\n"
+        "    return _Run()\n")
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "FAKE_WANDB_LOG": str(log), "PYTHONPATH": f"{fake.parent}{os.pathsep}{ROOT}"}
+    cmd = [sys.executable, "-m", "mimo", "train", str(DEMO), *TINY, f"--run.out_dir={tmp_path}", "--nproc=2",
+           "--train.steps=3", "--run.wandb=true"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {c["rank"] for c in calls} == {"0"}
+    assert [c["kind"] for c in calls] == ["init", "log", "log", "log", "finish"]
+    assert [c["step"] for c in calls if c["kind"] == "log"] == [0, 1, 2]
