@@ -16,20 +16,14 @@ import torch
 
 from mimo.config.schema import (
     Config,
-    DataConfig,
-    LLMConfig,
-    ModalityConfig,
-    ModelConfig,
     ModuleLayoutConfig,
-    OptimConfig,
-    ParallelConfig,
-    ViTConfig,
 )
 from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
+from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
 from tests.support.parity import close, freeze_key_biases, grads_then_step
 
@@ -39,17 +33,9 @@ IMAGES_PER_SAMPLE = [0, 0, 2, 1, 1, 2, 0, 1]
 
 
 def _config(enc_tp: int, lm_tp: int, micro: int) -> Config:
-    return Config(
-        model=ModelConfig(
-            llm=LLMConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=4, mlp=64, init_std=0.1),
-            modalities={"images": ModalityConfig(token_id=IMG, vit=ViTConfig(image=8, patch=4, hidden=16, layers=1,
-                                                                             heads=4, mlp=32, init_std=0.1))}),
-        parallel=ParallelConfig(modules={"language": ModuleLayoutConfig(tp=lm_tp),
-                                         "images": ModuleLayoutConfig(tp=enc_tp)}, microbatches=micro),
-        data=DataConfig(global_batch=8 * micro),
-        # eps well above the gradients keeps Adam's first update proportional to the gradient; with the
-        # default 1e-8 it is lr * sign(g) and turns float noise in tiny gradients into +-lr.
-        optim=OptimConfig(lr=1e-2, eps=1e-2, warmup_steps=0, schedule="constant", clip=0.05))
+    return tiny_vlm(tiny_llm(kv_heads=4, init_std=0.1), tiny_vit(init_std=0.1), IMG,
+                    {"language": ModuleLayoutConfig(tp=lm_tp), "images": ModuleLayoutConfig(tp=enc_tp)}, micro,
+                    8 * micro)
 
 
 def _batch(micro: int, asymmetric: bool) -> dict:

@@ -16,14 +16,7 @@ import torch
 from mimo.config.schema import (
     Config,
     ConfigError,
-    DataConfig,
-    LLMConfig,
-    ModalityConfig,
-    ModelConfig,
     ModuleLayoutConfig,
-    OptimConfig,
-    ParallelConfig,
-    ViTConfig,
 )
 from mimo.data.batching import COUNTS
 from mimo.data.packing import pack_batch
@@ -34,6 +27,7 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.plan import ParallelPlan, validate_plan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
+from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
 from tests.support.parity import close, freeze_key_biases, grads_then_step
 
@@ -44,18 +38,8 @@ LENGTHS = [7, 16, 9, 12, 5, 11, 16, 3, 8, 13, 6, 10, 14, 4, 9, 7]
 
 
 def _config(lm: dict, enc_tp: int, micro: int, tie: bool = False) -> Config:
-    return Config(
-        model=ModelConfig(
-            llm=LLMConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, mlp=64, init_std=0.1,
-                          tie_embeddings=tie),
-            modalities={"images": ModalityConfig(token_id=IMG, vit=ViTConfig(image=8, patch=4, hidden=16, layers=1,
-                                                                             heads=4, mlp=32, init_std=0.1))}),
-        parallel=ParallelConfig(modules={"language": ModuleLayoutConfig(**lm), "images": ModuleLayoutConfig(tp=enc_tp)},
-                                microbatches=micro),
-        data=DataConfig(global_batch=N),
-        # eps well above the gradients keeps Adam's first update proportional to the gradient (see
-        # test_colocated); clip below the gradient norm so clipping is exercised.
-        optim=OptimConfig(lr=1e-2, eps=1e-2, warmup_steps=0, schedule="constant", clip=0.05))
+    return tiny_vlm(tiny_llm(init_std=0.1, tie_embeddings=tie), tiny_vit(init_std=0.1), IMG,
+                    {"language": ModuleLayoutConfig(**lm), "images": ModuleLayoutConfig(tp=enc_tp)}, micro, N)
 
 
 def _batch() -> dict:

@@ -16,7 +16,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, OptimConfig, ViTConfig
+from mimo.config.schema import ModalityConfig, ModelConfig, OptimConfig, ViTConfig
 from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
@@ -27,12 +27,13 @@ from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.regional import checkpoint_blocks
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
+from tests.support.configs import tiny_llm
 from tests.support.dist import run_distributed
 
 IMG = 70
 SEQ = 10
 # vocab 78 and the ViT's 5 position rows do not divide by 2 or 4: FSDP pads those shards
-CFG = ModelConfig(llm=LLMConfig(vocab=78, hidden=32, layers=2, heads=4, kv_heads=2, mlp=48, init_std=0.2),
+CFG = ModelConfig(llm=tiny_llm(vocab=78, mlp=48, init_std=0.2),
                   modalities={"images": ModalityConfig(token_id=IMG, vit=ViTConfig(image=16, patch=8, hidden=16,
                                                                                    heads=2, mlp=24))})
 DUMMY = {"images": {"vit": {"pixel_values": torch.zeros(1, 3, 16, 16)}}}

@@ -9,12 +9,13 @@ sequence parallel on 4 ranks) has the unpacked run's per-step losses, with less 
 import pytest
 import torch
 
-from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.batching import COUNTS
 from mimo.data.packing import first_fit, pack_batch, sample_lengths
 from mimo.models.build import build_model
 from mimo.models.layers import document_mask
 from mimo.train.trainer import Trainer
+from tests.support.configs import tiny_llm
 from tests.support.dist import run_distributed
 from tests.support.tiny_run import metrics, tiny_config, train_rank
 
@@ -78,7 +79,7 @@ def _grads(model) -> dict:
 def test_packed_step_equals_padded_step():
     torch.manual_seed(0)
     model = build_model(ModelConfig(
-        llm=LLMConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, mlp=64, init_std=0.1),
+        llm=tiny_llm(init_std=0.1),
         modalities={"images": ModalityConfig(token_id=IMG, vit=ViTConfig(image=4, patch=4, hidden=16, layers=1,
                                                                          heads=4, mlp=32, init_std=0.1))}))
     results = []

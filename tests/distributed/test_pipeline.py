@@ -19,14 +19,7 @@ import torch
 from mimo.config.schema import (
     Config,
     ConfigError,
-    DataConfig,
-    LLMConfig,
-    ModalityConfig,
-    ModelConfig,
     ModuleLayoutConfig,
-    OptimConfig,
-    ParallelConfig,
-    ViTConfig,
 )
 from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
@@ -38,6 +31,7 @@ from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.plan import ParallelPlan, validate_plan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
+from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
 from tests.support.parity import freeze_key_biases, grads_then_step, rel_diff
 
@@ -60,18 +54,9 @@ def _module(offset: int, tp: int, pp: int, dp: int, sp: bool = False) -> ModuleL
 
 def _config(enc: tuple[int, int, int], lm: tuple[int, int, int], tied: bool, sp: bool = False) -> Config:
     enc_size = enc[0] * enc[1] * enc[2]
-    return Config(
-        model=ModelConfig(
-            llm=LLMConfig(vocab=64, hidden=32, layers=3, heads=4, kv_heads=2, mlp=64, init_std=0.1,
-                          tie_embeddings=tied),
-            modalities={"images": ModalityConfig(token_id=IMG, vit=ViTConfig(image=8, patch=4, hidden=16, layers=2,
-                                                                             heads=4, mlp=32, init_std=0.1))}),
-        parallel=ParallelConfig(modules={"images": _module(0, *enc), "language": _module(enc_size, *lm, sp)},
-                                microbatches=MICRO),
-        data=DataConfig(global_batch=PER_MB * MICRO),
-        # eps well above the gradients keeps Adam's first update proportional to the gradient (see
-        # test_colocated); clip below the norm exercises the global norm across disjoint modules.
-        optim=OptimConfig(lr=1e-2, eps=1e-2, warmup_steps=0, schedule="constant", clip=0.05))
+    # PARITY_OPTIM's clip below the norm exercises the global norm across disjoint modules.
+    return tiny_vlm(tiny_llm(layers=3, init_std=0.1, tie_embeddings=tied), tiny_vit(layers=2, init_std=0.1), IMG,
+                    {"images": _module(0, *enc), "language": _module(enc_size, *lm, sp)}, MICRO, PER_MB * MICRO)
 
 
 def _batch() -> dict:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, OptimConfig, ViTConfig
+from mimo.config.schema import ModalityConfig, ModelConfig, OptimConfig, ViTConfig
 from mimo.models.build import build_model
 from mimo.models.llm import DecoderLM
 from mimo.models.vit import VisionTransformer
@@ -39,10 +39,11 @@ from mimo.parallel.tensor import (
     vocab_parallel_cross_entropy,
 )
 from mimo.train.optim import MimoOptimizer
+from tests.support.configs import tiny_llm
 from tests.support.dist import run_distributed
 
 IMAGE_TOKEN = 60
-LLM = LLMConfig(vocab=64, hidden=32, layers=2, heads=8, kv_heads=4, mlp=32, init_std=0.2)
+LLM = tiny_llm(heads=8, kv_heads=4, mlp=32, init_std=0.2)
 VIT = ViTConfig(image=24, patch=8, hidden=16, layers=2, heads=4, mlp=32, init_std=0.2)
 VIT_TOKENS = (VIT.image // VIT.patch) ** 2 + 1
 """CLIP-style: 9 patches + class token = 10, so sequence parallel works at tp=2 and is refused at tp=4."""
@@ -254,7 +255,7 @@ def _check_vocab_cross_entropy(group: dist.ProcessGroup) -> None:
 def _check_errors(group: dist.ProcessGroup) -> None:
     """Configuration errors are raised before any collective and leave the model untouched."""
     tp = dist.get_world_size(group)
-    base = LLMConfig(vocab=64, hidden=32, layers=1, heads=8, kv_heads=4, mlp=32)
+    base = tiny_llm(layers=1, heads=8, kv_heads=4, mlp=32)
     lm_cases = [
         ({"hidden": 24, "heads": 3, "kv_heads": 3}, r"'language': heads \(3\) is not divisible by tp"),
         ({"kv_heads": 1}, r"'language': kv_heads \(1\) is not divisible by tp"),

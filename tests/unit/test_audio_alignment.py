@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from mimo.config.schema import AudioConfig, LLMConfig, ModalityConfig, ModelConfig
+from mimo.config.schema import AudioConfig, ModalityConfig, ModelConfig
 from mimo.data.audio_demo import CLIP_SAMPLES, audio_tokens, synth_tones
 from mimo.models.audio_features import log_mel_spectrogram
 from mimo.models.build import build_model
+from tests.support.configs import tiny_llm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -17,7 +18,7 @@ AUD, MELS, FRAMES = 60, 8, 20
 
 def tiny_audio_model():
     torch.manual_seed(0)
-    cfg = ModelConfig(llm=LLMConfig(vocab=64, hidden=16, layers=1, heads=2, kv_heads=1, mlp=32),
+    cfg = ModelConfig(llm=tiny_llm(hidden=16, layers=1, heads=2, kv_heads=1, mlp=32),
                       modalities={"audio": ModalityConfig(kind="audio", token_id=AUD, audio=AudioConfig(
                           n_mels=MELS, hidden=8, layers=1, heads=2, mlp=16, max_positions=16))})
     return build_model(cfg)

@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from benchmarks import trace_gaps
 from benchmarks.runner import PLAIN, Options, Run, captures_step
 from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, make_batches, train_flops_per_sample
-from mimo.config.schema import LLMConfig
 from mimo.models.layers import rope_cos_sin
 from mimo.models.llm import DecoderLayer
 from mimo.models.loss import IGNORE_INDEX, cross_entropy_sum
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.master_adamw import MasterAdamW
 from mimo.perf.regional import checkpoint_blocks, use_sdpa_backend
+from tests.support.configs import tiny_llm
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "bench"
@@ -201,7 +201,7 @@ def test_master_adamw_keeps_fp32_masters_of_bf16_weights():
 
 def test_checkpointed_blocks_give_the_same_gradients():
     torch.manual_seed(0)
-    cfg = LLMConfig(vocab=32, hidden=32, layers=1, heads=4, kv_heads=2, mlp=48)
+    cfg = tiny_llm(vocab=32, layers=1, mlp=48)
     plain, ckpt = DecoderLayer(cfg), DecoderLayer(cfg)
     ckpt.load_state_dict(plain.state_dict())
     checkpoint_blocks([ckpt])

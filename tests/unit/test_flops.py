@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from benchmarks.workload import MODALITY, load_preset, model_config, train_flops_per_sample
-from mimo.config.schema import AudioConfig, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import AudioConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.models.flops import train_step_flops
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.throughput import Throughput
+from tests.support.configs import tiny_llm
 
 
 def meta(*shape: int) -> torch.Tensor:
@@ -24,7 +25,7 @@ def test_matches_baseline_on_presets(preset):
     assert train_step_flops(model_config(p), batch) == train_flops_per_sample(p) * b
 
 
-LLM = LLMConfig(vocab=10, hidden=4, layers=1, heads=2, kv_heads=1, mlp=6)
+LLM = tiny_llm(vocab=10, hidden=4, layers=1, heads=2, kv_heads=1, mlp=6)
 # Per token: q, o 2*4*4; k, v 2*4*1*2; SwiGLU 3*4*6; head 4*10 -> 32 + 16 + 72 + 40 = 160 weights.
 # LM forward of S tokens: 2*160*S + 1*2*S^2*4.
 

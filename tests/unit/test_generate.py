@@ -2,14 +2,15 @@
 
 import torch
 
-from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import ModalityConfig, ModelConfig, ViTConfig
 from mimo.models.build import build_model
 from mimo.models.generate import greedy_generate
+from tests.support.configs import tiny_llm
 
 
 def test_kv_cache_matches_full_recompute():
     torch.manual_seed(0)
-    cfg = ModelConfig(llm=LLMConfig(vocab=80, hidden=32, layers=2, heads=4, kv_heads=2, mlp=64, init_std=0.2),
+    cfg = ModelConfig(llm=tiny_llm(vocab=80, init_std=0.2),
                       modalities={"images": ModalityConfig(token_id=70, vit=ViTConfig(image=16, patch=8, hidden=16,
                                                                                       heads=2, mlp=32))})
     model = build_model(cfg).eval()

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mimo.config.schema import LLMConfig
 from mimo.hf import import_audio_encoder, import_llm, import_vision, load_hf_weights
 from mimo.hf.load import dim_shard_fn
 from mimo.hf.names import llm_names
 from mimo.models.llm import DecoderLM
+from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import (
     save,
     tiny_causal_lm,
@@ -97,7 +97,7 @@ def test_shard_fn_reads_each_ranks_block(from_object, qwen_dir):
     source = hf if from_object else qwen_dir
     for rank in range(2):
         # What a TP=2 rank holds: half the heads and half the MLP, same head size.
-        shard = DecoderLM(LLMConfig(vocab=97, hidden=32, layers=2, heads=2, kv_heads=1, mlp=24, head_dim=8))
+        shard = DecoderLM(tiny_llm(vocab=97, heads=2, kv_heads=1, mlp=24, head_dim=8))
         load_hf_weights(shard, source, llm_names(shard), dim_shard_fn(column_or_row, rank, 2))
         for name, t in shard.state_dict().items():
             ref = full["lm_head.weight" if name == "lm_head.weight" else "model." + name]

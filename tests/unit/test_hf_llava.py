@@ -7,13 +7,14 @@ import torch
 
 from mimo.cli import main
 from mimo.config.load import dump_toml
-from mimo.config.schema import Config, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import Config, ModalityConfig, ModelConfig, ViTConfig
 from mimo.export import export_llava
 from mimo.hf import import_llava
 from mimo.hf.build import build_model
 from mimo.models.generate import greedy_generate
 from mimo.models.multimodal import MimoModel
 from mimo.train.checkpoint.weights import save_weights
+from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import (
     TOL,
     perturb,
@@ -55,7 +56,7 @@ def test_import_llava_matches_transformers(tower, tmp_path):
 
 def trained_model(vit: ViTConfig) -> tuple[ModelConfig, MimoModel]:
     """A tiny VLM after three AdamW steps on a fixed batch (so no weight is at its initial value)."""
-    cfg = ModelConfig(llm=LLMConfig(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, mlp=64, init_std=0.2),
+    cfg = ModelConfig(llm=tiny_llm(init_std=0.2),
                       modalities={"images": ModalityConfig(token_id=IMG, vit=vit)})
     torch.manual_seed(0)
     model = build_model(cfg)

@@ -4,12 +4,12 @@ position ids included), and an exported mimo LM loads as the matching ForCausalL
 import pytest
 import torch
 
-from mimo.config.schema import LLMConfig
 from mimo.export import export_causal_lm
 from mimo.export import hf as hf_export
 from mimo.hf import import_llm
 from mimo.models.layers import padded_causal_mask
 from mimo.models.llm import DecoderLM
+from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import (
     TOL,
     perturb,
@@ -65,11 +65,10 @@ def test_import_from_model_object_equals_directory(tmp_path):
 
 
 EXPORT_CASES = {
-    "Qwen2ForCausalLM": LLMConfig(vocab=61, hidden=32, layers=2, heads=4, kv_heads=2, mlp=48, init_std=0.2),
-    "Qwen3ForCausalLM": LLMConfig(vocab=61, hidden=32, layers=2, heads=4, kv_heads=1, mlp=48, qkv_bias=False,
-                                  qk_norm=True, head_dim=16, tie_embeddings=True, init_std=0.2),
-    "LlamaForCausalLM": LLMConfig(vocab=61, hidden=32, layers=2, heads=4, kv_heads=2, mlp=48, qkv_bias=False,
-                                  rope_theta=5e5, init_std=0.2, rope_scaling={
+    "Qwen2ForCausalLM": tiny_llm(vocab=61, mlp=48, init_std=0.2),
+    "Qwen3ForCausalLM": tiny_llm(vocab=61, kv_heads=1, mlp=48, qkv_bias=False, qk_norm=True, head_dim=16,
+                                 tie_embeddings=True, init_std=0.2),
+    "LlamaForCausalLM": tiny_llm(vocab=61, mlp=48, qkv_bias=False, rope_theta=5e5, init_std=0.2, rope_scaling={
                                       "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                       "original_max_position_embeddings": 16.0}),
 }

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from mimo.config.schema import LLMConfig
 from mimo.models.layers import attention
 from mimo.models.llm import DecoderLM
+from tests.support.configs import tiny_llm
 
 
 def test_decoder_is_causal():
     torch.manual_seed(0)
-    lm = DecoderLM(LLMConfig(vocab=50, hidden=32, layers=2, heads=4, kv_heads=2, mlp=64))
+    lm = DecoderLM(tiny_llm(vocab=50))
     ids = torch.randint(0, 50, (2, 10))
     pos = torch.arange(10).expand(2, 10)
     a = lm.logits(lm(lm.embed(ids), pos))
@@ -30,7 +30,7 @@ def test_gqa_equals_repeated_heads():
 
 
 def test_tied_head_uses_embedding():
-    lm = DecoderLM(LLMConfig(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1, mlp=32, tie_embeddings=True))
+    lm = DecoderLM(tiny_llm(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1, mlp=32, tie_embeddings=True))
     assert lm.lm_head is None and lm.output_weight() is lm.embed_tokens.weight
 
 
@@ -38,7 +38,7 @@ def test_output_rows_match_the_full_forward_and_its_gradients():
     """Asking for some rows only (the last layer skips the others' output projection, MLP and final norm)
     gives those rows of the full output, and the same gradients for every parameter and the input, in fp64."""
     torch.manual_seed(0)
-    lm = DecoderLM(LLMConfig(vocab=50, hidden=32, layers=3, heads=4, kv_heads=2, mlp=64)).double()
+    lm = DecoderLM(tiny_llm(vocab=50, layers=3)).double()
     x = torch.randn(2, 10, 32, dtype=torch.float64, requires_grad=True)
     pos = torch.arange(10).expand(2, 10)
     rows = torch.tensor([3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17, 18])  # the text rows of two samples
@@ -54,7 +54,7 @@ def test_output_rows_match_the_full_forward_and_its_gradients():
 
 
 def test_output_rows_need_a_layer_to_drop_rows_in():
-    lm = DecoderLM(LLMConfig(vocab=50, hidden=32, layers=1, heads=4, kv_heads=2, mlp=64))
+    lm = DecoderLM(tiny_llm(vocab=50, layers=1))
     lm.layers = torch.nn.ModuleDict()  # a pipeline stage that holds only the final norm
     with pytest.raises(ValueError, match="output_rows"):
         lm(torch.randn(1, 4, 32), torch.arange(4)[None], output_rows=torch.tensor([1, 2]))

@@ -15,7 +15,7 @@ from PIL import Image
 
 from mimo.cli import main as cli_main
 from mimo.config.load import dump_toml, load_config
-from mimo.config.schema import ConfigError, DecoderConfig, LLMConfig, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import ConfigError, DecoderConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
 from mimo.eval.text_to_image import judge_recognises, train_judge
@@ -26,6 +26,7 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.train.checkpoint.weights import save_weights
 from mimo.train.out_loss import OutPathLoss
+from tests.support.configs import tiny_llm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +38,7 @@ DEC = DecoderConfig(image=8, patch=4, channels=3, hidden=16, layers=1, heads=2, 
 
 def tiny_model(weight: float = 1.0, dtype: torch.dtype = torch.float32):
     torch.manual_seed(0)
-    cfg = ModelConfig(llm=LLMConfig(vocab=64, hidden=16, layers=1, heads=2, kv_heads=1, mlp=32, init_std=0.2),
+    cfg = ModelConfig(llm=tiny_llm(hidden=16, layers=1, heads=2, kv_heads=1, mlp=32, init_std=0.2),
                       modalities={"images": ModalityConfig(token_id=IMG, vit=ViTConfig(image=8, patch=4, hidden=8,
                                                                                        layers=1, heads=2, mlp=16),
                                                            output_token_id=GEN, output_loss_weight=weight,

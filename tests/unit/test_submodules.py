@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from mimo.config.schema import LLMConfig
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
+from tests.support.configs import tiny_llm
 
 
 class Fixed(nn.Module):
@@ -54,7 +54,7 @@ def test_combine_concatenates_in_registration_order_and_projects():
 
 
 def _tiny_model() -> MimoModel:
-    lm = DecoderLM(LLMConfig(vocab=64, hidden=8, layers=1, heads=2, kv_heads=1, mlp=16))
+    lm = DecoderLM(tiny_llm(hidden=8, layers=1, heads=2, kv_heads=1, mlp=16))
     sub = ModalitySubmodules(encoders={"e": Fixed("3d")}, input_projections=[nn.Linear(4, 8)])
     return MimoModel(lm, {"images": sub}, {"images": 60})
 
@@ -69,7 +69,7 @@ def test_placeholder_without_input_is_an_error():
 
 
 def test_modality_without_token_id_is_an_error():
-    lm = DecoderLM(LLMConfig(vocab=64, hidden=8, layers=1, heads=2, kv_heads=1, mlp=16))
+    lm = DecoderLM(tiny_llm(hidden=8, layers=1, heads=2, kv_heads=1, mlp=16))
     with pytest.raises(ValueError, match="no placeholder token id"):
         MimoModel(lm, {"images": ModalitySubmodules()}, {})
 

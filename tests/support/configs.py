@@ -1,0 +1,49 @@
+"""One factory for the tiny configs tests build in code (configs read from TOML go through tiny_run.py).
+
+`tiny_llm` and `tiny_vit` start from one small shape and take every difference as a keyword; `tiny_vlm`
+is the one-vision-modality `Config` the parity suites (colocated, pipeline, context parallel) train, with
+`PARITY_OPTIM`, whose eps well above the gradients keeps Adam's first update proportional to the
+gradient (with the default 1e-8 it is lr * sign(g) and turns float noise in tiny gradients into +-lr),
+and whose clip below the gradient norm exercises the global norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mimo.config.schema import (
+    Config,
+    DataConfig,
+    LLMConfig,
+    ModalityConfig,
+    ModelConfig,
+    ModuleLayoutConfig,
+    OptimConfig,
+    ParallelConfig,
+    ViTConfig,
+)
+
+TINY_LLM = {"vocab": 64, "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "mlp": 64}
+TINY_VIT = {"image": 8, "patch": 4, "hidden": 16, "layers": 1, "heads": 4, "mlp": 32}
+PARITY_OPTIM = {"lr": 1e-2, "eps": 1e-2, "warmup_steps": 0, "schedule": "constant", "clip": 0.05}
+
+
+def tiny_llm(**changes: Any) -> LLMConfig:
+    """An LLMConfig of the TINY_LLM shape with `changes` (any LLMConfig field); other fields keep their defaults."""
+    return LLMConfig(**{**TINY_LLM, **changes})
+
+
+def tiny_vit(**changes: Any) -> ViTConfig:
+    """A ViTConfig of the TINY_VIT shape with `changes` (any ViTConfig field); other fields keep their defaults."""
+    return ViTConfig(**{**TINY_VIT, **changes})
+
+
+def tiny_vlm(llm: LLMConfig, vit: ViTConfig, token_id: int, modules: dict[str, ModuleLayoutConfig],
+             microbatches: int, global_batch: int) -> Config:
+    """An LM and one vision modality ("images", placeholder `token_id`) on the layout `modules`, trained
+    with PARITY_OPTIM."""
+    return Config(
+        model=ModelConfig(llm=llm, modalities={"images": ModalityConfig(token_id=token_id, vit=vit)}),
+        parallel=ParallelConfig(modules=modules, microbatches=microbatches),
+        data=DataConfig(global_batch=global_batch),
+        optim=OptimConfig(**PARITY_OPTIM))
