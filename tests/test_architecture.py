@@ -1,0 +1,201 @@
+"""The floor plan of ARCHITECTURE.md, checked on the source of mimo/ with `ast` (nothing is imported).
+
+- Every module belongs to a room, every room to a floor; a module imports only from its own room, a lower
+  floor, or (never a sibling room of its own floor) - so no import runs upward.
+- No import cycle between files (imports at module level and inside functions both count).
+- No `from mimo...`/`import mimo...` inside a function, except CLI start-up (cli.py, __main__.py): a
+  function-level import is how a cycle or an upward import hides.
+- Process groups are created in parallel/grid.py only.
+- No file over 450 lines; every folder of mimo/ is a package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "mimo"
+
+ROOMS = {  # module name (or package prefix) -> room
+    "mimo.config": "config", "mimo.models": "models", "mimo.data": "data", "mimo.hf": "hf",
+    "mimo.parallel": "parallel", "mimo.perf": "perf", "mimo.eval": "eval", "mimo.tasks": "tasks",
+    "mimo.train": "train", "mimo.export": "export", "mimo.planner": "planner",
+    "mimo.cli": "cli", "mimo.__main__": "cli", "mimo": "cli",  # mimo/__init__.py: the public API re-exports
+}
+FLOORS = {"config": 0, "models": 1, "data": 2, "hf": 3, "parallel": 4, "perf": 5, "eval": 6, "tasks": 7,
+          "train": 8, "export": 9, "planner": 9, "cli": 10}
+LAZY_ALLOWED = {"mimo.cli", "mimo.__main__"}
+GROUP_MAKERS = {"new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group", "init_device_mesh",
+                "DeviceMesh"}
+GROUP_HOME = "mimo.parallel.grid"
+MAX_LINES = 450
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under `root` (a package folder)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imported_modules(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
+    """The package's modules an import statement reaches (`from a import b` reaches a.b when it is a module)."""
+    if isinstance(node, ast.Import):
+        candidates = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+            package = package[: len(package) - node.level + 1]
+            base = ".".join([*package, base] if base else package)
+        candidates = [f"{base}.{a.name}" for a in node.names] + [base]
+    out = []
+    for c in candidates:
+        while c and c not in known:
+            c = c.rpartition(".")[0]
+        if c and c not in out:
+            out.append(c)
+    if isinstance(node, ast.ImportFrom) and len(out) > 1:
+        out = [m for m in out if m != (node.module or "")] or out  # `from pkg import mod`: the module, not pkg
+    return out
+
+
+def room_of(name: str) -> str | None:
+    while name:
+        if name in ROOMS:
+            return ROOMS[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+class Graph:
+    """The import graph of one package folder, with where each edge was written."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.files = module_files(root)
+        known = set(self.files)
+        self.edges: dict[str, dict[str, int]] = {m: {} for m in self.files}
+        self.lazy: list[str] = []
+        self.groups: list[str] = []
+        self.lines: dict[str, int] = {}
+        for name, path in self.files.items():
+            src = path.read_text()
+            self.lines[name] = len(src.splitlines())
+            tree = ast.parse(src)
+            inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    targets = [t for t in imported_modules(name, path, node, known) if t != name]
+                    for t in targets:
+                        self.edges[name].setdefault(t, node.lineno)
+                    if targets and id(node) in inner and name not in LAZY_ALLOWED:
+                        self.lazy.append(f"{self.where(name, node.lineno)} imports {', '.join(targets)} inside a "
+                                         "function; import at module level (only cli.py and __main__.py may defer)")
+                elif isinstance(node, ast.Call):
+                    f = node.func
+                    called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                    if called in GROUP_MAKERS and name != GROUP_HOME:
+                        self.groups.append(f"{self.where(name, node.lineno)} calls {called}: process groups are "
+                                           "created in parallel/grid.py only; ask a Grid or grid.py for the group")
+
+    def where(self, name: str, line: int) -> str:
+        return f"{self.files[name].relative_to(self.root.parent)}:{line}"
+
+    def floor_violations(self) -> list[str]:
+        out = []
+        for name, targets in self.edges.items():
+            room = room_of(name)
+            if room is None:
+                out.append(f"{self.files[name]} is in no room; add its package to ROOMS in tests/test_architecture.py "
+                           "and to ARCHITECTURE.md")
+                continue
+            for target, line in targets.items():
+                other = room_of(target)
+                if other is None or other == room:
+                    continue
+                if FLOORS[other] > FLOORS[room]:
+                    out.append(f"{self.where(name, line)} imports {target}: {room} (floor {FLOORS[room]}) may not "
+                               f"import {other} (floor {FLOORS[other]}); move the shared code down to {room} or below")
+                elif FLOORS[other] == FLOORS[room]:
+                    out.append(f"{self.where(name, line)} imports {target}: {room} and {other} are sibling rooms of "
+                               f"floor {FLOORS[room]} and may not import each other")
+        return out
+
+    def cycles(self) -> list[list[str]]:
+        """Every strongly connected component of more than one module (Tarjan), each sorted."""
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
+        on: set[str] = set()
+        found: list[list[str]] = []
+
+        def visit(v: str) -> None:
+            index[v] = low[v] = len(index)
+            stack.append(v)
+            on.add(v)
+            for w in self.edges[v]:
+                if w not in index:
+                    visit(w)
+                    low[v] = min(low[v], low[w])
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+        for v in self.edges:
+            if v not in index:
+                visit(v)
+        return found
+
+
+GRAPH = Graph(ROOT)
+
+
+def test_no_import_runs_upward():
+    problems = GRAPH.floor_violations()
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycles():
+    cycles = GRAPH.cycles()
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_function_level_mimo_imports():
+    assert not GRAPH.lazy, "\n".join(GRAPH.lazy)
+
+
+def test_process_groups_only_in_grid():
+    assert not GRAPH.groups, "\n".join(GRAPH.groups)
+
+
+def test_no_file_over_450_lines():
+    long = [f"{GRAPH.files[m].relative_to(ROOT.parent)} has {n} lines; split it (at most {MAX_LINES})"
+            for m, n in GRAPH.lines.items() if n > MAX_LINES]
+    assert not long, "\n".join(long)
+
+
+def test_every_folder_is_a_package():
+    missing = [str(d.relative_to(ROOT.parent)) for d in [ROOT, *ROOT.rglob("*")]
+               if d.is_dir() and d.name != "__pycache__" and not (d / "__init__.py").is_file()]
+    assert not missing, f"folders without __init__.py (setuptools skips them): {missing}"
+
+
+def test_the_checks_see_the_whole_package():
+    """The walk found the floors' rooms and the edges between them (a check over nothing would pass)."""
+    rooms = {room_of(m) for m in GRAPH.files}
+    assert rooms == set(FLOORS), rooms ^ set(FLOORS)
+    assert any(t.startswith("mimo.models.") for t in GRAPH.edges["mimo.train.trainer"])
+    assert "mimo.parallel.grid" in GRAPH.edges["mimo.parallel.bridge.colocated"]
