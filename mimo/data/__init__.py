@@ -1,1 +1,1 @@
-"""Data: the built-in demo set, tokenizers, batching and the deterministic sample order."""
+"""Floor 2: readers, tokenizers, batching, packing and the per-batch checks."""

@@ -1,1 +1,1 @@
-"""Single-device model code. Nothing in here knows about process groups."""
+"""Floor 1: single-device model code. Nothing in here knows about process groups."""
