@@ -3,7 +3,6 @@ microbatch split (also one with no clip or no image at all), and `mimo train con
 
 import copy
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,25 +20,11 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.train.out_loss import OutPathLoss
 from mimo.train.trainer import Trainer, module_map
+from tests.support.configs import AVLM, T2I, TINY_T2I
+from tests.support.configs import TINY_AVLM as TINY
 from tests.support.dist import run_distributed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-AVLM = Path(__file__).resolve().parents[2] / "configs" / "demo_avlm.toml"
-T2I = Path(__file__).resolve().parents[2] / "configs" / "demo_text_to_image.toml"
-TINY_T2I = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
-            "--model.llm.mlp=64", "--model.modalities.images.vit.patch=16", "--model.modalities.images.vit.hidden=16",
-            "--model.modalities.images.decoder.hidden=32", "--model.modalities.images.decoder.layers=1",
-            "--model.modalities.images.decoder.heads=2", "--model.modalities.images.decoder.mlp=32"]
-TINY = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
-        "--model.llm.mlp=64", "--model.modalities.images.vit.patch=16", "--model.modalities.images.vit.hidden=16",
-        "--model.modalities.images.vit.layers=1", "--model.modalities.images.vit.heads=2",
-        "--model.modalities.images.vit.mlp=32", "--model.modalities.audio.audio.n_mels=16",
-        "--model.modalities.audio.audio.hidden=16", "--model.modalities.audio.audio.layers=1",
-        "--model.modalities.audio.audio.heads=2", "--model.modalities.audio.audio.mlp=32",
-        "--data.train_samples=16", "--data.eval_samples=8", "--data.global_batch=8", "--optim.warmup_steps=1",
-        "--run.progress=false", "--run.tensorboard=false", "--train.threads=1"]
-
 
 def tiny():
     cfg = load_config(AVLM, TINY)

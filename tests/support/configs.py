@@ -1,4 +1,5 @@
-"""One factory for the tiny configs tests build in code (configs read from TOML go through tiny_run.py).
+"""One factory for the tiny configs tests build in code, and the overrides that shrink the demo TOML configs
+(the demo_vlm ones, for whole runs, are in tiny_run.py).
 
 `tiny_llm` and `tiny_vit` start from one small shape and take every difference as a keyword; `tiny_vlm`
 is the one-vision-modality `Config` the parity suites (colocated, pipeline, context parallel) train, with
@@ -9,6 +10,7 @@ and whose clip below the gradient norm exercises the global norm.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mimo.config.schema import (
@@ -47,3 +49,21 @@ def tiny_vlm(llm: LLMConfig, vit: ViTConfig, token_id: int, modules: dict[str, M
         parallel=ParallelConfig(modules=modules, microbatches=microbatches),
         data=DataConfig(global_batch=global_batch),
         optim=OptimConfig(**PARITY_OPTIM))
+
+
+# Overrides that make the AVLM and text-to-image demos train in milliseconds per step.
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+AVLM = CONFIGS / "demo_avlm.toml"
+T2I = CONFIGS / "demo_text_to_image.toml"
+TINY_T2I = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
+            "--model.llm.mlp=64", "--model.modalities.images.vit.patch=16", "--model.modalities.images.vit.hidden=16",
+            "--model.modalities.images.decoder.hidden=32", "--model.modalities.images.decoder.layers=1",
+            "--model.modalities.images.decoder.heads=2", "--model.modalities.images.decoder.mlp=32"]
+TINY_AVLM = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
+             "--model.llm.mlp=64", "--model.modalities.images.vit.patch=16", "--model.modalities.images.vit.hidden=16",
+             "--model.modalities.images.vit.layers=1", "--model.modalities.images.vit.heads=2",
+             "--model.modalities.images.vit.mlp=32", "--model.modalities.audio.audio.n_mels=16",
+             "--model.modalities.audio.audio.hidden=16", "--model.modalities.audio.audio.layers=1",
+             "--model.modalities.audio.audio.heads=2", "--model.modalities.audio.audio.mlp=32",
+             "--data.train_samples=16", "--data.eval_samples=8", "--data.global_batch=8", "--optim.warmup_steps=1",
+             "--run.progress=false", "--run.tensorboard=false", "--train.threads=1"]

@@ -9,7 +9,8 @@ from mimo.data.batching import COUNTS
 from mimo.data.checks import check_batch, check_counts, check_placeholders, check_token_ids
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.trainer import Trainer
-from tests.distributed.test_avlm import AVLM, TINY
+from tests.support.configs import AVLM
+from tests.support.configs import TINY_AVLM as TINY
 
 IMG = 9
 
