@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 LANGUAGE = "language"
 """The language model's name among the modules (layouts, dtypes, checkpointing)."""
 
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+"""torch.compile backends `train.compile_backend` takes: inductor generates fused kernels; aot_eager traces the
+same graphs (Dynamo, then AOTAutograd's joint forward-backward, with the collectives and the checkpointed
+recompute) but runs them with eager kernels; eager stops after Dynamo's capture."""
+
 
 @dataclass
 class LLMConfig:
@@ -222,10 +227,13 @@ class TrainConfig:
     dtype: str = "float32"
     module_dtype: dict[str, str] = field(default_factory=dict)
     threads: int = 0
-    # GPU fast paths of mimo.perf (benchmarks/ measures them): torch.compile each transformer block, and the
-    # output head + cross-entropy over row chunks without full fp32 logits (data-parallel layouts only); each
-    # attention's q, k and v from one product (any layout without tensor parallelism).
+    # GPU fast paths of mimo.perf (benchmarks/ measures them), on every layout: torch.compile each transformer
+    # block, the output head + cross-entropy over row chunks without full fp32 logits (vocab-parallel under
+    # TP), each attention's q, k and v from one product (each rank's own shards under TP).
     compile: bool = False
+    # torch.compile's backend for train.compile: "inductor" (fused kernels), "aot_eager" (the same graphs,
+    # forward and backward, run with eager kernels: to tell a compiler problem from a model one) or "eager".
+    compile_backend: str = "inductor"
     chunked_loss: bool = False
     fuse_qkv: bool = False
     # Modules ("language" and/or modality names) whose transformer blocks keep only their input for the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mimo.config.schema import Config, ConfigError
+from mimo.config.schema import COMPILE_BACKENDS, Config, ConfigError
 
 
 def validate_out_path(cfg: Config) -> None:
@@ -79,6 +79,9 @@ def validate(cfg: Config) -> None:
         if name not in modules:
             raise ConfigError(f"train.activation_checkpointing names '{name}', which is no module of this model; "
                               f"choose from {modules}")
+    if cfg.train.compile_backend not in COMPILE_BACKENDS:
+        raise ConfigError(f"train.compile_backend = '{cfg.train.compile_backend}'; choose one of "
+                          f"{', '.join(COMPILE_BACKENDS)}")
     if cfg.train.peak_tflops <= 0:
         raise ConfigError(f"train.peak_tflops ({cfg.train.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
     if cfg.train.keep_checkpoints < 1:

@@ -17,31 +17,57 @@ from torch import nn
 from torch.nn.attention import SDPBackend
 from torch.utils.checkpoint import checkpoint
 
+from mimo.config.schema import COMPILE_BACKENDS
+
 SDPA_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 SDPA_BACKENDS = tuple(SDPA_KERNELS)
 
 
-def compile_blocks(blocks: Iterable[nn.Module], mode: str | None = None) -> None:
+def compile_blocks(blocks: Iterable[nn.Module], mode: str | None = None, backend: str = "inductor") -> None:
     """Compile each block in place. Identical blocks share one compiled graph (parameters are graph
     inputs), so a 28-layer stack compiles like one layer, and a graph break stays inside one block.
-    `mode` is torch.compile's ("reduce-overhead": replay each block as CUDA graphs)."""
+    `mode` is torch.compile's ("reduce-overhead": replay each block as CUDA graphs), `backend` one of
+    COMPILE_BACKENDS.
+
+    Works on every layout: Dynamo traces the collectives of mimo.parallel.comm (tensor, sequence and
+    context parallelism, inside a block) as functional collectives, so such a block is one graph with its
+    collectives and their adjoints in it; FSDP2's hooks stay outside the graph (FSDP2 runs them eagerly),
+    so under FSDP the graph is a block's compute between its all-gather and its reduce-scatter.
+    """
+    if backend not in COMPILE_BACKENDS:
+        raise ValueError(f"unknown torch.compile backend '{backend}'; choose one of {', '.join(COMPILE_BACKENDS)}")
+    options = {"backend": backend} if mode is None else {"backend": backend, "mode": mode}
     for block in blocks:
-        block.compile(mode=mode)
+        block.compile(**options)
 
 
 def _checkpointed_forward(self: nn.Module, *args, **kwargs):
     return checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
 
 
+_CHECKPOINTED_FORWARDS: dict[type, types.FunctionType] = {}
+
+
+def _checkpointed_forward_of(cls: type) -> types.FunctionType:
+    """`_checkpointed_forward` with a code object of its own for `cls`: torch.compile keeps compiled code
+    per code object, and one shared by the LM's layers and a ViT's blocks would recompile from one to the
+    other with their shapes made dynamic (under FSDP2 the gathered weights' too, which the checkpoint's
+    traced region cannot take)."""
+    if cls not in _CHECKPOINTED_FORWARDS:
+        code = _checkpointed_forward.__code__.replace(co_name=f"{cls.__name__}_checkpointed_forward")
+        _CHECKPOINTED_FORWARDS[cls] = types.FunctionType(code, _checkpointed_forward.__globals__)
+    return _CHECKPOINTED_FORWARDS[cls]
+
+
 def checkpoint_blocks(blocks: Iterable[nn.Module]) -> None:
     """Keep only the inputs of these blocks in forward and recompute the rest in backward.
 
-    Applied before `compile_blocks`, the checkpoint is traced into the compiled graph. Every instance
-    gets the same bound function (not a closure per block), so compiled blocks still share guards.
+    Applied before `compile_blocks`, the checkpoint is traced into the compiled graph. Every instance of
+    a block class gets the same function (not a closure per block), so compiled blocks still share guards.
     """
     for block in blocks:
-        block.forward = types.MethodType(_checkpointed_forward, block)
+        block.forward = types.MethodType(_checkpointed_forward_of(type(block)), block)
 
 
 def use_sdpa_backend(name: str) -> None:
