@@ -32,11 +32,11 @@ def test_fuse_qkv_covers_a_vision_tower_and_refuses_a_projection_that_is_no_plai
     vit = VisionTransformer(ViTConfig(layers=2, hidden=32, heads=4, mlp=64, image=28, patch=14))
     assert fuse_qkv(vit) == 2
 
-    class Adapted(torch.nn.Linear):  # e.g. a sharded or adapted projection, whose own forward must run
+    class Adapted(torch.nn.Linear):  # e.g. an adapted projection, whose own forward must run
         pass
 
     attn = SelfAttention(32, heads=4, kv_heads=4, qkv_bias=True, out_bias=True)
     attn.k_proj = Adapted(32, 32)
-    with pytest.raises(ValueError, match="q/k/v projections are not plain nn.Linear"):
+    with pytest.raises(ValueError, match="q/k/v projections are neither plain nn.Linear nor column-parallel"):
         fuse_qkv(attn)
     assert not attn.fused_qkv
