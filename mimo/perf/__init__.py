@@ -5,5 +5,6 @@
 - `master_adamw`: bf16 model weights, fp32 master weights and moments, one fused update.
 - `fused_qkv`: one product for each attention's q, k and v.
 - `regional`: per-block torch.compile, activation checkpointing of chosen blocks, SDPA backend choice.
-- `apply`: installs what `mimo train`'s config asks for, in order; `check_fast_paths` refuses unsupported layouts.
+- `apply`: installs what `mimo train`'s config asks for, in order (every switch on every layout).
+- `vocab_parallel_ce`: the loss chunk of a vocab-parallel head (LM tensor parallelism).
 """

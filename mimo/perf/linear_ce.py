@@ -16,9 +16,11 @@ import functools
 from collections.abc import Callable
 
 import torch
+from torch.distributed import ProcessGroup
 
 from mimo.models.loss import IGNORE_INDEX
 from mimo.perf import cross_entropy_triton, triton_support
+from mimo.perf.vocab_parallel_ce import vocab_parallel_chunk
 
 CHUNK_KERNELS = ("torch", "compiled", "triton")
 ChunkFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -107,8 +109,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                         chunk_rows: int = 4096, kernel: str = "torch",
-                         group_bytes: int = 8 << 30) -> tuple[torch.Tensor, torch.Tensor]:
+                         chunk_rows: int = 4096, kernel: str = "torch", group_bytes: int = 8 << 30,
+                         tp_group: ProcessGroup | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of token losses, number of loss tokens) of `hidden @ weight.T` against `labels`.
 
     hidden `[..., H]` and weight `[V, H]` share one dtype (the matmuls run in it); labels `[...]` are
@@ -117,6 +119,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     that a compiled chunk function sees at most two shapes; `kernel` picks how each chunk's softmax,
     loss and logit gradient run (`chunk_kernel`). `group_bytes` bounds the buffer of logit gradients
     (whole chunks; at least one).
+
+    With `tp_group` the head is vocab-parallel (collective over that group): `weight` is this rank's
+    contiguous vocabulary range `[V/tp, H]`, `hidden` and `labels` are the same on every rank of the group,
+    the loss and count come out the same on every rank, and the gradient of `hidden` is this rank's part of
+    the sum over the group (the caller's entry into the TP region, `copy_to_tp` or `gather_from_sp`, adds
+    the parts up); chunks then run through `vocab_parallel_chunk` ("torch", "compiled" or "auto").
     """
     if hidden.dtype != weight.dtype:
         raise ValueError(f"hidden ({hidden.dtype}) and weight ({weight.dtype}) must share a dtype")
@@ -126,6 +134,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     chunks = max(1, -(-n // chunk_rows))
     rows = -(-n // chunks)
     group = max(1, group_bytes // (weight.shape[0] * hidden.element_size() * rows)) * rows
-    fn = chunk_kernel(kernel, hidden.device)
+    if tp_group is None:
+        fn = chunk_kernel(kernel, hidden.device)
+    else:
+        fn = vocab_parallel_chunk(tp_group, kernel, hidden.device)
     loss = _LinearCrossEntropy.apply(hidden, weight, labels, rows, group, fn)
     return loss, (labels != IGNORE_INDEX).sum().float()
