@@ -125,9 +125,13 @@ class ContextParallel:
         return out
 
     def shard_sequence(self, embeds: torch.Tensor) -> torch.Tensor:
-        """`[B, S, H]` -> `[B, S/cp, H]`, this rank's chunks; backward scatters into zeros (no collective)."""
+        """`[B, S, H]` -> `[B, S/cp, H]`, this rank's chunks; backward scatters into zeros (no collective).
+
+        Also makes this length's causal mask, before the LM's layers: a compiled, checkpointed layer may read
+        the cache but not fill it (its recompute in backward would not replay the write)."""
         seq = embeds.shape[SEQ_DIM]
         check_divisible(seq, self.cp, self.sp_tp)
+        self.causal_mask(seq, embeds.device)
         return embeds.index_select(SEQ_DIM, self.local_index(seq, embeds.device))
 
     def causal_mask(self, seq: int, device: torch.device) -> torch.Tensor:
