@@ -68,7 +68,6 @@ from mimo.config.validate import validate
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import batch_multiple, validate_plan
 from mimo.parallel.runtime import leave_distributed, torchrun_cmd
-from mimo.perf.apply import check_fast_paths
 from mimo.planner.candidates import label
 from mimo.train.trainer import Trainer
 
@@ -324,7 +323,6 @@ def plan_runs(args: argparse.Namespace) -> tuple[list[BenchLayout], int]:
         try:
             cfg, grids = bench_config(args, layout, global_batch), layout.grids(args.nproc)
             validate_plan(cfg, grids)
-            check_fast_paths(cfg, grids)
         except ValueError as e:
             problems.append(f"--layout {layout.name}: {e}")
     if problems:

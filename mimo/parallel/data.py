@@ -114,6 +114,11 @@ def _unpack(bucket: list[nn.Parameter], flat: torch.Tensor) -> None:
             p.grad.copy_(chunk)
 
 
+FSDP_ENTRY_METHODS = "_mimo_fsdp_entry_methods"
+"""Module attribute: names of methods other than forward that callers invoke directly and that use the
+module's root-level parameters (mimo.perf's chunked head + loss); `apply_fsdp` registers them with FSDP2
+beside its `entry_methods`."""
+
 FSDP_REDUCES_UNUSED_PARAMS = hasattr(FSDPModule, "set_reduce_scatter_unused_params")
 """Whether this torch's FSDP2 can reduce-scatter zeros for parameters a rank did not use. Without it
 (torch 2.11, say) every rank must use the same parameters each step: true of every layout here except an
@@ -132,7 +137,8 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
 
     `entry_methods` names methods other than forward that callers invoke directly and that use
     root-level parameters; for DecoderLM pass ("embed", "logits") (MimoModel calls both outside the
-    LM's forward). Build the optimizer after this call: sharding replaces the parameters.
+    LM's forward); methods named by the module's FSDP_ENTRY_METHODS attribute are registered too. Build the
+    optimizer after this call: sharding replaces the parameters.
 
     FSDP2 runs collectives in forward and backward, so every rank of the mesh must run every unit's
     forward and backward in every microbatch. A microbatch without a modality's input must then pass
@@ -151,7 +157,7 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
         for block in container.children():
             fully_shard(block, **kwargs)
     root = fully_shard(module, **kwargs)
-    for name in entry_methods:
+    for name in (*entry_methods, *getattr(module, FSDP_ENTRY_METHODS, ())):
         register_fsdp_forward_method(root, name)
     for unit in root.modules():
         if isinstance(unit, FSDPModule):

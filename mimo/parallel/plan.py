@@ -7,10 +7,12 @@ collective, so a bad layout fails with the same message everywhere instead of ha
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.data.batching import split_microbatches
@@ -139,8 +141,11 @@ class ParallelPlan:
     def modules(self, model: MimoModel) -> dict[str, nn.Module]:
         return {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}
 
-    def parallelize(self, model: MimoModel) -> None:
-        """Lay the full seeded model out in place: TP (+SP) per module, the bridges, then DP per module.
+    def parallelize(self, model: MimoModel, compute_paths: Callable[[MimoModel], None] | None = None) -> None:
+        """Lay the full seeded model out in place, in one order: TP (+SP) per module, the bridges, the
+        pipeline split, CP; then `compute_paths`, the caller's changes to how blocks compute (mimo.perf's fused
+        q/k/v, activation checkpointing, torch.compile: torchtitan's order, so that FSDP2 wraps compiled,
+        checkpointed blocks); then DP per module.
 
         Not collective except FSDP's construction; build the optimizer afterwards.
         """
@@ -163,6 +168,12 @@ class ParallelPlan:
             self.pipeline.split(model)
         if self.context is not None:
             self.context.apply(model)
+        if compute_paths is not None:
+            compute_paths(model)
+        self.apply_data_parallel(model)
+
+    def apply_data_parallel(self, model: MimoModel) -> None:
+        """FSDP2 or a bucketed gradient all-reduce for every module with more than one data lane here."""
         for name, module in self.modules(model).items():
             lanes = self.data_dims(name)
             if self.groups[name].size_of(lanes) == 1 or not self.holds(name):
@@ -172,6 +183,12 @@ class ParallelPlan:
                 apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry)
             else:
                 self.reducers[name] = GradReducer(module, self.groups[name].group(lanes))
+
+    def lm_tensor_parallel(self) -> tuple[ProcessGroup, bool] | None:
+        """(TP group, sequence parallel) of the LM where this rank runs it with tp > 1, else None."""
+        if self.layout.grids[LANGUAGE].tp == 1 or not self.holds(LANGUAGE):
+            return None
+        return self.groups[LANGUAGE].group("tp"), self._flag(LANGUAGE, "sequence_parallel")
 
     def finalize_grads(self, model: MimoModel) -> None:
         """Collective, once per step after the last backward: sequence-parallel partial gradients summed

@@ -321,8 +321,9 @@ def sequence_shard(tp_group: ProcessGroup) -> Callable[[torch.Tensor], torch.Ten
     return shard
 
 
-def _enter_head(hidden: torch.Tensor, group: ProcessGroup, sequence_parallel: bool) -> torch.Tensor:
-    """The LM head is column-parallel over the vocabulary: its input enters the TP region full-length."""
+def enter_head(hidden: torch.Tensor, group: ProcessGroup, sequence_parallel: bool) -> torch.Tensor:
+    """Collective. The LM head is column-parallel over the vocabulary: its input enters the TP region
+    full-length (gathered from sequence-parallel shards), and its gradient leaves summed over the group."""
     return gather_from_sp(hidden, group, SEQ_DIM) if sequence_parallel else copy_to_tp(hidden, group)
 
 
@@ -332,7 +333,7 @@ def tp_lm_loss(tp_group: ProcessGroup, sequence_parallel: bool) -> LossFn:
 
     def loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
              loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = lm.logits(_enter_head(hidden, tp_group, sequence_parallel))
+        logits = lm.logits(enter_head(hidden, tp_group, sequence_parallel))
         per_token = vocab_parallel_cross_entropy(logits, labels, tp_group)
         w = loss_weights(labels, loss_mask)
         return (per_token * w).sum(), w.sum()
@@ -345,7 +346,7 @@ def tp_lm_logits(tp_group: ProcessGroup,
     """For `MimoModel.logits_fn`: full `[B, S, V]` logits on every TP rank (inference). Collective."""
 
     def logits(hidden: torch.Tensor, lm: DecoderLM) -> torch.Tensor:
-        local = lm.logits(_enter_head(hidden, tp_group, sequence_parallel))
+        local = lm.logits(enter_head(hidden, tp_group, sequence_parallel))
         return gather_from_tp(local, tp_group, -1)
 
     return logits

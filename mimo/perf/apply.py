@@ -2,64 +2,66 @@
 product for each attention's q, k and v, and activation checkpointing of chosen modules' blocks.
 
 Switched on by `train.compile`, `train.chunked_loss`, `train.fuse_qkv` and `train.activation_checkpointing`,
-applied to the model after the parallel plan has laid it out (all keep every parameter name, so
-checkpoints and plans do not notice).
-`check_fast_paths`, part of the plan's validation before any collective, names the field when a layout
-is not supported yet.
+on every layout, installed where torchtitan installs them: after the parallel plan's tensor, context and
+pipeline parallelism, before its data parallelism (`ParallelPlan.parallelize(model, compute_paths=...)`), so
+FSDP2 wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not
+notice.
 """
 
 from __future__ import annotations
 
+import functools
+import types
+
 import torch
 from torch import nn
+from torch.distributed import ProcessGroup
 
-from mimo.config.schema import Config, ConfigError
+from mimo.config.schema import Config
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
-from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.parallel.data import FSDP_ENTRY_METHODS
+from mimo.parallel.tensor import enter_head
 from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.regional import checkpoint_blocks, compile_blocks
 
 
-def check_fast_paths(cfg: Config, layout: Layout) -> None:
-    """ConfigError for switch/layout pairs without support (part of `validate_plan`): compiled blocks are
-    tested with data parallelism only (TP, CP and the pipeline call collectives inside a block, and FSDP's
-    hooks would be traced); the chunked loss computes full-vocabulary rows (TP has its vocab-parallel
-    loss)."""
-    if cfg.train.compile:
-        if is_pipelined(layout):
-            raise ConfigError("train.compile: modules on disjoint ranks run the pipeline schedule, which compiled "
-                              "blocks do not support yet; set train.compile = false")
-        for name, grid in layout.grids.items():
-            m = cfg.parallel.modules.get(name)
-            if grid.tp > 1 or grid.cp > 1 or (m is not None and m.fsdp):
-                raise ConfigError(f"train.compile: parallel.modules.{name} uses tp/cp > 1 or fsdp, which compiled "
-                                  "blocks do not support yet; set train.compile = false or use plain data "
-                                  "parallelism")
-    if cfg.train.fuse_qkv:
-        for name, grid in layout.grids.items():
-            if grid.tp > 1:
-                raise ConfigError(f"train.fuse_qkv: parallel.modules.{name}.tp = {grid.tp} shards q, k and v by "
-                                  "heads, each with its own forward; set train.fuse_qkv = false")
-    lm_tp = layout.grids["language"].tp
-    if cfg.train.chunked_loss and lm_tp > 1:
-        raise ConfigError(f"train.chunked_loss: parallel.modules.language.tp = {lm_tp} already uses the "
-                          "vocab-parallel loss, which never gathers the logits; set train.chunked_loss = false")
+def chunked_head_loss(lm: DecoderLM, hidden: torch.Tensor, labels: torch.Tensor,
+                      tp_group: ProcessGroup | None = None,
+                      sequence_parallel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss sum, loss tokens) of the LM's head over `hidden` through `linear_cross_entropy`, in the autocast
+    dtype where autocast is on. With `tp_group` (a vocab-parallel LM) the hidden states enter the TP region
+    as `tp_lm_loss`'s do and the loss is vocab-parallel (collective over the group; both results replicated
+    on it). Installed as a method of the LM (`install_chunked_loss`), so that FSDP2 gathers the head's
+    weight around it as around `DecoderLM.logits`."""
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    hidden = hidden.to(dtype)
+    if tp_group is not None:
+        hidden = enter_head(hidden, tp_group, sequence_parallel)
+    return linear_cross_entropy(hidden, lm.output_weight().to(dtype), labels, kernel="auto", tp_group=tp_group)
 
 
 def chunked_lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
                     loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """MimoModel's `loss_fn` contract through `linear_cross_entropy`: the head runs in the autocast
-    dtype where autocast is on, and a `loss_mask` acts as a 0/1 mask (positions where it is 0 take no
-    loss)."""
+    """MimoModel's `loss_fn` contract through the LM's installed `chunked_head_loss`; a `loss_mask` acts as a
+    0/1 mask (positions where it is 0 take no loss)."""
     if loss_mask is not None:
         labels = torch.where(loss_mask.bool(), labels, IGNORE_INDEX)
-    device = hidden.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-    return linear_cross_entropy(hidden.to(dtype), lm.output_weight().to(dtype), labels, kernel="auto")
+    return lm.chunked_head_loss(hidden, labels)
+
+
+def install_chunked_loss(model: MimoModel, tp: tuple[ProcessGroup, bool] | None) -> None:
+    """The chunked head + loss as `model`'s loss, vocab-parallel where `tp` = (TP group, sequence parallel);
+    its LM method is declared an FSDP2 entry (mimo.parallel.data.FSDP_ENTRY_METHODS)."""
+    lm = model.language_model
+    head = chunked_head_loss if tp is None else functools.partial(chunked_head_loss, tp_group=tp[0],
+                                                                  sequence_parallel=tp[1])
+    lm.chunked_head_loss = types.MethodType(head, lm)
+    setattr(lm, FSDP_ENTRY_METHODS, (*getattr(lm, FSDP_ENTRY_METHODS, ()), "chunked_head_loss"))
+    model.loss_fn = chunked_lm_loss
 
 
 def transformer_blocks(model: MimoModel, module: str) -> list[nn.Module]:
@@ -71,15 +73,18 @@ def transformer_blocks(model: MimoModel, module: str) -> list[nn.Module]:
     return [block for encoder in encoders if hasattr(encoder, "layers") for block in encoder.layers.values()]
 
 
-def apply_fast_paths(cfg: Config, model: MimoModel) -> None:
-    """Install what `cfg.train` asks for on an already laid-out model (checkpointing before compiling, so
-    that the checkpoint is traced into each compiled block)."""
+def apply_fast_paths(cfg: Config, model: MimoModel, lm_tp: tuple[ProcessGroup, bool] | None = None) -> None:
+    """Install what `cfg.train` asks for on a model laid out up to data parallelism (as the
+    `compute_paths` of `ParallelPlan.parallelize`; on one process, on the built model): the loss, fused
+    q/k/v, then checkpointing before compiling, so that the checkpoint is traced into each compiled block.
+    `lm_tp` = (TP group, sequence parallel) of a tensor-parallel LM (`ParallelPlan.lm_tensor_parallel`)
+    makes the chunked loss vocab-parallel."""
     if cfg.train.chunked_loss:
-        model.loss_fn = chunked_lm_loss
+        install_chunked_loss(model, lm_tp)
     if cfg.train.fuse_qkv:
         fuse_qkv(model)
     for name in cfg.train.activation_checkpointing:
         checkpoint_blocks(transformer_blocks(model, name))
     if cfg.train.compile:
         for name in ("language", *model.modality_submodules):
-            compile_blocks(transformer_blocks(model, name))
+            compile_blocks(transformer_blocks(model, name), backend=cfg.train.compile_backend)

@@ -28,7 +28,6 @@ from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.plan import validate_plan
-from mimo.perf.apply import check_fast_paths
 from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 
 PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)
@@ -137,7 +136,6 @@ def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
         layout = Layout.from_config(modules, cfg.model.module_names, gpus)
         planned = with_modules(cfg, modules)
         validate_plan(planned, layout)
-        check_fast_paths(planned, layout)
     except ValueError:  # ConfigError included
         return None
     return layout

@@ -22,7 +22,7 @@ from mimo.models.multimodal import MimoModel
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import ParallelPlan, validate_plan
 from mimo.parallel.runtime import init_distributed
-from mimo.perf.apply import apply_fast_paths, check_fast_paths
+from mimo.perf.apply import apply_fast_paths
 from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.checkpoint.weights import save_weights
@@ -37,11 +37,10 @@ from mimo.train.wandb_mirror import require_wandb
 
 
 def check_layout(cfg: Config, world: int) -> None:
-    """The layout's checks, then the fast paths' checks on it: pure, the same error on every rank, before
+    """The layout's checks (every fast path runs on every layout): pure, the same error on every rank, before
     the plan creates any process group."""
     layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world)
     validate_plan(cfg, layout)
-    check_fast_paths(cfg, layout)
 
 
 def module_map(model: MimoModel) -> dict[str, torch.nn.Module]:
@@ -92,11 +91,14 @@ class Trainer:
 
     # Hooks the parallel runtime overrides -------------------------------------------------------
     def build_model(self) -> MimoModel:
-        """The full seeded model on every rank (layout-independent init), then laid out by the plan."""
+        """The full seeded model on every rank (layout-independent init), laid out by the plan with the fast
+        paths in their place (after TP, CP and the pipeline split, before data parallelism)."""
         model = build_model(self.cfg.model)
         if self.plan is not None:
-            self.plan.parallelize(model)
-        apply_fast_paths(self.cfg, model)
+            lm_tp = self.plan.lm_tensor_parallel()
+            self.plan.parallelize(model, compute_paths=lambda m: apply_fast_paths(self.cfg, m, lm_tp))
+        else:
+            apply_fast_paths(self.cfg, model)
         apply_module_precision(self.cfg, model)
         return model
 

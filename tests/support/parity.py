@@ -7,7 +7,7 @@ import torch
 
 from mimo.config.schema import Config
 from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import module_map
+from mimo.train.trainer import Trainer, module_map
 
 
 def freeze_key_biases(model: torch.nn.Module) -> None:
@@ -44,3 +44,21 @@ def close(what: str, got: torch.Tensor, ref: torch.Tensor, rtol: float) -> float
     diff, scale = _diff_and_scale(got, ref)
     assert diff <= rtol * scale, f"{what}: max |diff| {diff:.3g} > {rtol} x max |ref| {scale:.3g}"
     return diff / scale if scale else 0.0
+
+
+def trainer_steps(trainer: Trainer, steps: int) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    """`trainer` run for `steps` steps (collective under a layout): each step's loss, and each step's
+    gradients as the optimizer gets them, unsharded (on rank 0 under a layout; {} elsewhere)."""
+    grads: list[dict[str, torch.Tensor]] = []
+    update = trainer.update
+
+    def capture(step: int, loss: float) -> dict:
+        if trainer.plan is not None:
+            grads.append(trainer.plan.gather_full(trainer.model, grads=True))
+        else:
+            grads.append({n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone()
+                          for n, p in trainer.model.named_parameters()})
+        return update(step, loss)
+
+    trainer.update = capture
+    return [trainer.train_step(step)["loss"] for step in range(steps)], grads

@@ -1,8 +1,9 @@
 """`train.compile`, `train.chunked_loss`, `train.fuse_qkv` and `train.activation_checkpointing` (here on the CPU
 in fp32) train like the plain trainer: per-step losses within 1e-5 (chunked, fused q/k/v; FSDP with fused q/k/v
 or checkpointing: tests/distributed/test_data_parallel.py), 1e-6 (checkpointed) or 1e-4 (compiled) relative,
-final weights within 1e-4 of their scale. Checkpointing keeps less for the backward. Unsupported layouts and
-unknown module names are refused with an error that names the field."""
+final weights within 1e-4 of their scale (every layout: tests/distributed/test_fast_path_layouts.py).
+Checkpointing keeps less for the backward. An unknown module name or compile backend is refused with an error
+that names the field."""
 
 import pytest
 import torch
@@ -10,9 +11,7 @@ from safetensors.torch import load_file
 
 from mimo.config.schema import ConfigError
 from mimo.models.build import build_model
-from mimo.parallel.layout import Layout
-from mimo.parallel.plan import validate_plan
-from mimo.perf.apply import apply_fast_paths, check_fast_paths
+from mimo.perf.apply import apply_fast_paths
 from tests.support.tiny_run import tiny_config, train_losses
 
 STEPS = ["--train.steps=4"]
@@ -43,26 +42,6 @@ def test_fast_path_trains_like_the_plain_trainer(tmp_path, switches, rtol):
         slack = 1e-6 if name.endswith("k_proj.bias") else 0.0
         assert (fast[name] - w).abs().max() <= 1e-4 * w.abs().max() + slack, name
     torch.compiler.reset()
-
-
-@pytest.mark.parametrize("overrides, message", [
-    (["--train.compile=true", "--parallel.modules.language.tp=2", "--model.llm.kv_heads=2"],
-     "train.compile: parallel.modules.language uses tp/cp > 1 or fsdp"),
-    (["--train.compile=true", "--parallel.modules.images.fsdp=true"],
-     "train.compile: parallel.modules.images uses tp/cp > 1 or fsdp"),
-    (["--train.compile=true", "--parallel.modules.images.size=2", "--parallel.modules.language.offset=2",
-      "--parallel.modules.language.size=2"], "train.compile: modules on disjoint ranks"),
-    (["--train.chunked_loss=true", "--parallel.modules.language.tp=2", "--model.llm.kv_heads=2"],
-     "train.chunked_loss: parallel.modules.language.tp = 2 already uses the vocab-parallel loss"),
-    (["--train.fuse_qkv=true", "--parallel.modules.images.tp=2"],
-     "train.fuse_qkv: parallel.modules.images.tp = 2 shards q, k and v by heads"),
-])
-def test_unsupported_layouts_are_refused_before_any_collective(tmp_path, overrides, message):
-    cfg = tiny_config(tmp_path, *overrides)
-    layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4)
-    with pytest.raises(ConfigError, match=message):
-        validate_plan(cfg, layout)
-        check_fast_paths(cfg, layout)
 
 
 def _saved_bytes(model, x: torch.Tensor, positions: torch.Tensor) -> int:
@@ -100,3 +79,9 @@ def test_activation_checkpointing_of_an_unknown_module_names_the_field(tmp_path)
     with pytest.raises(ConfigError, match=r"train.activation_checkpointing names 'vision', which is no module of "
                                           r"this model; choose from \['language', 'images'\]"):
         tiny_config(tmp_path, '--train.activation_checkpointing=["vision"]')
+
+
+def test_an_unknown_compile_backend_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="train.compile_backend = 'cudagraphs'; choose one of inductor, aot_eager, "
+                                          "eager"):
+        tiny_config(tmp_path, "--train.compile_backend=cudagraphs")

@@ -1,0 +1,148 @@
+"""Every fast path of `mimo train`, alone and all together, on five layouts, trains like the single-process
+plain fp32 run of the same config: `train.compile`, `train.chunked_loss` (vocab-parallel under LM TP),
+`train.fuse_qkv` (each rank's own q/k/v shards under TP) and `train.activation_checkpointing` of both modules,
+on LM tp2 + sequence parallel (encoder tp2), LM cp2 x tp2 + sequence parallel (encoder tp2), FSDP2 of both
+modules over 2 ranks, the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2) and the 3-rank pipeline
+(encoder on rank 0, LM pp2 on ranks 1-2). Each run is a `Trainer` built from the config, as `mimo train` builds
+it; two steps each: both losses and every gradient of both steps (gathered whole) within 1e-5 relative.
+
+Compiled runs use `train.compile_backend = "aot_eager"`: Dynamo captures each block with its collectives (as
+functional collectives) and AOTAutograd traces its joint forward and backward, functionalises the in-place
+collectives, partitions the graph and traces the checkpointed recompute, exactly as for inductor; only the
+kernels are eager. Inductor's C++ code generation, minutes per layout on this 2-core machine, adds fused
+kernels but no tracing around collectives; it is covered once, on TP2 + sequence parallel
+(`test_inductor_compiles_tensor_parallel_blocks`), and on GPUs by tests/gpu/test_fast_paths_gpu.py. Every rank
+compiles each block kind once per run (identical blocks share a graph); the tiny model keeps that to seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from mimo.models.layers import SelfAttention
+from mimo.models.multimodal import MimoModel
+from mimo.perf.apply import chunked_lm_loss
+from mimo.train.trainer import Trainer
+from tests.support.dist import run_distributed
+from tests.support.parity import rel_diff, trainer_steps
+from tests.support.tiny_run import tiny_config
+
+RTOL = 1e-5
+STEPS = 2
+LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
+# heads 4 over kv_heads 2: grouped-query attention that tp2 still splits; 2 LM layers for the pipeline's 2 stages.
+# eps well above the gradients keeps Adam's first update proportional to them: with 1e-8 it is lr * sign(g),
+# which turns float noise in a near-zero gradient into +-lr before the second step.
+MODEL = ["--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
+LAYOUTS = {
+    "tp2_sp": (2, [f"{LANG}.tp=2", f"{LANG}.sequence_parallel=true", f"{IMG}.tp=2"]),
+    "cp2_tp2": (4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{LANG}.sequence_parallel=true", f"{IMG}.tp=2"]),
+    "fsdp2": (2, [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"]),
+    "fan_in4": (4, [f"{LANG}.tp=2"]),
+    "pipeline3": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
+                      "--parallel.microbatches=2"]),
+}
+SWITCHES = {
+    "compile": ["--train.compile=true", "--train.compile_backend=aot_eager"],
+    "chunked_loss": ["--train.chunked_loss=true"],
+    "fuse_qkv": ["--train.fuse_qkv=true"],
+    "checkpointing": ['--train.activation_checkpointing=["language", "images"]'],
+}
+VARIANTS = {**SWITCHES, "all": [s for switches in SWITCHES.values() for s in switches]}
+
+
+def _train(out: Path, *overrides: str) -> tuple[list[float], list[dict[str, torch.Tensor]], dict[str, int]]:
+    """Losses and gradients of STEPS steps, and what of the fast paths this rank's model runs."""
+    trainer = Trainer(tiny_config(out, *MODEL, *overrides))
+    counters["stats"].clear()
+    counters["graph_break"].clear()
+    losses, grads = trainer_steps(trainer, STEPS)
+    return losses, grads, installed(trainer.model)
+
+
+def installed(model: MimoModel) -> dict:
+    """Compiled graphs and graph breaks since the run began, the loss function, fused and checkpointed
+    attention blocks: the test would pass on a switch that installed nothing."""
+    attention = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sorted(counters["graph_break"]),
+            "chunked_loss": int(model.loss_fn is chunked_lm_loss),
+            "fused": sum(m.fused_qkv for m in attention),
+            "checkpointed": sum("forward" in vars(block) for block in model.modules())}
+
+
+def _variants(rank: int, world: int, out: str, layout: list[str], variants: dict[str, list[str]]) -> dict:
+    """Every variant on one layout in one spawn of the ranks: per variant, what each rank installed, and on
+    rank 0 the losses and gradients, as numpy arrays (a tensor would travel as shared memory that dies with
+    the rank)."""
+    results = {}
+    for name, switches in variants.items():
+        losses, grads, paths = _train(Path(out) / name, *layout, *switches)
+        results[name] = losses, [{n: g.numpy() for n, g in step.items()} for step in grads], paths
+    return results
+
+
+def _run(tmp_path: Path, layout: str, variants: dict[str, list[str]]) -> dict:
+    """variant -> (losses, gradients per step, [what each rank installed])."""
+    world, overrides = LAYOUTS[layout]
+    ranks = run_distributed(_variants, world, str(tmp_path), overrides, variants, timeout=900)
+    return {name: (losses, [{n: torch.from_numpy(g) for n, g in step.items()} for step in grads],
+                   [r[name][2] for r in ranks]) for name, (losses, grads, _) in ranks[0].items()}
+
+
+def _assert_installed(what: str, switches: list[str], ranks: list[dict]) -> None:
+    """Each switch asked for runs on every rank: compiled blocks without a graph break, the chunked loss,
+    fused and checkpointed blocks wherever the rank holds attention blocks (every rank here)."""
+    for rank, paths in enumerate(ranks):
+        where = f"{what} rank {rank}: {paths}"
+        assert (paths["graphs"] > 0 and not paths["graph_breaks"]) == any("compile=" in s for s in switches), where
+        assert paths["chunked_loss"] == any("chunked_loss" in s for s in switches), where
+        assert (paths["fused"] > 0) == any("fuse_qkv" in s for s in switches), where
+        assert (paths["checkpointed"] > 0) == any("checkpointing" in s for s in switches), where
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    threads = torch.get_num_threads()
+    losses, grads, _ = _train(tmp_path_factory.mktemp("plain"))
+    yield losses, grads
+    torch.set_num_threads(threads)
+
+
+def _assert_trains_like(what: str, run: tuple, reference: tuple) -> None:
+    (losses, grads), (ref_losses, ref_grads) = run, reference
+    assert len(losses) == len(ref_losses) == STEPS, what
+    for step, (a, b) in enumerate(zip(losses, ref_losses)):
+        assert abs(a - b) <= RTOL * abs(b), f"{what} step {step}: loss {a} vs single-process {b}"
+    for step, (got, ref) in enumerate(zip(grads, ref_grads)):
+        assert got.keys() == ref.keys(), f"{what} step {step}: gradient names differ"
+        for name, g in got.items():
+            if name.endswith("k_proj.bias") and "vit" in name:
+                # A ViT key bias shifts every score of a query alike (no rotary positions), so softmax cancels
+                # it: its true gradient is zero and both runs hold rounding noise, small against the weight's.
+                scale = ref[name.replace("bias", "weight")].abs().max()
+                assert max(g.abs().max(), ref[name].abs().max()) <= RTOL * scale, f"{what} step {step}: {name}"
+                continue
+            assert rel_diff(g, ref[name]) <= RTOL, \
+                f"{what} step {step}: gradient {name} off by {rel_diff(g, ref[name]):.2e} relative"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fast_paths_train_like_single_process(reference, tmp_path, layout):
+    results = _run(tmp_path, layout, VARIANTS)
+    assert results.keys() == VARIANTS.keys()
+    for name, (losses, grads, ranks) in results.items():
+        _assert_installed(f"{layout} {name}", VARIANTS[name], ranks)
+        _assert_trains_like(f"{layout} {name}", (losses, grads), reference)
+
+
+def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
+    """Inductor's kernels around the functional collectives of a TP2 + sequence-parallel block, all fast
+    paths on (inductor reorders fp32 sums, within the same 1e-5)."""
+    switches = [s for s in VARIANTS["all"] if "compile_backend" not in s]
+    losses, grads, ranks = _run(tmp_path, "tp2_sp", {"inductor": switches})["inductor"]
+    _assert_installed("tp2_sp inductor", switches, ranks)
+    _assert_trains_like("tp2_sp inductor", (losses, grads), reference)
