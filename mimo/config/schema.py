@@ -68,6 +68,9 @@ class ViTConfig:
     pre_norm: bool = True
     patch_bias: bool = False
     post_norm: bool = False
+    # LLaVA's "default" feature strategy on a tower without a class token (SigLIP): transformers drops the
+    # first output token whatever it is, here the first patch. A class-token tower uses drop_class_token.
+    drop_first_patch: bool = False
 
     @property
     def positions(self) -> int:
@@ -75,9 +78,14 @@ class ViTConfig:
         return (self.image // self.patch) ** 2 + int(self.class_token)
 
     @property
+    def drops_first_token(self) -> bool:
+        """Whether the first output token (the class token, or without one the first patch) is dropped."""
+        return self.drop_class_token if self.class_token else self.drop_first_patch
+
+    @property
     def tokens_per_image(self) -> int:
-        """Rows one image hands the projector (the class token dropped if configured)."""
-        return self.positions - int(self.class_token and self.drop_class_token)
+        """Rows one image hands the projector (the first token dropped if configured)."""
+        return self.positions - int(self.drops_first_token)
 
 
 @dataclass

@@ -51,6 +51,9 @@ def validate(cfg: Config) -> None:
                               f"vit.patch ({m.vit.patch})")
         if m.vit.hidden % m.vit.heads:
             raise ConfigError(f"model.modalities.{name}.vit.hidden must be divisible by vit.heads")
+        if m.vit.drop_first_patch and m.vit.class_token and not m.hf_path:
+            raise ConfigError(f"model.modalities.{name}.vit.drop_first_patch is for towers without a class token; "
+                              "this one has one: set vit.drop_class_token to drop it, or vit.class_token = false")
         # With model.llm.hf_path the vocabulary comes from its config.json; building the model checks it then.
         if not 0 <= m.token_id < llm.vocab and not llm.hf_path:
             raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) must lie in [0, "

@@ -132,7 +132,7 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
         vision_config=hf_vision_config(vcfg, f"model.modalities.{name}.vit", dt).to_dict(),
         text_config=hf_text_config(lm.cfg, dt).to_dict(), image_token_index=model.special_token_ids[name],
         image_seq_length=vit.tokens_per_image, vision_feature_layer=-1,
-        vision_feature_select_strategy="default" if vcfg.class_token and vcfg.drop_class_token else "full",
+        vision_feature_select_strategy="default" if vcfg.drops_first_token else "full",
         projector_hidden_act=hf_act(_act_name(proj.act), f"model.modalities.{name}.projector.act"),
         multimodal_projector_bias=proj.fc1.bias is not None, tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
     config.architectures = ["LlavaForConditionalGeneration"]

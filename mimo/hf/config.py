@@ -89,7 +89,7 @@ def layers_for_feature_layer(total: int, feature_layer: int, where: str) -> int:
 def vit_config_from_hf(d: dict[str, Any], where: str = "config.json", feature_layer: int = -1,
                        post_norm: bool = False, base: ViTConfig | None = None) -> ViTConfig:
     """A CLIP or SigLIP vision config; `feature_layer` trims the blocks LLaVA-style. `base` supplies
-    drop_class_token and init_std."""
+    drop_class_token, drop_first_patch (kept for SigLIP only: a CLIP tower drops its class token) and init_std."""
     family, v = vision_family(d, where)
     siglip = family == "siglip"
     base = base or ViTConfig()
@@ -99,7 +99,8 @@ def vit_config_from_hf(d: dict[str, Any], where: str = "config.json", feature_la
                      mlp=v["intermediate_size"], act=_act(v.get("hidden_act", "quick_gelu"), f"{where} hidden_act"),
                      norm_eps=v.get("layer_norm_eps", 1e-6 if siglip else 1e-5),
                      drop_class_token=base.drop_class_token, init_std=base.init_std, class_token=not siglip,
-                     pre_norm=not siglip, patch_bias=siglip, post_norm=post_norm)
+                     pre_norm=not siglip, patch_bias=siglip, post_norm=post_norm,
+                     drop_first_patch=base.drop_first_patch and siglip)
 
 
 def audio_config_from_hf(d: dict[str, Any], where: str = "config.json") -> AudioConfig:

@@ -164,7 +164,12 @@ def llava_model_config(d: dict, where: str) -> ModelConfig:
         raise ValueError(f"{where}: vision_feature_layer = {layer} concatenates several layers, which mimo's "
                          "vision tower does not do; use a checkpoint with a single feature layer")
     strategy = d.get("vision_feature_select_strategy", "default")
-    vit = vit_config_from_hf(d["vision_config"], where, layer, base=ViTConfig(drop_class_token=strategy == "default"))
+    if strategy not in ("default", "full"):
+        raise ValueError(f"{where}: vision_feature_select_strategy = '{strategy}' is not LLaVA's 'default' or 'full'")
+    # "default" drops the tower's first output token: CLIP's class token, SigLIP's first patch.
+    drop = strategy == "default"
+    vit = vit_config_from_hf(d["vision_config"], where, layer, base=ViTConfig(drop_class_token=drop,
+                                                                               drop_first_patch=drop))
     token = d.get("image_token_id", d.get("image_token_index", 32000))
     images = ModalityConfig(kind="vision", token_id=token, vit=vit, projector=projector_config_from_hf(d, where))
     return ModelConfig(llm=llm_config_from_hf(d["text_config"], where), modalities={IMAGES: images})

@@ -74,10 +74,11 @@ class VisionTransformer(nn.Module):
         return x
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
-        """The last layer's output -> patch features: final norm, class token dropped if configured."""
+        """The last layer's output -> patch features: final norm, the first token (class token, or first
+        patch with `drop_first_patch`) dropped if configured."""
         if self.post_layernorm is not None:
             x = self.post_layernorm(x)
-        return x[:, 1:] if self.cfg.class_token and self.cfg.drop_class_token else x
+        return x[:, 1:] if self.cfg.drops_first_token else x
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """embed -> run_layers -> finish; a pipeline stage of a split ViT runs its share of the three."""

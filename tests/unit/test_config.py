@@ -38,6 +38,8 @@ def test_cross_field_checks():
         load_config(DEMO, ["--parallel.modules.vision.tp=2"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("nope.toml")
+    with pytest.raises(ConfigError, match="drop_first_patch is for towers without a class token"):
+        load_config(DEMO, ["--model.modalities.images.vit.drop_first_patch=true"])
 
 
 def test_resolved_config_round_trips(tmp_path):

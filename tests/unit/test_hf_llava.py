@@ -31,18 +31,19 @@ IMG = 60
 SIGLIP_VIT = dict(class_token=False, pre_norm=False, patch_bias=True, act="gelu_tanh")
 
 
-@pytest.mark.parametrize("tower", ["clip", "siglip"])
-def test_import_llava_matches_transformers(tower, tmp_path):
+# "default" drops the tower's first output token: CLIP's class token, SigLIP's first patch (16 patches).
+@pytest.mark.parametrize("tower,strategy,rows", [("clip", "default", 16), ("clip", "full", 17),
+                                                 ("siglip", "full", 16), ("siglip", "default", 15)])
+def test_import_llava_matches_transformers(tower, strategy, rows, tmp_path):
     torch.manual_seed(0)
     config = transformers.LlavaConfig(
         vision_config=tiny_vision_config(tower).to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
-        image_token_index=96, vision_feature_layer=-2,
-        vision_feature_select_strategy="default" if tower == "clip" else "full")
+        image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy=strategy)
     hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
     cfg, model = import_llava(save(hf, tmp_path / tower))
     assert cfg.modalities["images"].vit.layers == 2
     n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
-    assert n == 16
+    assert n == rows
     ids = torch.tensor([[1] + [96] * n + [5, 6, 7], [2] + [96] * n + [8, 9, 10]])
     pixels = torch.randn(2, 3, 16, 16)
     inputs = {"images": {"vit": {"pixel_values": pixels}}}
@@ -93,9 +94,10 @@ def check_llava_directory(model: MimoModel, directory) -> None:
     assert [row[: len(o)] for row, o in zip(tokens, ours_tokens)] == ours_tokens
 
 
-@pytest.mark.parametrize("tower", ["clip", "siglip"])
+@pytest.mark.parametrize("tower", ["clip", "siglip", "siglip_default"])
 def test_export_trained_model_to_llava(tower, tmp_path):
-    vit = ViTConfig(image=16, patch=8, hidden=16, heads=2, mlp=32, **(SIGLIP_VIT if tower == "siglip" else {}))
+    siglip = dict(SIGLIP_VIT, drop_first_patch=tower == "siglip_default")
+    vit = ViTConfig(image=16, patch=8, hidden=16, heads=2, mlp=32, **(siglip if tower != "clip" else {}))
     _, model = trained_model(vit)
     check_llava_directory(model, export_llava(model, tmp_path / "llava"))
 
