@@ -4,15 +4,19 @@ Order: the global batch at a step is the step's slice of epochs of seeded permut
 rule), so it depends only on (step, global batch, seed): every layout sees the same batches and the
 step alone is the resumable position. Sharding: each rank decodes only the samples its microbatches
 use (text for its LM lane, images for its encoder lanes), in DataLoader worker processes that run
-ahead of training. Faults: a sample whose image or text is unusable stays in the batch as an empty
-row that carries no loss; all ranks agree on which rows those are (one small all-reduce per step),
-and every such sample is counted and reported, never a crash or a hang.
+ahead of training. Faults: a sample whose image or text is unusable (an unreadable image, malformed
+text, a placeholder count the image does not give, an id outside the LM's vocabulary) stays in the
+batch as an empty row that carries no loss; every rank that reads data agrees on which rows those are
+(one small all-reduce per step, the step's first collective), and every such sample is counted and
+reported, never a crash or a hang. A sample that fails in an unexpected way (a tokenizer's or
+decoder's own error) stops every rank at that same all-reduce, with the error on the rank that met it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from itertools import count
 from typing import Any
@@ -32,9 +36,13 @@ from mimo.data.webdataset import read_webdataset
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 
-Item = tuple[int, list[int] | None, list[int] | None, np.ndarray | None, str]
-"""(row, ids, labels, pixels, problem): ids/labels where the rank needs the text, pixels where it needs
-the image, problem "" when the sample is usable."""
+Item = tuple[int, list[int] | None, list[int] | None, np.ndarray | None, str, float]
+"""(row, ids, labels, pixels, problem, verdict): ids/labels where the rank needs the text, pixels where it
+needs the image; problem "" and verdict USABLE when the sample is usable."""
+
+USABLE, SKIP, FAIL = 0.0, 1.0, 2.0
+"""Verdicts on a row, agreed as their maximum over the ranks that read data: use the sample, skip it
+(counted), or stop the run on every rank."""
 
 IMAGE_TEXT_SETS = ("webdataset", "jsonl")
 """The data.name values this module serves."""
@@ -49,22 +57,38 @@ class _Samples(Dataset):
     def __init__(self, data: ImageTextData):
         self.records, self.tok = data.records, data.tok
         self.image_tokens, self.image_token_id = data.image_tokens, data.image_token_id
-        self.seq_len, self.image_size = data.seq_len, data.image_size
+        self.seq_len, self.image_size, self.vocab = data.seq_len, data.image_size, data.vocab
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, request: tuple[int, int, bool, bool]) -> Item:
+        """Every rank that reads a row encodes and checks its text, whether or not it keeps the text, so
+        that the text's verdict does not depend on which rank decodes the row's image."""
         row, index, want_text, want_image = request
         rec = self.records[index]
         try:
             ids, labels = encode_text(rec, self.tok, self.image_tokens, self.image_token_id, self.seq_len)
+            self._check_ids(ids)
             if rec.image is None:
                 raise BadSample("no image")
             pixels = decode_image(rec.image.read(), self.image_size) if want_image else None
         except BadSample as e:
-            return row, None, None, None, f"sample '{rec.key}': {e}"
-        return row, ids if want_text else None, labels if want_text else None, pixels, ""
+            return row, None, None, None, f"sample '{rec.key}': {e}", SKIP
+        except Exception as e:  # any other error must reach every rank, not only this one
+            return row, None, None, None, f"sample '{rec.key}' failed to load: {e!r}\n{traceback.format_exc()}", FAIL
+        return row, ids if want_text else None, labels if want_text else None, pixels, "", USABLE
+
+    def _check_ids(self, ids: list[int]) -> None:
+        """One sample's ids against what `mimo.data.checks.check_batch` holds a batch to: as many placeholders
+        as the image gives rows, every other id inside the LM's vocabulary. Raises BadSample."""
+        placeholders = ids.count(self.image_token_id)
+        if placeholders != self.image_tokens:
+            raise BadSample(f"its text holds {placeholders} placeholder ids ({self.image_token_id}) where the image "
+                            f"gives {self.image_tokens} rows; the text must not produce the placeholder id")
+        outside = [i for i in ids if i != self.image_token_id and not 0 <= i < self.vocab] if self.vocab else []
+        if outside:
+            raise BadSample(f"token id {outside[0]} lies outside the LM's vocabulary [0, {self.vocab})")
 
 
 class _StepRequests(Sampler):
@@ -98,7 +122,8 @@ class ImageTextData(SeededBatches):
 
     def __init__(self, records: list[Record], tokenizer: Any, image_size: int, image_tokens: int, image_token_id: int,
                  seq_len: int, modality: str = "images", encoder: str = "vit", workers: int = 0,
-                 source_problems: list[str] | None = None, agree: Callable[[torch.Tensor], torch.Tensor] = _agree_max):
+                 source_problems: list[str] | None = None, agree: Callable[[torch.Tensor], torch.Tensor] = _agree_max,
+                 vocab: int | None = None):
         if not records:
             raise ValueError("the data set holds no samples; check data.path")
         if seq_len < image_tokens + 3:
@@ -106,7 +131,7 @@ class ImageTextData(SeededBatches):
         self.records = self.train = records
         self.tok, self.image_size, self.image_tokens = tokenizer, image_size, image_tokens
         self.image_token_id, self.seq_len, self.workers = image_token_id, seq_len, workers
-        self.modality, self.encoder, self.agree = modality, encoder, agree
+        self.modality, self.encoder, self.agree, self.vocab = modality, encoder, agree, vocab
         self.pad = special_ids(tokenizer)[2]
         self.text_rows: set[int] | None = None
         self.image_rows: set[int] | None = None
@@ -146,20 +171,35 @@ class ImageTextData(SeededBatches):
 
     def global_batch(self, step: int, global_batch: int, seed: int) -> dict:
         """The global batch at `step` (rows this rank does not use are padding). Collective through
-        `agree` (all ranks that train call it at every step): unusable rows are agreed and counted."""
+        `agree` (every rank that reads data calls it at every step, before any other collective of the
+        step): unusable rows are agreed and counted; a sample that failed unexpectedly on any rank raises
+        RuntimeError on all of them."""
         items = self._items(step, global_batch, seed)
         indices = self.global_batch_indices(step, global_batch, seed)
-        bad = torch.zeros(global_batch)
-        for row, _, _, _, problem in items:
-            if problem:
-                bad[row] = 1
+        verdict = torch.zeros(global_batch)
+        for row, _, _, _, problem, level in items:
+            verdict[row] = level
+            if level == SKIP:
                 self._report(problem)
-        bad = self.agree(bad)
+        verdict = self.agree(verdict)
+        if (verdict == FAIL).any():
+            raise RuntimeError(self._failure(items, step, verdict))
+        bad = verdict > USABLE
         batch = self._assemble(items, global_batch, bad)
         for row in torch.nonzero(bad).reshape(-1).tolist():
             self.skipped += 1
             self.bad_samples.add(int(indices[row]))
         return batch
+
+    @staticmethod
+    def _failure(items: list[Item], step: int, verdict: torch.Tensor) -> str:
+        """The message of a failed step: this rank's own error, or where to find it."""
+        mine = [problem for *_, problem, level in items if level == FAIL]
+        if mine:
+            return f"data: {mine[0]}"
+        rows = torch.nonzero(verdict == FAIL).reshape(-1).tolist()
+        return (f"data: row(s) {rows} of the global batch of step {step} failed to load on another rank; "
+                "its error names the sample and the cause")
 
     def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
         s = self.seq_len
@@ -167,7 +207,7 @@ class ImageTextData(SeededBatches):
         ids[:, : self.image_tokens] = self.image_token_id
         labels = torch.full((n, s), IGNORE_INDEX, dtype=torch.long)
         pixels = torch.zeros(n, 3, self.image_size, self.image_size)
-        for row, row_ids, row_labels, row_pixels, _ in items:
+        for row, row_ids, row_labels, row_pixels, _, _ in items:
             if bad[row]:
                 continue
             if row_ids is not None:
@@ -198,7 +238,7 @@ class ImageTextData(SeededBatches):
             rows = list(range(lo, min(lo + batch_size, samples, len(self.records))))
             reader = _Samples(self)
             items = [reader[(r - lo, r, True, True)] for r in rows]
-            bad = torch.tensor([float(bool(it[4])) for it in items])
+            bad = torch.tensor([it[5] != USABLE for it in items])
             batch = self._assemble(items, len(rows), bad)
             batch = to_device(batch, torch.device(device))
             out = model(**batch)
@@ -238,4 +278,5 @@ def build_image_text_data(cfg: Config, model: MimoModel) -> ImageTextData:
     reader = read_webdataset if cfg.data.name == "webdataset" else read_manifest
     records, problems = reader(cfg.data.path)
     return ImageTextData(records, load_tokenizer_spec(cfg.data.tokenizer), m.vit.image, tokens_per_image, m.token_id,
-                         cfg.data.seq_len, modality=name, workers=cfg.data.workers, source_problems=problems)
+                         cfg.data.seq_len, modality=name, workers=cfg.data.workers, source_problems=problems,
+                         vocab=cfg.model.llm.vocab)
