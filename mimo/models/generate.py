@@ -1,7 +1,8 @@
 """Generation from a MimoModel.
 
 Text out: greedy decoding with a KV cache; the prompt (with its images) is encoded once, then one token
-at a time reuses the cached keys and values of every layer.
+at a time reuses the cached keys and values of every layer. Prompts of different lengths are left-padded
+with an attention mask, as transformers' `generate` takes them.
 
 Image out (the Out path): one forward over `<bos> prompt <gen>*P`, then the decoder. All P generation
 tokens go in at once: the decoder reads the LM's states at them (the same states training saw), so no
@@ -18,34 +19,64 @@ from mimo.models.layers import KVCache
 from mimo.models.multimodal import MimoModel
 
 
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token prompts of any lengths -> left-padded ids `[B, S]` and their 0/1 attention mask (1 = token)."""
+    if not prompts or not all(prompts):
+        raise ValueError("left_pad needs at least one prompt, each of at least one token")
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, longest - len(p):] = 1
+    return ids, mask
+
+
+def padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows as transformers' `generate` makes them: 0 at each row's first token,
+    padding at 0."""
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+
+
 @torch.no_grad()
 def greedy_generate(model: MimoModel, input_ids: torch.Tensor, modality_inputs: dict | None,
-                    max_new_tokens: int, eos_id: int, use_cache: bool = True) -> list[list[int]]:
-    """New tokens for each row of an equal-length prompt batch `[B, S]`, each cut after its EOS."""
+                    max_new_tokens: int, eos_id: int, use_cache: bool = True,
+                    attention_mask: torch.Tensor | None = None) -> list[list[int]]:
+    """New tokens for each row of a prompt batch `[B, S]`, each cut after its EOS.
+
+    Prompts of different lengths come left-padded with their `[B, S]` 0/1 `attention_mask` (see `left_pad`):
+    padded keys are hidden and positions count from each row's first token, as in transformers' `generate`.
+    """
     lm = model.language_model
     b, s = input_ids.shape
     dev = input_ids.device
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(dev).long()
+    if mask.shape != input_ids.shape or not bool(mask[:, -1].all()):
+        raise ValueError(f"attention_mask must be input_ids' shape {tuple(input_ids.shape)} and left-padded (every "
+                         f"row's last entry 1), got shape {tuple(mask.shape)}; pad prompts with left_pad")
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     out = torch.empty(b, 0, dtype=torch.long, device=dev)
     cache = KVCache() if use_cache else None
     ids = input_ids
     embeds = model.combined_embeddings(input_ids, modality_inputs)
-    pos = torch.arange(s, device=dev).expand(b, s)
-    for t in range(max_new_tokens):
-        hidden = lm(embeds, pos, cache=cache)
+    pos = padded_positions(mask)
+    for _ in range(max_new_tokens):
+        # Without padding the LM's own causal masks (and SDPA's fast causal kernel) serve.
+        hidden = lm(embeds, pos, mask=mask if attention_mask is not None else None, cache=cache)
         nxt = model.logits_fn(hidden[:, -1:], lm)[:, -1].argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
         out = torch.cat([out, nxt[:, None]], dim=1)
         done |= nxt == eos_id
         if bool(done.all()):
             break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         if use_cache:
             embeds = lm.embed(nxt[:, None])
-            pos = torch.full((b, 1), s + t, device=dev, dtype=torch.long)
+            pos = pos[:, -1:] + 1
         else:
             ids = torch.cat([ids, nxt[:, None]], dim=1)
             embeds = model.combined_embeddings(ids, modality_inputs)
-            pos = torch.arange(ids.shape[1], device=dev).expand(b, -1)
+            pos = padded_positions(mask)
     result = []
     for row in out.tolist():
         result.append(row[: row.index(eos_id) + 1] if eos_id in row else row)

@@ -208,15 +208,22 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-def padded_causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Causal mask that also hides padded keys, from a `[B, S]` 0/1 `attention_mask` (1 = real token).
+def padding_causal_mask(key_mask: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+    """The keys' 0/1 (or bool) padding mask `[B, Sk]` (1 = real token) and the row positions of the queries
+    `[Sq]` and of the keys `[Sk]` -> `[B, 1, Sq, Sk]` bool: causal, padded keys hidden.
 
-    Every query may still see itself: a left-padding query would otherwise see no key at all, its softmax
-    would be NaN, and the NaN would leak into real tokens through the next layer's masked-out values.
-    """
+    Every query may still see itself: a padding query would otherwise see no key at all, its softmax would
+    be NaN, and the NaN would leak into real tokens through the next layer's masked-out values."""
+    causal = key_pos[None, :] <= query_pos[:, None]
+    itself = key_pos[None, :] == query_pos[:, None]
+    return ((causal[None] & key_mask.bool()[:, None, :]) | itself[None])[:, None]
+
+
+def padded_causal_mask(attention_mask: torch.Tensor, past: int = 0) -> torch.Tensor:
+    """Causal mask that also hides padded keys, from a `[B, past + S]` 0/1 `attention_mask` (1 = real token)
+    whose first `past` entries cover keys already in a KV cache: `[B, 1, S, past + S]` bool for the last S
+    positions' queries (see `padding_causal_mask`)."""
     if attention_mask.dim() != 2:
         raise ValueError(f"attention_mask must be [B, S], got shape {tuple(attention_mask.shape)}")
-    s = attention_mask.shape[1]
-    keep = attention_mask.bool()[:, None, None, :]
-    causal = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).tril()
-    return (causal & keep) | torch.eye(s, dtype=torch.bool, device=attention_mask.device)
+    keys = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return padding_causal_mask(attention_mask, keys[past:], keys)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mimo.config.schema import LLMConfig
-from mimo.models.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, rope_cos_sin
+from mimo.models.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, padded_causal_mask, rope_cos_sin
 
 
 class DecoderLayer(nn.Module):
@@ -70,6 +70,9 @@ class DecoderLM(nn.Module):
                 output_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states.
 
+        `mask`: a bool `[B, 1, S, S_keys]` (True = may attend), or a Hugging Face style `[B, past + S]` 0/1
+        padding mask over the cached and the new positions, made causal here (`padded_causal_mask`).
+
         `output_rows` (indices into the flattened `B * S` positions, e.g. those that carry a label) returns
         only those rows, `[len(output_rows), H]`: the last layer still attends over every position, but
         its output projection, MLP and the final norm skip the rest (image rows of a VLM, whose outputs
@@ -79,7 +82,12 @@ class DecoderLM(nn.Module):
             raise ValueError("output_rows needs a decoder layer on this module to drop the other rows in; it has none")
         rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         past = cache.length() if cache is not None else 0
-        if past and mask is None:
+        if mask is not None and mask.dim() == 2:
+            if mask.shape != (hidden.shape[0], past + hidden.shape[1]):
+                raise ValueError(f"a [B, S] attention mask must cover the cached and the new positions, "
+                                 f"{(hidden.shape[0], past + hidden.shape[1])}; got {tuple(mask.shape)}")
+            mask = padded_causal_mask(mask, past)
+        elif past and mask is None:
             # Incremental decoding: new queries sit after `past` cached keys (bottom-right causal).
             s = hidden.shape[1]
             q_pos = torch.arange(s, device=hidden.device) + past

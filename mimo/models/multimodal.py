@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mimo.models.layers import document_mask
+from mimo.models.layers import document_mask, padding_causal_mask
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import cross_entropy_sum
 from mimo.models.sample_rows import leading_rows, run_encoder
@@ -270,17 +270,21 @@ class MimoModel(nn.Module):
         With `modality_targets` (`{modality: [B, K, D]}`, sample-aligned, see `output_losses`) the Out
         path also returns each modality's decoder loss sum and output-token count. `document_ids` `[B, S]`
         (packed rows, mimo.data.packing) builds the block-diagonal causal mask on the ids' device, in place
-        of an explicit `attention_mask`."""
+        of an explicit `attention_mask`. `attention_mask` is a bool `[B, 1, S, S]` (True = may attend) or
+        Hugging Face's `[B, S]` 0/1 padding mask (1 = real token), made causal here; as in transformers'
+        forward, `position_ids` default to 0..S-1 either way (pass them for left-padded rows)."""
         if document_ids is not None:
             if attention_mask is not None:
                 raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
-            if self.mask_positions is None:
-                row = torch.arange(input_ids.shape[1], device=document_ids.device)
-                attention_mask = document_mask(document_ids, row)
-            else:
-                queries, keys = self.mask_positions(input_ids.shape[1], document_ids.device)
-                attention_mask = document_mask(document_ids.index_select(1, queries), queries,
-                                               document_ids.index_select(1, keys), keys)
+            queries, keys = self.row_positions(input_ids.shape[1], document_ids.device)
+            attention_mask = document_mask(document_ids.index_select(1, queries), queries,
+                                           document_ids.index_select(1, keys), keys)
+        elif attention_mask is not None and attention_mask.dim() == 2:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"a [B, S] attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+                                 f"got {tuple(attention_mask.shape)}")
+            queries, keys = self.row_positions(input_ids.shape[1], attention_mask.device)
+            attention_mask = padding_causal_mask(attention_mask.index_select(1, keys), queries, keys)
         embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
@@ -295,6 +299,14 @@ class MimoModel(nn.Module):
         if modality_targets:
             out.modality_loss_sums, out.modality_num_tokens = self.output_losses(hidden, input_ids, modality_targets)
         return out
+
+    def row_positions(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row positions of this rank's queries and keys for masks built from per-token values: the whole
+        row in order, or what `mask_positions` says (context parallel)."""
+        if self.mask_positions is None:
+            row = torch.arange(length, device=device)
+            return row, row
+        return self.mask_positions(length, device)
 
     def output_rows(self, name: str, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """The Out path's first step: LM states `[N, H]` at `name`'s generation tokens, batch-major."""
