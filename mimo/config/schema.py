@@ -257,6 +257,9 @@ class TrainConfig:
     # Peak TFLOP/s of one GPU that MFU (model FLOP/s / peak) is measured against: 989 = H100/H200 SXM dense
     # bf16 (the benchmarks' figure). Set your card's (e.g. A100: 312) for a meaningful MFU.
     peak_tflops: float = 989.0
+    # Steps at the start of a run left out of the steady-state rates (summary.json's steady_*, the progress bar):
+    # compilation, autotuning and a captured step's eager warm-up and capture happen in them.
+    throughput_warmup: int = 3
 
     def dtype_of(self, module: str) -> str:
         """The compute dtype of `module` ("language" or a modality name): module_dtype's, else dtype."""

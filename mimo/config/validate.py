@@ -75,7 +75,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32 or bfloat16")
     if cfg.parallel.microbatches < 1:
         raise ConfigError("parallel.microbatches must be >= 1")
-    for key in ("save_every", "max_bad_steps"):
+    for key in ("save_every", "max_bad_steps", "throughput_warmup"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0 (0 turns it off)")
     for name in cfg.train.activation_checkpointing:

@@ -174,7 +174,7 @@ class Trainer:
                                start_step=start, wandb=wandb)
         self.model.train()
         t0 = time.perf_counter()
-        throughput = Throughput(self.world, cfg.train.peak_tflops, self.device, t0)
+        throughput = Throughput(self.world, cfg.train.peak_tflops, self.device, t0, cfg.train.throughput_warmup)
         losses: list[tuple[int, float]] = []
         skipped = 0
         rec: dict = {}

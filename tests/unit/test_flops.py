@@ -1,5 +1,7 @@
 """Step FLOPs: the benchmark baseline's count on its presets, and hand-counted multi-image and audio batches."""
 
+import time
+
 import pytest
 import torch
 
@@ -63,7 +65,34 @@ def test_rates_per_gpu_with_mfu_and_memory_on_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30)
     gpu = Throughput(world=4, peak_tflops=1000.0, device=torch.device("cuda", 0), start=0.0)
     gpu.add(8 * 10**15, tokens=5000)
-    assert gpu.summary(wall=2.0) == {"tokens_per_s": 2500.0, "model_tflops": 1000.0, "mfu": 1.0, "peak_mem_gib": 3.0}
+    assert gpu.summary(wall=2.0) == {"tokens_per_s": 2500.0, "model_tflops": 1000.0, "mfu": 1.0, "peak_mem_gib": 3.0,
+                                     "steady_steps": 1, "steady_s": 2.0, "steady_tokens_per_s": 2500.0,
+                                     "steady_model_tflops": 1000.0, "steady_mfu": 1.0}
     cpu = Throughput(world=1, peak_tflops=1000.0, device=torch.device("cpu"), start=0.0)
     cpu.add(10**12, tokens=10)
-    assert cpu.summary(wall=4.0) == {"tokens_per_s": 2.5, "model_tflops": 0.25}
+    assert cpu.summary(wall=4.0) == {"tokens_per_s": 2.5, "model_tflops": 0.25, "steady_steps": 1, "steady_s": 4.0,
+                                     "steady_tokens_per_s": 2.5, "steady_model_tflops": 0.25}
+
+
+def test_steady_state_leaves_the_warm_up_steps_out(monkeypatch):
+    clock = iter([10.0, 16.0, 100.0])  # end of warm-up, progress bar, (the summary reads no clock)
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 2**30)
+    t = Throughput(world=2, peak_tflops=100.0, device=torch.device("cuda", 0), start=0.0, warmup=2)
+    t.add(10**15, tokens=1000)  # a slow first step (compilation)
+    t.add(10**15, tokens=1000)  # the end of warm-up: the clock reads 10 s
+    for _ in range(3):
+        t.add(6 * 10**14, tokens=600)
+    bar = t.running()  # 16 s: 6 s of steady steps, 1800 tokens, 1.8e15 FLOPs over 2 GPUs
+    assert bar == {"tok_s": 300.0, "tflops": 150.0, "mfu": 1.5, "wall_s": 16.0}
+    s = t.summary(wall=16.0)
+    assert s["tokens_per_s"] == 237.5 and s["model_tflops"] == 118.8  # the whole run: 3800 tokens in 16 s
+    assert {k: v for k, v in s.items() if k.startswith("steady")} == {
+        "steady_steps": 3, "steady_s": 6.0, "steady_tokens_per_s": 300.0, "steady_model_tflops": 150.0,
+        "steady_mfu": 1.5}
+
+
+def test_no_steady_state_before_the_warm_up_is_over():
+    t = Throughput(world=1, peak_tflops=100.0, device=torch.device("cpu"), start=0.0, warmup=3)
+    t.add(10**12, tokens=10)
+    assert t.summary(wall=1.0) == {"tokens_per_s": 10.0, "model_tflops": 1.0, "steady_steps": 0}
