@@ -36,6 +36,24 @@ def capture_rng() -> dict:
     return state
 
 
+def check_rng(state: object) -> None:
+    """Raise ValueError unless `state` is what `capture_rng` returns: every part is decoded and tried on
+    scratch generators, so a garbled file is found before anything is restored."""
+    try:
+        if not isinstance(state, dict):
+            raise TypeError(f"a {type(state).__name__}, not an object")
+        torch.Generator().set_state(_unb64(state["torch"]))
+        n = state["numpy"]
+        np.random.RandomState().set_state((n["kind"], np.asarray(n["keys"], dtype=np.uint32), n["pos"],
+                                           n["has_gauss"], n["cached_gaussian"]))
+        p = state["python"]
+        random.Random().setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+        for s in state.get("cuda", []):
+            _unb64(s)
+    except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise ValueError(f"not an RNG state ({type(e).__name__}: {e})") from e
+
+
 def restore_rng(state: dict) -> None:
     """Put back the states `capture_rng` returned (CUDA only where both sides have it)."""
     torch.set_rng_state(_unb64(state["torch"]))

@@ -81,11 +81,6 @@ class Trainer:
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
         self.run_dir = run_dir or Path(cfg.run.out_dir) / cfg.run.name
-        if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.toml").write_text(dump_toml(cfg))
-            if cfg.train.resume in (False, "never"):
-                (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
         self.checkpointer = RunCheckpointer(cfg, self.run_dir, module_map(self.model), self.optimizer, self.guard,
                                             self.rank, self.data, self.plan)
 
@@ -169,6 +164,7 @@ class Trainer:
         cfg = self.cfg
         steps = cfg.train.steps
         start = self.checkpointer.resume()
+        self.write_run_config(start)
         wandb = dict(project=cfg.run.wandb_project, name=cfg.run.name, config=to_dict(cfg)) if cfg.run.wandb else None
         logger = MetricsLogger(self.run_dir, steps, cfg.run.tensorboard, cfg.run.progress, enabled=self.is_main,
                                start_step=start, wandb=wandb)
@@ -212,6 +208,16 @@ class Trainer:
         if self.plan is not None:
             dist.barrier()
         return summary
+
+    def write_run_config(self, start: int) -> None:
+        """Rank 0, once the start step is known (a checkpoint loaded, or none): the run folder's config.toml,
+        and a metrics.jsonl of a run that starts over removed. Nothing in the folder is written before."""
+        if not self.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(dump_toml(self.cfg))
+        if start == 0:
+            (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
     def full_model(self) -> MimoModel:
         """The whole model as one single-process module (collective under a plan; full copy on rank 0)."""

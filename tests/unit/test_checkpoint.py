@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import mimo.train.checkpoint.resume as resume_mod
+from mimo.config.schema import ConfigError
 from mimo.train.checkpoint.safe_dcp import CorruptCheckpointError, read_metadata_file
 from mimo.train.checkpoint.store import MARKER, STAGING, CheckpointStore, crc32
 from mimo.train.trainer import Trainer
@@ -78,8 +79,8 @@ def test_corrupt_checkpoints_are_reported_skipped_and_never_half_loaded(tmp_path
 
     fresh = Trainer(tiny_config(tmp_path / "other", *SAVE))
     untouched = _weights(fresh)
-    with pytest.raises(CorruptCheckpointError):
-        fresh.checkpointer._load(root / "step_00000006")
+    problem, _ = fresh.checkpointer._try_load(root / "step_00000006")
+    assert "differ from when they were written" in problem
     assert all(torch.equal(untouched[k], v) for k, v in fresh.model.state_dict().items())
 
 
@@ -88,7 +89,7 @@ def test_explicit_resume_path_and_mismatches_are_clear_errors(tmp_path):
     step4 = tmp_path / "tiny" / "checkpoints" / "step_00000004"
     tr = Trainer(tiny_config(tmp_path / "b", *SAVE, f"--train.resume={step4}"))
     assert tr.checkpointer.resume() == 4
-    with pytest.raises(ValueError, match="is not a loadable checkpoint"):
+    with pytest.raises(ConfigError, match="is not a loadable checkpoint"):
         Trainer(tiny_config(tmp_path / "c", *SAVE, f"--train.resume={tmp_path}")).checkpointer.resume()
     with pytest.raises(ValueError, match="data.global_batch = 4"):
         Trainer(tiny_config(tmp_path / "d", *SAVE, "--data.global_batch=2",
@@ -131,15 +132,3 @@ def test_keep_last_k_and_stale_staging_removed(tmp_path):
     shutil.copytree(root / "step_00000006", root / (STAGING + "step_00000012"))
     Trainer(tiny_config(tmp_path, "--train.steps=10", "--train.save_every=2", "--train.resume=true")).train()
     assert _ckpts(tmp_path) == ["step_00000008", "step_00000010"]
-
-
-def test_explicit_resume_path_with_a_garbled_state_file_is_reported_not_a_crash(tmp_path, capsys):
-    Trainer(tiny_config(tmp_path, *SAVE)).train()
-    ckpt = tmp_path / "tiny" / "checkpoints" / "step_00000006"
-    state = ckpt / "state.json"
-    size = state.stat().st_size
-    state.write_text(json.dumps([0]).ljust(size))  # valid JSON, not an object; same size, so only its content is off
-    tr = Trainer(tiny_config(tmp_path, *SAVE, f"--train.resume={ckpt}"))
-    assert tr.checkpointer.resume() == 0
-    err = capsys.readouterr().err
-    assert "ignoring" in err and "has no next_step" in err

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +24,15 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mimo.config.load import to_dict
-from mimo.config.schema import Config
+from mimo.config.schema import Config, ConfigError
+from mimo.parallel.verdict import first_problem
 from mimo.train.checkpoint.reshard import full_shapes, globalize
 from mimo.train.checkpoint.safe_dcp import CorruptCheckpointError
 from mimo.train.checkpoint.store import CheckpointStore, Found, crc32, folder_step, validate, verify_share
 from mimo.train.checkpoint.weights import load_training_state, save_training_state, training_state
 from mimo.train.faults import RunAborted, StepGuard
 from mimo.train.optim import MimoOptimizer
-from mimo.train.rng import capture_rng, restore_rng
+from mimo.train.rng import capture_rng, check_rng, restore_rng
 
 STATE = "state.json"
 
@@ -53,6 +55,17 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise CorruptCheckpointError(f"'{path}' is unreadable ({e})") from e
+
+
+def _same_everywhere(text: str) -> bool:
+    """Collective: whether every rank passed the same `text` (compared by CRC-32 and length)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return True
+    mine = torch.tensor([zlib.crc32(text.encode()), len(text)], dtype=torch.int64)
+    lo, hi = mine.clone(), mine.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return torch.equal(lo, hi)
 
 
 def trim_metrics(path: Path, next_step: int) -> None:
@@ -132,9 +145,12 @@ class RunCheckpointer:
         }
 
     # Resuming --------------------------------------------------------------------------------------
+    def _explicit(self) -> bool:
+        return not (self.cfg.train.resume is True or self.cfg.train.resume == "auto")
+
     def _candidates(self) -> list[Found]:
         mode = self.cfg.train.resume
-        if mode is True or mode == "auto":
+        if not self._explicit():
             good, bad = self.store.scan()
             for f in bad:
                 self.ignored.append(f"{f.path}: {f.problem}")
@@ -143,25 +159,31 @@ class RunCheckpointer:
         path = Path(str(mode))
         problem = validate(path) if path.is_dir() else "no such folder"
         if problem:
-            raise ValueError(f"train.resume = '{mode}' is not a loadable checkpoint ({problem}); pass a "
-                             f"checkpoints/step_* folder of a run, or true for the newest complete one")
+            raise ConfigError(f"train.resume = '{mode}' is not a loadable checkpoint ({problem}); nothing in the run "
+                              "folder was changed. Pass a checkpoints/step_* folder of a run, or true for the newest "
+                              "complete one")
         # The step only orders candidates; `_load` reads (and checks) state.json itself.
         return [Found(path, folder_step(path.name))]
 
     def resume(self) -> int:
         """Collective: load the newest usable checkpoint that train.resume allows; returns the step to
-        start from (0 when there is none). Corrupt checkpoints are reported and skipped."""
+        start from (0 when there is none). Every rank reads its parts of a candidate first and the ranks
+        agree (one small collective) whether all of them could, so all load the same one or skip it together.
+        With resume = true corrupt checkpoints are reported and skipped; an explicit path that cannot be
+        loaded raises ConfigError naming the file and why, before the run folder is touched."""
         mode = self.cfg.train.resume
         if mode is False or mode == "never":
             return 0
         candidates = self._candidates()
         self._agree([f.step for f in candidates])
         for found in candidates:
-            try:
-                step = self._load(found.path)
-            except (CorruptCheckpointError, CheckpointException) as e:
-                self.ignored.append(f"{found.path}: {e}")
-                self.report(f"ignoring '{found.path}': it failed to load ({e})")
+            problem, step = self._try_load(found.path)
+            if problem and self._explicit():
+                raise ConfigError(f"train.resume = '{mode}' cannot be loaded: {problem}. Nothing in the run folder "
+                                  "was changed; name another checkpoint, or true for the newest complete one")
+            if problem:
+                self.ignored.append(f"{found.path}: {problem}")
+                self.report(f"ignoring '{found.path}': {problem}")
                 continue
             self.resumed_from = str(found.path)
             self.report(f"resumed from '{found.path}' at step {step}")
@@ -169,48 +191,60 @@ class RunCheckpointer:
                 trim_metrics(self.run_dir / "metrics.jsonl", step)
             return step
         self.report("no complete checkpoint to resume from; starting at step 0")
-        if self.rank == 0:
-            trim_metrics(self.run_dir / "metrics.jsonl", 0)
         return 0
 
     def _agree(self, steps: list[int]) -> None:
         """Collective: every rank must have found the same checkpoints (a shared file system)."""
-        if not dist.is_initialized():
-            return
-        mine = torch.tensor([len(steps), *(steps[:1] or [-1])], dtype=torch.float64, device=self.guard.device)
-        lo, hi = mine.clone(), mine.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-        if not torch.equal(lo, hi):
-            raise RuntimeError(f"ranks see different checkpoints under '{self.store.root}'; every rank needs the "
-                               "same file system for run.out_dir")
+        mine = ",".join(map(str, steps))
+        if not _same_everywhere(mine):
+            raise RuntimeError(f"ranks see different checkpoints under '{self.store.root}' (rank {self.rank}: steps "
+                               f"{mine or 'none'}); every rank needs the same file system for run.out_dir")
 
-    def _verify(self, path: Path) -> None:
-        """Collective: the ranks CRC-check the checkpoint's files between them and agree on the verdict."""
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        changed = verify_share(path, self.rank, world)
-        if changed:
-            self.report(f"'{path}': contents of {changed[:3]} differ from when they were written")
-        bad = torch.tensor([float(len(changed))], device=self.guard.device)
-        if world > 1:
-            dist.all_reduce(bad)
-        if bad.item():
-            raise CorruptCheckpointError(f"{int(bad.item())} file(s) of '{path}' changed since they were written")
-
-    def _load(self, path: Path) -> int:
-        """Collective: read state.json and this rank's RNG file, check they fit, then load everything."""
+    def _read_parts(self, path: Path) -> tuple[dict, dict | None]:
+        """This rank's own reading of a checkpoint, before anything is loaded: state.json, its RNG file and
+        its share of the CRC check. Raises CorruptCheckpointError naming the file and what is wrong."""
         state = _read_json(path / STATE)
         if not isinstance(state, dict) or not isinstance(state.get("next_step"), int):
             raise CorruptCheckpointError(f"'{path / STATE}' has no next_step")
-        next_step = state["next_step"]
+        rng_path = _rng_file(path, self.rank)
+        rng = _read_json(rng_path) if rng_path.is_file() else None
+        if rng is not None:
+            try:
+                check_rng(rng)
+            except ValueError as e:
+                raise CorruptCheckpointError(f"'{rng_path}' is unreadable ({e})") from e
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        changed = verify_share(path, self.rank, world)
+        if changed:
+            raise CorruptCheckpointError(f"the contents of {[str(path / c) for c in changed[:3]]} differ from when "
+                                         "they were written (CRC-32)")
+        return state, rng
+
+    def _try_load(self, path: Path) -> tuple[str, int]:
+        """Collective: ("", next step) after loading `path` on every rank, or (why not, -1) on every rank."""
+        state: dict = {}
+        rng = None
+        try:
+            state, rng = self._read_parts(path)
+            problem = ""
+        except CorruptCheckpointError as e:
+            problem = str(e)
+        rank, problem = first_problem(problem)
+        if problem:
+            return (f"rank {rank}: {problem}" if dist.is_initialized() else problem), -1
+        try:
+            self._load(path, state, rng)
+        except (CorruptCheckpointError, CheckpointException) as e:
+            return f"it failed to load ({e})", -1
+        return "", state["next_step"]
+
+    def _load(self, path: Path, state: dict, rng: dict | None) -> None:
+        """Collective: check that the checkpoint fits this run, then load everything."""
         d, saved = self.cfg.data, state.get("data", {})
         for key in ("global_batch", "seed"):
             if saved.get(key) != getattr(d, key):
                 raise ValueError(f"checkpoint '{path}' was written with data.{key} = {saved.get(key)}, this run has "
                                  f"{getattr(d, key)}; resume with the same value (the sample order depends on it)")
-        self._verify(path)
-        rng_path = _rng_file(path, self.rank)
-        rng = _read_json(rng_path) if rng_path.is_file() else None
         load_training_state(path, self.modules, self.optimizer.optimizers, self._to_dcp)
         if rng is None:
             self.report(f"'{path}' has no RNG state for rank {self.rank} (written by fewer ranks); keeping this "
@@ -221,7 +255,6 @@ class RunCheckpointer:
         self.guard.consecutive_bad, self.guard.total_bad = int(bad.get("consecutive", 0)), int(bad.get("total", 0))
         if hasattr(self.data, "load_state_dict"):
             self.data.load_state_dict(saved.get("reader", {}))
-        return next_step
 
     # The loop's hook ---------------------------------------------------------------------------------
     def after_step(self, step: int) -> bool:
