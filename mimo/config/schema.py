@@ -197,6 +197,8 @@ class DataConfig:
     seed: int = 1234
     # For name = "webdataset" (a .tar shard, a folder of them, or a brace list) or "jsonl" (a manifest):
     path: str = ""
+    # Their held-out split for train.eval_every (another manifest, or shards): the first eval_samples of it.
+    eval_path: str = ""
     tokenizer: str = "byte"
     seq_len: int = 64
     workers: int = 0

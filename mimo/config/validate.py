@@ -75,7 +75,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32 or bfloat16")
     if cfg.parallel.microbatches < 1:
         raise ConfigError("parallel.microbatches must be >= 1")
-    for key in ("save_every", "max_bad_steps", "throughput_warmup"):
+    for key in ("save_every", "max_bad_steps", "throughput_warmup", "eval_every"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0 (0 turns it off)")
     for name in cfg.train.activation_checkpointing:
@@ -94,6 +94,7 @@ def validate(cfg: Config) -> None:
     if cfg.data.name in ("webdataset", "jsonl") and not cfg.data.path:
         raise ConfigError(f"data.name = '{cfg.data.name}' needs data.path (a .tar shard or folder of shards for "
                           "webdataset, a .jsonl manifest for jsonl)")
+    validate_held_out(cfg)
     if cfg.data.seq_len < 8 or cfg.data.seq_len % 8:
         raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must be a positive multiple of 8")
     if cfg.data.images_per_sample < 1:
@@ -111,3 +112,21 @@ def validate(cfg: Config) -> None:
     for name in cfg.parallel.modules:
         if name not in known:
             raise ConfigError(f"parallel.modules.{name} names no module; modules are: {', '.join(sorted(known))}")
+
+
+def validate_held_out(cfg: Config) -> None:
+    """train.eval_every needs a held-out split: the demo sets make one, real data reads data.eval_path."""
+    real = cfg.data.name in ("webdataset", "jsonl")
+    if cfg.data.eval_path and not real:
+        raise ConfigError(f"data.eval_path is read by data.name = 'webdataset' or 'jsonl' only; data.name = "
+                          f"'{cfg.data.name}' makes its own held-out samples (data.eval_samples), so leave it empty")
+    if cfg.train.eval_every and real and not cfg.data.eval_path:
+        raise ConfigError(f"train.eval_every = {cfg.train.eval_every} with data.name = '{cfg.data.name}' needs "
+                          "data.eval_path, the held-out samples (a manifest or shards like data.path's); set it, "
+                          "or train.eval_every = 0")
+    if cfg.train.eval_every and cfg.data.name == "synthetic":
+        raise ConfigError("train.eval_every with data.name = 'synthetic': random data has no held-out split; "
+                          "set train.eval_every = 0")
+    if cfg.train.eval_every and cfg.data.eval_samples < 1:
+        raise ConfigError(f"train.eval_every needs held-out samples; set data.eval_samples >= 1 "
+                          f"(got {cfg.data.eval_samples})")

@@ -98,11 +98,8 @@ class _StepRequests(Sampler):
         self.data, self.start, self.global_batch, self.seed = data, start, global_batch, seed
 
     def __iter__(self) -> Iterator[list[tuple[int, int, bool, bool]]]:
-        text, images = self.data.text_rows, self.data.image_rows
         for step in count(self.start):
-            indices = self.data.global_batch_indices(step, self.global_batch, self.seed)
-            yield [(row, int(i), text is None or row in text, images is None or row in images)
-                   for row, i in enumerate(indices) if text is None or row in text or row in images]
+            yield self.data.requests(self.data.global_batch_indices(step, self.global_batch, self.seed))
 
 
 def _own_session(worker_id: int) -> None:
@@ -135,6 +132,7 @@ class ImageTextData(SeededBatches):
         self.pad = special_ids(tokenizer)[2]
         self.text_rows: set[int] | None = None
         self.image_rows: set[int] | None = None
+        self.held_out: ImageTextData | None = None  # data.eval_path's samples, for periodic evaluation
         self.skipped = 0
         self.bad_samples: set[int] = set()
         self.source_problems = list(source_problems or [])
@@ -146,9 +144,11 @@ class ImageTextData(SeededBatches):
                 print(f"mimo: data: {p}", file=sys.stderr)
 
     # Sharding --------------------------------------------------------------------------------------
-    def shard_for(self, split: Callable[[dict], list[dict]], global_batch: int) -> None:
-        """Decode only the rows this rank's microbatches use. `split` is the trainer's global batch ->
-        local microbatches function; it is run once on a batch of row numbers to see which rows arrive."""
+    def shard_for(self, split: Callable[[dict], list[dict]], global_batch: int,
+                  agree: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """Decode only the rows this rank's microbatches use (in held-out batches too). `split` is the
+        trainer's global batch -> local microbatches function; it is run once on a batch of row numbers to
+        see which rows arrive. `agree` replaces the verdicts' MAX all-reduce (over the ranks that read data)."""
         rows = torch.arange(global_batch)
         probe = {"input_ids": rows[:, None], "labels": rows[:, None], "position_ids": rows[:, None],
                  "modality_inputs": {self.modality: {self.encoder: {"pixel_values": rows}}}}
@@ -158,6 +158,17 @@ class ImageTextData(SeededBatches):
                            for r in mb["modality_inputs"].get(self.modality, {}).get(self.encoder, {})
                            .get("pixel_values", rows[:0])}
         self._iter = None
+        if agree is not None:
+            self.agree = agree
+        if self.held_out is not None:
+            self.held_out.text_rows, self.held_out.image_rows = self.text_rows, self.image_rows
+            self.held_out.agree = self.agree
+
+    def requests(self, indices: Any) -> list[tuple[int, int, bool, bool]]:
+        """(row, sample index, want text, want image) for each row of `indices` this rank decodes."""
+        text, images = self.text_rows, self.image_rows
+        return [(row, int(i), text is None or row in text, images is None or row in images)
+                for row, i in enumerate(indices) if text is None or row in text or row in images]
 
     # Batches ----------------------------------------------------------------------------------------
     def _items(self, step: int, global_batch: int, seed: int) -> list[Item]:
@@ -176,29 +187,47 @@ class ImageTextData(SeededBatches):
         RuntimeError on all of them."""
         items = self._items(step, global_batch, seed)
         indices = self.global_batch_indices(step, global_batch, seed)
-        verdict = torch.zeros(global_batch)
+        return self._agreed_batch(items, indices, global_batch, f"step {step}")
+
+    def held_out_batches(self, global_batch: int) -> int:
+        """How many global batches data.eval_path's samples fill (0 without it; the last may be partly empty)."""
+        return 0 if self.held_out is None else -(-len(self.held_out.records) // global_batch)
+
+    def held_out_batch(self, index: int, global_batch: int) -> dict:
+        """Global batch `index` of the held-out samples in order (rows past the last sample are empty and
+        carry no loss). Collective through `agree`, like `global_batch`; skips count in the held-out report."""
+        ev = self.held_out
+        indices = list(range(index * global_batch, min((index + 1) * global_batch, len(ev.records))))
+        reader = _Samples(ev)
+        items = [reader[request] for request in ev.requests(indices)]
+        return ev._agreed_batch(items, indices, global_batch, f"held-out batch {index}")
+
+    def _agreed_batch(self, items: list[Item], indices: Any, n: int, where: str) -> dict:
+        """The batch of `n` rows from this rank's decoded `items`, after the verdicts are agreed (collective
+        through `agree`); agreed unusable rows are counted."""
+        verdict = torch.zeros(n)
         for row, _, _, _, problem, level in items:
             verdict[row] = level
             if level == SKIP:
                 self._report(problem)
         verdict = self.agree(verdict)
         if (verdict == FAIL).any():
-            raise RuntimeError(self._failure(items, step, verdict))
+            raise RuntimeError(self._failure(items, where, verdict))
         bad = verdict > USABLE
-        batch = self._assemble(items, global_batch, bad)
+        batch = self._assemble(items, n, bad)
         for row in torch.nonzero(bad).reshape(-1).tolist():
             self.skipped += 1
             self.bad_samples.add(int(indices[row]))
         return batch
 
     @staticmethod
-    def _failure(items: list[Item], step: int, verdict: torch.Tensor) -> str:
+    def _failure(items: list[Item], where: str, verdict: torch.Tensor) -> str:
         """The message of a failed step: this rank's own error, or where to find it."""
         mine = [problem for *_, problem, level in items if level == FAIL]
         if mine:
             return f"data: {mine[0]}"
         rows = torch.nonzero(verdict == FAIL).reshape(-1).tolist()
-        return (f"data: row(s) {rows} of the global batch of step {step} failed to load on another rank; "
+        return (f"data: row(s) {rows} of the global batch of {where} failed to load on another rank; "
                 "its error names the sample and the cause")
 
     def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
@@ -229,24 +258,26 @@ class ImageTextData(SeededBatches):
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, device: str | torch.device = "cpu", samples: int = 64,
                  batch_size: int = 16) -> dict:
-        """Per-token loss of a whole model on the first `samples` usable samples (one process, no
-        collective), plus the data report."""
+        """Per-token loss of a whole model on the first `samples` usable held-out samples (data.eval_path's;
+        without it, the first training samples), in one process, no collective; plus the data reports."""
+        src = self.held_out if self.held_out is not None else self
         was_training = model.training
         model.eval()
         total, tokens, used = 0.0, 0, 0
-        for lo in range(0, min(samples, len(self.records)), batch_size):
-            rows = list(range(lo, min(lo + batch_size, samples, len(self.records))))
-            reader = _Samples(self)
+        for lo in range(0, min(samples, len(src.records)), batch_size):
+            rows = list(range(lo, min(lo + batch_size, samples, len(src.records))))
+            reader = _Samples(src)
             items = [reader[(r - lo, r, True, True)] for r in rows]
             bad = torch.tensor([it[5] != USABLE for it in items])
-            batch = self._assemble(items, len(rows), bad)
+            batch = src._assemble(items, len(rows), bad)
             batch = to_device(batch, torch.device(device))
             out = model(**batch)
             total += float(out.loss_sum)
             tokens += int((batch["labels"] != IGNORE_INDEX).sum())
             used += int((bad == 0).sum())
         model.train(was_training)
-        return {"loss": total / max(tokens, 1), "eval_samples": used, "data": self.report()}
+        held_out = {} if self.held_out is None else {"held_out_data": self.held_out.report()}
+        return {"loss": total / max(tokens, 1), "eval_samples": used, "data": self.report(), **held_out}
 
     # Resumable counters --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -276,7 +307,14 @@ def build_image_text_data(cfg: Config, model: MimoModel) -> ImageTextData:
     (name, m), = cfg.model.modalities.items()
     tokens_per_image = model.modality_submodules[name].encoders["vit"].tokens_per_image
     reader = read_webdataset if cfg.data.name == "webdataset" else read_manifest
-    records, problems = reader(cfg.data.path)
-    return ImageTextData(records, load_tokenizer_spec(cfg.data.tokenizer), m.vit.image, tokens_per_image, m.token_id,
-                         cfg.data.seq_len, modality=name, workers=cfg.data.workers, source_problems=problems,
-                         vocab=cfg.model.llm.vocab)
+    tokenizer = load_tokenizer_spec(cfg.data.tokenizer)
+
+    def data_set(records: list[Record], problems: list[str], workers: int) -> ImageTextData:
+        return ImageTextData(records, tokenizer, m.vit.image, tokens_per_image, m.token_id, cfg.data.seq_len,
+                             modality=name, workers=workers, source_problems=problems, vocab=cfg.model.llm.vocab)
+
+    data = data_set(*reader(cfg.data.path), cfg.data.workers)
+    if cfg.data.eval_path:
+        records, problems = reader(cfg.data.eval_path, "data.eval_path")
+        data.held_out = data_set(records[: cfg.data.eval_samples], problems, 0)
+    return data

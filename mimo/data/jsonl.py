@@ -14,11 +14,12 @@ from pathlib import Path
 from mimo.data.samples import ImageRef, Record, record_from_json, resolve_image_path
 
 
-def read_manifest(path: str | Path) -> tuple[list[Record], list[str]]:
-    """The records of a manifest, one per non-blank line (keyed `line N`), and file-level problems."""
+def read_manifest(path: str | Path, field: str = "data.path") -> tuple[list[Record], list[str]]:
+    """The records of a manifest, one per non-blank line (keyed `line N`), and file-level problems.
+    `field` is the config key that named the manifest, for the error."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"data.path = '{p}' is not a file; give the path of a .jsonl manifest")
+        raise FileNotFoundError(f"{field} = '{p}' is not a file; give the path of a .jsonl manifest")
     records = []
     with p.open("rb") as f:
         for n, raw in enumerate(f, start=1):

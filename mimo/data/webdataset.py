@@ -19,9 +19,9 @@ from mimo.data.samples import IMAGE_EXTS, ImageRef, Record, record_from_json
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
-def shard_paths(spec: str) -> list[Path]:
+def shard_paths(spec: str, field: str = "data.path") -> list[Path]:
     """The shards `spec` names: one .tar file, a folder of them (sorted), or a brace range such as
-    `data/shard-{000000..000009}.tar`."""
+    `data/shard-{000000..000009}.tar`. `field` is the config key that named them, for the error."""
     m = _BRACES.search(spec)
     if m:
         lo, hi = m.group(1), m.group(2)
@@ -31,7 +31,7 @@ def shard_paths(spec: str) -> list[Path]:
         paths = sorted(p.glob("*.tar")) if p.is_dir() else [p]
     missing = [str(p) for p in paths if not p.is_file()]
     if not paths or missing:
-        raise FileNotFoundError(f"data.path = '{spec}' names no tar shard{'s ' + str(missing[:3]) if missing else ''}; "
+        raise FileNotFoundError(f"{field} = '{spec}' names no tar shard{'s ' + str(missing[:3]) if missing else ''}; "
                                 "give a .tar file, a folder of .tar files or a brace range like shard-{000..009}.tar")
     return paths
 
@@ -89,10 +89,10 @@ def _record(path: str, key: str, members: dict[str, tarfile.TarInfo], texts: dic
     return Record(key, image, problem=f"sample '{key}' in '{path}' has no .txt or .json member")
 
 
-def read_webdataset(spec: str) -> tuple[list[Record], list[str]]:
+def read_webdataset(spec: str, field: str = "data.path") -> tuple[list[Record], list[str]]:
     """All records of the shards `spec` names, in shard then member order, and the shard problems."""
     records, problems = [], []
-    for path in shard_paths(spec):
+    for path in shard_paths(spec, field):
         recs, problem = read_shard(path)
         records.extend(recs)
         if problem:

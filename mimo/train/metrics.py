@@ -67,6 +67,21 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log(values, record["step"])
 
+    def log_eval(self, step: int, values: dict) -> None:
+        """A periodic evaluation after `step`: `{"step", "eval_<key>": ...}` in metrics.jsonl (one line of
+        its own), `eval/<key>` in TensorBoard and W&B."""
+        self.history.append({"step": step, **{f"eval_{k}": v for k, v in values.items()}})
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(self.history[-1]) + "\n")
+        self.file.flush()
+        named = scalars(values, "eval")
+        if self.tb is not None:
+            for k, v in named.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(named, step)
+
     def progress(self, n: int, **postfix: float) -> None:
         if self.bar is not None:
             self.bar.update(n)

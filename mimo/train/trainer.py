@@ -27,6 +27,7 @@ from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.checkpoint.weights import save_weights
 from mimo.train.faults import StepGuard, skip_step
+from mimo.train.held_out import evaluate_held_out
 from mimo.train.metrics import MetricsLogger
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
@@ -184,6 +185,9 @@ class Trainer:
                     logger.log({**{k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "stepped",
                                                        "bad_steps", *self.out_loss.keys)}, **throughput.interval()})
                 logger.progress(1, loss=rec["loss"], **throughput.running())
+                if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
+                    logger.log_eval(step, evaluate_held_out(cfg, self.model, self.data, self.plan, self.device,
+                                                            self.local_microbatches))
                 if self.checkpointer.after_step(step):
                     logger.close()
                     return {"steps": step + 1, "stopped": "SIGTERM", "final_loss": rec["loss"],

@@ -33,7 +33,7 @@ from mimo.parallel.grid import Grid, GridGroups, pair_groups
 from mimo.parallel.layout import Layout
 from mimo.parallel.p2p import Outbox
 from mimo.parallel.pipeline.microbatches import encoder_microbatches, lm_microbatches
-from mimo.parallel.pipeline.schedule import run_1f1b, stage_index, warmup_microbatches
+from mimo.parallel.pipeline.schedule import run_1f1b, run_forwards, stage_index, warmup_microbatches
 from mimo.parallel.pipeline.split import drop_parameters, only_encoder, split_encoder, split_lm
 from mimo.parallel.pipeline.stage import EncoderStage, LMStage, StageLink
 
@@ -205,11 +205,13 @@ class PipelinePlan:
         return {k: v.to(device) for part in parts for k, v in part.items()}
 
     def train_step(self, model: MimoModel, batch: dict | None, device: torch.device,
-                   autocast: Callable[[], AbstractContextManager]) -> StepResult:
+                   autocast: Callable[[], AbstractContextManager], backward: bool = True) -> StepResult:
         """Forward and backward of every microbatch through this rank's stage; collective.
 
         `batch` (the global batch) is needed where `needs_data`, else None. Afterwards gradients hold
-        this stage's share of d(loss_sum / N_global); call `ParallelPlan.finalize_grads` next.
+        this stage's share of d(loss_sum / N_global); call `ParallelPlan.finalize_grads` next. With
+        `backward` false (evaluation; call it under torch.no_grad) every stage runs the microbatches'
+        forwards only, in order, and the result is the same loss; gradients are untouched.
         """
         if self.needs_data and batch is None:
             raise ValueError(f"rank {self.rank} runs a first or last stage of '{self.module}' and needs the batch")
@@ -239,14 +241,17 @@ class PipelinePlan:
             if self.first:
                 tokens = sum(mb["input_ids"].numel() for mb in text)
             n_global = local_tokens.detach().clone()
-            if self.last and dp > 1:
+            if self.last and dp > 1 and backward:
                 dist.all_reduce(n_global, group=self.groups.group("dp"))
             stage = LMStage(model, self.first, self.last, self.bridges if self.first else {}, text,
                             1.0 / n_global.clamp_min(1.0), **kw)
         else:
             stage = EncoderStage(sub, encoder, self.first, self.last, self.bridges[self.module] if self.last else None,
                                  inputs, model.language_model.cfg.hidden, **kw)
-        run_1f1b(stage, m, warmup_microbatches(self.total_stages, self.stage, m))
+        if backward:
+            run_1f1b(stage, m, warmup_microbatches(self.total_stages, self.stage, m))
+        else:
+            run_forwards(stage, m)
         outbox.drain()
         # The global batch's FLOPs, counted once: by the lead rank of the LM's first stage, which holds it.
         counts_flops = self.module == LANGUAGE and self.first and self.is_lead

@@ -47,3 +47,10 @@ def run_1f1b(stage: Stage, microbatches: int, warmup: int) -> None:
         stage.backward()
     for _ in range(warmup):
         stage.backward()
+
+
+def run_forwards(stage: Stage, microbatches: int) -> None:
+    """Drive the forwards of one evaluation pass of `stage`, in order (no backward; sends never block, so
+    every stage runs ahead as far as its inputs allow)."""
+    for t in range(microbatches):
+        stage.forward(t)
