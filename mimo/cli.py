@@ -38,13 +38,6 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    from mimo.data.shapes import image_tensor_values
-    from mimo.data.tokenizer import ByteTokenizer
-    from mimo.models.generate import greedy_generate
     from mimo.train.checkpoint.weights import load_run
 
     if overrides:
@@ -54,25 +47,52 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
         if not model.output_token_ids:
             raise ConfigError(f"--out writes an image, but the run '{args.run}' has no Out path; train one with "
                               "model.modalities.<m>.output_token_id set, e.g. configs/demo_text_to_image.toml")
-        print(write_image(model, args.prompt, args.out))
+        if len(args.prompt) != 1:
+            raise ConfigError(f"--out draws one prompt; got {len(args.prompt)} --prompt flags")
+        print(write_image(model, args.prompt[0], args.out))
         return 0
-    tok = ByteTokenizer()
-    ids = [tok.BOS]
+    for text in generate_text(cfg, model, args.prompt, args.image or [], args.max_new_tokens, args.run):
+        print(text)
+    return 0
+
+
+def generate_text(cfg, model, prompts: list[str], images: list[str], max_new_tokens: int, run: str) -> list[str]:
+    """`mimo generate`: each prompt (after its image, if any) decoded greedily, all in one left-padded batch.
+    The run's tokenizer (the one `mimo export` ships) encodes it as training did: BOS, placeholders, text."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from mimo.data.samples import special_ids
+    from mimo.data.shapes import image_tensor_values
+    from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
+    from mimo.export.hf import run_tokenizer_spec
+    from mimo.models.generate import greedy_generate, left_pad
+
+    spec = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
+    tok = ByteTokenizer() if spec == "byte" else load_tokenizer(spec)
+    bos, eos, pad = special_ids(tok)
+    if images and len(images) not in (1, len(prompts)):
+        raise ConfigError(f"give one --image for every --prompt, or one for all; got {len(images)} images for "
+                          f"{len(prompts)} prompts")
+    placeholders: list[int] = []
     modality_inputs = None
-    if args.image:
+    if images:
         vision = [(n, m) for n, m in cfg.model.modalities.items() if m.kind == "vision"]
         if len(vision) != 1:
-            raise ConfigError(f"--image needs a run with exactly one vision modality; '{args.run}' has {len(vision)}")
+            raise ConfigError(f"--image needs a run with exactly one vision modality; '{run}' has {len(vision)}")
         (name, mcfg), = vision
-        vit = model.modality_submodules[name].encoders["vit"]
-        img = Image.open(args.image).convert("RGB").resize((mcfg.vit.image, mcfg.vit.image))
-        pixels = torch.from_numpy(image_tensor_values(np.asarray(img)))[None]
-        ids += [mcfg.token_id] * vit.tokens_per_image
-        modality_inputs = {name: {"vit": {"pixel_values": pixels}}}
-    ids += tok.encode(args.prompt)
-    out = greedy_generate(model, torch.tensor([ids]), modality_inputs, args.max_new_tokens, tok.EOS)
-    print(tok.decode(out[0]))
-    return 0
+        size = mcfg.vit.image
+        pixels = [image_tensor_values(np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BICUBIC)))
+                  for p in (images if len(images) > 1 else images * len(prompts))]
+        placeholders = [mcfg.token_id] * model.modality_submodules[name].encoders["vit"].tokens_per_image
+        modality_inputs = {name: {"vit": {"pixel_values": torch.from_numpy(np.stack(pixels))}}}
+    encode = tok.encode if spec == "byte" else (lambda text: tok.encode(text, add_special_tokens=False))
+    ids, mask = left_pad([([bos] if bos is not None else []) + placeholders + encode(p) for p in prompts], pad)
+    outs = greedy_generate(model, ids, modality_inputs, max_new_tokens, eos, attention_mask=mask)
+    if spec == "byte":
+        return [tok.decode(o) for o in outs]
+    return [tok.decode([i for i in o if i != eos], skip_special_tokens=True) for o in outs]
 
 
 def write_image(model, prompt: str, path: str, scale: int = 4) -> str:
@@ -175,8 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="greedy decoding from a trained run",
                        description="Answer a prompt about an image with a trained run (greedy, KV cache).")
     g.add_argument("--run", required=True, help="run folder written by `mimo train`, e.g. runs/demo_vlm")
-    g.add_argument("--image", help="image file (any size; resized to the encoder's input)")
-    g.add_argument("--prompt", required=True, help="text after the image, e.g. 'what color?'")
+    g.add_argument("--image", action="append", help="image file (any size; resized to the encoder's input); "
+                   "repeat it, one per --prompt, or give one for all")
+    g.add_argument("--prompt", action="append", required=True,
+                   help="text after the image, e.g. 'what color?'; repeat it for a batch (one line out per prompt)")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--out", help="write an image here instead of text (a run with an Out path, e.g. "
                    "runs/demo_text_to_image; the prompt says what to draw)")

@@ -32,7 +32,8 @@ def text_architecture(cfg: LLMConfig) -> str:
     return "qwen2" if cfg.qkv_bias else "llama"
 
 
-def hf_text_config(cfg: LLMConfig, dtype: str) -> Any:
+def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] | None = None) -> Any:
+    """The `transformers` config of the LM's family; `token_ids` (bos/eos/pad_token_id) go into it."""
     tf = require_transformers()
     arch = text_architecture(cfg)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
@@ -43,7 +44,8 @@ def hf_text_config(cfg: LLMConfig, dtype: str) -> Any:
     out = cls(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
               num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
               head_dim=cfg.attention_head_dim, max_position_embeddings=cfg.max_seq,
-              rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, rope_parameters=rope, dtype=dtype)
+              rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, rope_parameters=rope, dtype=dtype,
+              **(token_ids or {}))
     out.architectures = [{"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
                           "llama": "LlamaForCausalLM"}[arch]]
     return out

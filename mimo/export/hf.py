@@ -8,8 +8,8 @@ with `LlavaForConditionalGeneration` / `AutoModelForCausalLM.from_pretrained`.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -17,6 +17,14 @@ from torch import nn
 
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import hf_act, hf_text_config, hf_vision_config
+from mimo.export.tokens import (
+    make_readable,
+    run_tokenizer,
+    save_generation_config,
+    save_llava_processor,
+    token_ids,
+    with_image_token,
+)
 from mimo.hf.files import INDEX
 from mimo.hf.names import llm_names, projector_names, vit_names, with_prefix
 from mimo.models.layers import ACTIVATIONS, MLP
@@ -26,8 +34,6 @@ from mimo.models.vit import VisionTransformer
 from mimo.train.checkpoint.weights import load_run
 
 MAX_SHARD_BYTES = 5 * 2**30
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 
 
 def _prepare_dir(directory: str | Path) -> Path:
@@ -68,14 +74,17 @@ def save_hf_weights(tensors: dict[str, torch.Tensor], directory: Path, max_shard
     (directory / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
-def copy_tokenizer(source: str | Path, directory: Path) -> None:
-    """Copy the tokenizer files of a Hugging Face directory, so the export is self-contained."""
-    src = Path(source)
-    if not src.is_dir():
-        raise FileNotFoundError(f"tokenizer directory '{src}' does not exist; pass a folder holding tokenizer.json")
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, directory / name)
+TokenizerSpec = str | Path | Any | None
+
+
+def resolve_tokenizer(tokenizer: TokenizerSpec, image_token_id: int | None) -> Any:
+    """`byte`, a tokenizer directory or a tokenizer object -> a Hugging Face tokenizer (None stays None), with
+    `<image>` at `image_token_id` when given."""
+    if tokenizer is None:
+        return None
+    if isinstance(tokenizer, (str, Path)):
+        return run_tokenizer(str(tokenizer), image_token_id)
+    return tokenizer if image_token_id is None else with_image_token(tokenizer, image_token_id, "the tokenizer")
 
 
 def _dtype_name(model: nn.Module, dtype: torch.dtype | None) -> str:
@@ -83,17 +92,22 @@ def _dtype_name(model: nn.Module, dtype: torch.dtype | None) -> str:
 
 
 def export_causal_lm(lm: DecoderLM, directory: str | Path, dtype: torch.dtype | None = None,
-                     tokenizer_dir: str | Path | None = None) -> Path:
-    """The LM alone as a Qwen3/Qwen2/Llama ForCausalLM directory."""
+                     tokenizer: TokenizerSpec = None) -> Path:
+    """The LM alone as a Qwen3/Qwen2/Llama ForCausalLM directory. With `tokenizer` (`byte`, a Hugging Face
+    tokenizer directory or object) also its files, bos/eos/pad ids in config.json and generation_config.json."""
     if lm.embed_tokens is None or lm.norm is None:
         raise ValueError("export_causal_lm needs the whole LM; this one is a pipeline stage without its "
                          "embedding or final norm")
-    config = hf_text_config(lm.cfg, _dtype_name(lm, dtype))
+    tok = resolve_tokenizer(tokenizer, None)
+    ids = token_ids(tok) if tok is not None else {}
+    config = hf_text_config(lm.cfg, _dtype_name(lm, dtype), ids)
     out = _prepare_dir(directory)
     save_hf_weights(_gather(lm, llm_names(lm), dtype), out)
     config.save_pretrained(out)
-    if tokenizer_dir:
-        copy_tokenizer(tokenizer_dir, out)
+    if tok is not None:
+        tok.save_pretrained(out)
+        save_generation_config(ids, out)
+    make_readable(out)
     return out
 
 
@@ -121,18 +135,22 @@ def _llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
 
 
 def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
-                 tokenizer_dir: str | Path | None = None) -> Path:
-    """Vision tower + projector + LM as a `LlavaForConditionalGeneration` directory."""
+                 tokenizer: TokenizerSpec = None) -> Path:
+    """Vision tower + projector + LM as a `LlavaForConditionalGeneration` directory. With `tokenizer` (`byte`,
+    a Hugging Face tokenizer directory or object) also the tokenizer with `<image>` at the placeholder id, a
+    processor `AutoProcessor` loads (mimo's pixel preparation), bos/eos/pad ids and generation_config.json."""
     tf = require_transformers()
     name, vit, proj = _llava_parts(model)
     lm = model.language_model
     dt = _dtype_name(model, dtype)
     vcfg = vit.cfg
+    tok = resolve_tokenizer(tokenizer, model.special_token_ids[name])
+    ids = token_ids(tok) if tok is not None else {}
+    strategy = "default" if vcfg.drops_first_token else "full"
     config = tf.LlavaConfig(
         vision_config=hf_vision_config(vcfg, f"model.modalities.{name}.vit", dt).to_dict(),
-        text_config=hf_text_config(lm.cfg, dt).to_dict(), image_token_index=model.special_token_ids[name],
-        image_seq_length=vit.tokens_per_image, vision_feature_layer=-1,
-        vision_feature_select_strategy="default" if vcfg.drops_first_token else "full",
+        text_config=hf_text_config(lm.cfg, dt, ids).to_dict(), image_token_index=model.special_token_ids[name],
+        image_seq_length=vit.tokens_per_image, vision_feature_layer=-1, vision_feature_select_strategy=strategy,
         projector_hidden_act=hf_act(_act_name(proj.act), f"model.modalities.{name}.projector.act"),
         multimodal_projector_bias=proj.fc1.bias is not None, tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
     config.architectures = ["LlavaForConditionalGeneration"]
@@ -146,17 +164,28 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
     out = _prepare_dir(directory)
     save_hf_weights(tensors, out)
     config.save_pretrained(out)
-    if tokenizer_dir:
-        copy_tokenizer(tokenizer_dir, out)
+    if tok is not None:
+        save_llava_processor(tok, vcfg, strategy, out)
+        save_generation_config(ids, out)
+    make_readable(out)
     return out
 
 
+def run_tokenizer_spec(data_tokenizer: str, llm_hf_path: str) -> str:
+    """The tokenizer a run used: data.tokenizer when it is a directory, else the LM's hf_path when that holds
+    a tokenizer, else the byte tokenizer."""
+    if Path(data_tokenizer).is_dir():
+        return data_tokenizer
+    if llm_hf_path and any((Path(llm_hf_path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return llm_hf_path
+    return "byte"
+
+
 def export_run(run_dir: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None) -> Path:
-    """`mimo export`: a finished run's weights as a LLaVA directory, or with `lm_only` the LM as a causal LM."""
+    """`mimo export`: a finished run's weights as a LLaVA directory, or with `lm_only` the LM as a causal LM;
+    the run's tokenizer travels with it (`run_tokenizer_spec`)."""
     cfg, model = load_run(run_dir)
-    # The tokenizer travels with the export: data.tokenizer when it is a directory, else the LM's own.
-    tok = cfg.data.tokenizer if Path(cfg.data.tokenizer).is_dir() else cfg.model.llm.hf_path or None
+    tok = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
     if lm_only:
         return export_causal_lm(model.language_model, to, dtype, tok)
     return export_llava(model, to, dtype, tok)
-

@@ -55,10 +55,10 @@ def test_import_llava_matches_transformers(tower, strategy, rows, tmp_path):
     assert rel_diff(ours, ref) <= TOL and rel_diff(from_object, ref) <= TOL
 
 
-def trained_model(vit: ViTConfig) -> tuple[ModelConfig, MimoModel]:
+def trained_model(vit: ViTConfig, vocab: int = 64, token: int = IMG) -> tuple[ModelConfig, MimoModel]:
     """A tiny VLM after three AdamW steps on a fixed batch (so no weight is at its initial value)."""
-    cfg = ModelConfig(llm=tiny_llm(init_std=0.2),
-                      modalities={"images": ModalityConfig(token_id=IMG, vit=vit)})
+    cfg = ModelConfig(llm=tiny_llm(init_std=0.2, vocab=vocab),
+                      modalities={"images": ModalityConfig(token_id=token, vit=vit)})
     torch.manual_seed(0)
     model = build_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -72,7 +72,8 @@ def trained_model(vit: ViTConfig) -> tuple[ModelConfig, MimoModel]:
 
 def prompt(model: MimoModel) -> tuple[torch.Tensor, dict]:
     n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
-    ids = torch.tensor([[1] + [IMG] * n + [5, 6, 7, 8], [2] + [IMG] * n + [9, 10, 11, 12]])
+    img = model.special_token_ids["images"]
+    ids = torch.tensor([[1] + [img] * n + [5, 6, 7, 8], [2] + [img] * n + [9, 10, 11, 12]])
     torch.manual_seed(4)
     return ids, {"images": {"vit": {"pixel_values": torch.randn(2, 3, 16, 16)}}}
 
@@ -103,7 +104,9 @@ def test_export_trained_model_to_llava(tower, tmp_path):
 
 
 def test_cli_export_run(tmp_path):
-    cfg, model = trained_model(ViTConfig(image=16, patch=8, hidden=16, heads=2, mlp=32, drop_class_token=False))
+    # A byte-tokenizer run: its export names the byte tokenizer's placeholder (259) <image>.
+    cfg, model = trained_model(ViTConfig(image=16, patch=8, hidden=16, heads=2, mlp=32, drop_class_token=False),
+                               vocab=262, token=259)
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text(dump_toml(Config(model=cfg)))

@@ -1,0 +1,117 @@
+"""A run's export is complete: `AutoProcessor` + `LlavaForConditionalGeneration` (and `AutoTokenizer` +
+`AutoModelForCausalLM` for --lm-only) load it as they are and greedy-decode a batch of prompts of different
+lengths to the same text as `mimo generate`; ids, generation config, `<image>` token and file modes are set."""
+
+import json
+import stat
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mimo.cli import main
+from mimo.config.load import dump_toml
+from mimo.config.schema import Config, ModalityConfig, ModelConfig, ViTConfig
+from mimo.data.shapes import image_tensor_values
+from mimo.data.tokenizer import ByteTokenizer
+from mimo.export.tokens import with_image_token
+from mimo.hf.build import build_model
+from mimo.models.generate import greedy_generate, left_pad
+from mimo.train.checkpoint.weights import load_run, save_weights
+from tests.support.configs import tiny_llm
+from tests.support.hf_helpers import perturb, transformers
+from tests.unit.test_hf_tokenizer import WORDS, tiny_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = ["what color?", "a", "how many shapes are there?"]
+STEPS = 10
+TOWERS = {"clip": {}, "siglip_default": dict(class_token=False, pre_norm=False, patch_bias=True, act="gelu_tanh",
+                                             drop_first_patch=True)}
+
+
+def make_run(tmp_path, tower: str):
+    vit = ViTConfig(image=16, patch=4, hidden=16, heads=2, mlp=32, **TOWERS[tower])
+    cfg = ModelConfig(llm=tiny_llm(vocab=ByteTokenizer.vocab_size, init_std=0.2),
+                      modalities={"images": ModalityConfig(token_id=ByteTokenizer.IMAGE, vit=vit)})
+    torch.manual_seed(0)
+    model = perturb(build_model(cfg), scale=0.3)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(dump_toml(Config(model=cfg)))
+    save_weights(model, run / "checkpoint")
+    images = []
+    for i, size in enumerate((16, 24, 13)):
+        path = tmp_path / f"img{i}.png"
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path)
+        images.append(path)
+    return run, images
+
+
+def cli(capsys, *args) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main([*map(str, args)])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def mimo_generate(capsys, run, images=()) -> str:
+    flags = [f for p in PROMPTS for f in ("--prompt", p)] + [f for i in images for f in ("--image", i)]
+    return cli(capsys, "generate", "--run", run, "--max-new-tokens", STEPS, *flags)
+
+
+@pytest.mark.parametrize("tower", list(TOWERS))
+def test_llava_export_decodes_like_mimo_generate(tower, tmp_path, capsys):
+    run, images = make_run(tmp_path, tower)
+    out = tmp_path / "llava"
+    cli(capsys, "export", "--run", run, "--to", out)
+    proc = transformers.AutoProcessor.from_pretrained(out)
+    hf = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
+    inputs = proc(text=["<image>" + p for p in PROMPTS], images=[Image.open(i) for i in images], padding=True,
+                  return_tensors="pt")
+    assert inputs.attention_mask[:, 0].tolist().count(0) == 2  # left-padded, prompts of different lengths
+    made = hf.generate(**inputs, max_new_tokens=STEPS, do_sample=False)[:, inputs.input_ids.shape[1]:]
+    texts = proc.batch_decode(made, skip_special_tokens=True)
+    assert mimo_generate(capsys, run, images) == "".join(t + "\n" for t in texts)
+    # The processor prepares what mimo's data does: BOS, one placeholder per tower row, bytes; mimo's pixels.
+    _, model = load_run(run)
+    n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
+    byte = ByteTokenizer()
+    ids, mask = left_pad([[byte.BOS] + [byte.IMAGE] * n + byte.encode(p) for p in PROMPTS], byte.PAD)
+    assert torch.equal(inputs.input_ids, ids) and torch.equal(inputs.attention_mask, mask)
+    pixels = np.stack([image_tensor_values(np.asarray(Image.open(i).convert("RGB").resize((16, 16), Image.BICUBIC)))
+                       for i in images])
+    assert (inputs.pixel_values - torch.from_numpy(pixels)).abs().max() <= 1e-6
+    ours = greedy_generate(model, ids, {"images": {"vit": {"pixel_values": inputs.pixel_values}}}, STEPS,
+                           byte.EOS, attention_mask=mask)
+    assert ours == [[t for t in row if t != byte.PAD] for row in made.tolist()]
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert (gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (256, 257, 258)
+    assert json.loads((out / "config.json").read_text())["text_config"]["eos_token_id"] == 257
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok.convert_tokens_to_ids("<image>") == ByteTokenizer.IMAGE and tok("hé").input_ids == [256, 104, 195, 169]
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o644 for f in out.iterdir())
+
+
+def test_lm_only_export_decodes_like_mimo_generate(tmp_path, capsys):
+    run, _ = make_run(tmp_path, "clip")
+    out = tmp_path / "lm"
+    cli(capsys, "export", "--run", run, "--to", out, "--lm-only")
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    lm = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
+    inputs = tok(PROMPTS, padding=True, return_tensors="pt")
+    made = lm.generate(**inputs, max_new_tokens=STEPS, do_sample=False)[:, inputs.input_ids.shape[1]:]
+    texts = tok.batch_decode(made, skip_special_tokens=True)
+    assert mimo_generate(capsys, run) == "".join(t + "\n" for t in texts)
+
+
+def test_image_token_is_added_at_the_placeholder_id(tmp_path):
+    words = [w for w in WORDS if w != "<image>"]
+    tok = with_image_token(tiny_tokenizer(tmp_path / "a", words=words), len(words) + 2, "t")
+    assert tok.convert_tokens_to_ids("<image>") == len(words) + 2 and len(tok) == len(words) + 3
+    with pytest.raises(ValueError, match="holds 'is' at id 9"):
+        with_image_token(tiny_tokenizer(tmp_path / "b", words=words), 9, "t")
+    with pytest.raises(ValueError, match="token_id = 3"):
+        with_image_token(tiny_tokenizer(tmp_path / "c"), 20, "t")
