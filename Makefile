@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/mimo train configs/demo_vlm.toml
+	$(VENV)/bin/mimo train configs/demo_vlm.toml --run.overwrite=true
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --durations=15

@@ -178,7 +178,7 @@ def bench_config(args: argparse.Namespace, layout: BenchLayout, global_batch: in
     seq = images_seq_len(p, args.images)
     cuda = torch.cuda.is_available()
     cfg = Config(run=RunConfig(name=layout.name, out_dir=str(Path(args.out) / run_stem(args)), tensorboard=False,
-                               progress=False),
+                               progress=False, overwrite=True),
                  model=model_config({**p, "seq_len": seq}),
                  parallel=layout.parallel,
                  data=DataConfig(name="synthetic", global_batch=global_batch, seq_len=seq,

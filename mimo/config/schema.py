@@ -279,6 +279,9 @@ class RunConfig:
     # its W&B run.
     wandb: bool = False
     wandb_project: str = "mimo"
+    # A run folder that holds another run is refused unless train.resume continues it; overwrite = true
+    # deletes its outputs (config, metrics, checkpoints, logs) and starts over, or lets a resume rewind it.
+    overwrite: bool = False
 
 
 @dataclass

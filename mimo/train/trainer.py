@@ -33,6 +33,7 @@ from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve
 from mimo.train.precision import apply_module_precision, step_autocast
+from mimo.train.run_folder import RunFolder
 from mimo.train.throughput import Throughput
 from mimo.train.wandb_mirror import require_wandb
 
@@ -82,6 +83,7 @@ class Trainer:
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
         self.run_dir = run_dir or Path(cfg.run.out_dir) / cfg.run.name
+        self.run_folder = RunFolder(cfg, self.run_dir, self.rank)
         self.checkpointer = RunCheckpointer(cfg, self.run_dir, module_map(self.model), self.optimizer, self.guard,
                                             self.rank, self.data, self.plan)
 
@@ -162,10 +164,19 @@ class Trainer:
                 "bad_steps": self.guard.consecutive_bad}
 
     def train(self) -> dict:
+        """Collective: claim the run folder (refused when it holds another run or a live one), resume or start
+        over, train, evaluate and write the outputs; the summary."""
+        with self.run_folder.claim():
+            start = self.checkpointer.resume()
+            if start == 0:
+                self.run_folder.start_over()
+            self.checkpointer.set_aside_damaged()
+            self.write_run_config(start)
+            return self.train_from(start)
+
+    def train_from(self, start: int) -> dict:
         cfg = self.cfg
         steps = cfg.train.steps
-        start = self.checkpointer.resume()
-        self.write_run_config(start)
         wandb = dict(project=cfg.run.wandb_project, name=cfg.run.name, config=to_dict(cfg)) if cfg.run.wandb else None
         logger = MetricsLogger(self.run_dir, steps, cfg.run.tensorboard, cfg.run.progress, enabled=self.is_main,
                                start_step=start, wandb=wandb)

@@ -48,7 +48,7 @@ def _refused(tmp_path: Path, ckpt: Path, match: str) -> None:
 
 
 def test_a_shard_that_fails_its_crc_is_refused_and_the_run_folder_untouched(tmp_path, run):
-    ckpt = run / "checkpoints" / "step_00000004"
+    ckpt = run / "checkpoints" / "step_00000006"
     shard = max(ckpt.glob("*.distcp"), key=os.path.getsize)
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
@@ -63,7 +63,7 @@ class _Boom:
 
 def test_a_torch_save_payload_is_refused_and_the_run_folder_untouched(tmp_path, run, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    ckpt = run / "checkpoints" / "step_00000004"
+    ckpt = run / "checkpoints" / "step_00000006"
     for shard in ckpt.glob("*.distcp"):
         with shard.open("wb") as f:
             torch.save({"x": _Boom()}, f, pickle_protocol=pickle.HIGHEST_PROTOCOL)
@@ -73,7 +73,7 @@ def test_a_torch_save_payload_is_refused_and_the_run_folder_untouched(tmp_path, 
 
 
 def test_a_missing_shard_is_refused_and_the_run_folder_untouched(tmp_path, run):
-    ckpt = run / "checkpoints" / "step_00000004"
+    ckpt = run / "checkpoints" / "step_00000006"
     shard = next(ckpt.glob("*.distcp"))
     shard.unlink()
     _refused(tmp_path, ckpt, rf"not a loadable checkpoint \(file '{shard.name}' is missing\)")
@@ -97,7 +97,7 @@ def test_a_garbled_rng_file_is_refused_and_the_run_folder_untouched(tmp_path, ru
 
 
 def test_cli_prints_one_error_line_and_exits_2(tmp_path, run, capsys):
-    ckpt = run / "checkpoints" / "step_00000004"
+    ckpt = run / "checkpoints" / "step_00000006"
     next(ckpt.glob("*.distcp")).unlink()
     with pytest.raises(SystemExit) as e:
         main(["train", str(DEMO), *TINY, f"--run.out_dir={tmp_path}", *SAVE, f"--train.resume={ckpt}"])

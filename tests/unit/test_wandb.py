@@ -66,7 +66,7 @@ def test_every_logged_step_and_the_summary_reach_wandb(tmp_path, wandb_runs):
 def test_a_resumed_run_continues_its_wandb_run_and_a_fresh_one_starts_another(tmp_path, wandb_runs):
     Trainer(tiny_config(tmp_path, "--train.steps=2", "--train.save_every=2", "--run.wandb=true")).train()
     Trainer(tiny_config(tmp_path, "--train.steps=4", "--train.resume=true", "--run.wandb=true")).train()
-    Trainer(tiny_config(tmp_path, "--train.steps=2", "--run.wandb=true")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=2", "--run.wandb=true", "--run.overwrite=true")).train()
     first, resumed, fresh = wandb_runs
     assert resumed.init["id"] == first.init["id"]
     assert [step for step, _ in resumed.logged] == [2, 3]

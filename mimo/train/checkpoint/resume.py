@@ -28,7 +28,7 @@ from mimo.config.schema import Config, ConfigError
 from mimo.parallel.verdict import first_problem
 from mimo.train.checkpoint.reshard import full_shapes, globalize
 from mimo.train.checkpoint.safe_dcp import CorruptCheckpointError
-from mimo.train.checkpoint.store import CheckpointStore, Found, crc32, folder_step, validate, verify_share
+from mimo.train.checkpoint.store import STAGING, CheckpointStore, Found, crc32, folder_step, validate, verify_share
 from mimo.train.checkpoint.weights import load_training_state, save_training_state, training_state
 from mimo.train.faults import RunAborted, StepGuard
 from mimo.train.optim import MimoOptimizer
@@ -99,6 +99,7 @@ class RunCheckpointer:
         self.shapes = full_shapes(cfg.model) if self.tp_meshes else {}
         self.resumed_from: str | None = None
         self.ignored: list[str] = []
+        self.damaged: list[Path] = []
 
     def report(self, message: str) -> None:
         if self.rank == 0:
@@ -155,6 +156,8 @@ class RunCheckpointer:
             for f in bad:
                 self.ignored.append(f"{f.path}: {f.problem}")
                 self.report(f"ignoring '{f.path}': {f.problem}")
+                if not f.path.name.startswith(STAGING):
+                    self.damaged.append(f.path)
             return good
         path = Path(str(mode))
         problem = validate(path) if path.is_dir() else "no such folder"
@@ -183,6 +186,7 @@ class RunCheckpointer:
                                   "was changed; name another checkpoint, or true for the newest complete one")
             if problem:
                 self.ignored.append(f"{found.path}: {problem}")
+                self.damaged.append(found.path)
                 self.report(f"ignoring '{found.path}': {problem}")
                 continue
             self.resumed_from = str(found.path)
@@ -192,6 +196,20 @@ class RunCheckpointer:
             return step
         self.report("no complete checkpoint to resume from; starting at step 0")
         return 0
+
+    def set_aside_damaged(self) -> None:
+        """Rank 0, once the run may go on: rename each published checkpoint that was skipped as damaged to
+        `step_XXXXXXXX.damaged` (`.damaged-2`, ...), out of the way of saves and pruning, never deleted."""
+        if self.rank != 0:
+            return
+        for path in self.damaged:
+            target, n = path.with_name(path.name + ".damaged"), 1
+            while target.exists():
+                n += 1
+                target = path.with_name(f"{path.name}.damaged-{n}")
+            if path.is_dir():
+                path.rename(target)
+                self.report(f"moved the damaged '{path}' to '{target}'")
 
     def _agree(self, steps: list[int]) -> None:
         """Collective: every rank must have found the same checkpoints (a shared file system)."""
