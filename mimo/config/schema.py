@@ -186,6 +186,9 @@ class ParallelConfig:
 
     modules: dict[str, ModuleLayoutConfig] = field(default_factory=dict)
     microbatches: int = 1
+    # Seconds any collective may wait for the other ranks before the run fails with a message (instead of
+    # hanging when a rank died or the ranks disagree); raise it for very long saves or evaluations.
+    timeout_s: float = 1800.0
 
 
 @dataclass

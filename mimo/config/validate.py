@@ -75,6 +75,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32 or bfloat16")
     if cfg.parallel.microbatches < 1:
         raise ConfigError("parallel.microbatches must be >= 1")
+    if not cfg.parallel.timeout_s > 0:
+        raise ConfigError(f"parallel.timeout_s ({cfg.parallel.timeout_s}) must be > 0: the seconds a collective may "
+                          "wait for the other ranks")
     for key in ("save_every", "max_bad_steps", "throughput_warmup", "eval_every"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0 (0 turns it off)")

@@ -19,6 +19,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from mimo.parallel.comm import collective_device
+from mimo.parallel.runtime import group_timeout
 
 DIMS: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Grid order: tp varies fastest (stays inside a node), pp slowest."""
@@ -154,7 +155,7 @@ def _new_groups(enum: tuple[tuple[int, ...], ...], world: int, desc: str) -> Pro
     """Collective: create one group per rank list; return this rank's (the world group is reused)."""
     if enum == (tuple(range(world)),):
         return dist.group.WORLD
-    return dist.new_subgroups_by_enumeration([list(g) for g in enum], group_desc=desc)[0]
+    return dist.new_subgroups_by_enumeration([list(g) for g in enum], timeout=group_timeout(), group_desc=desc)[0]
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ def member_group(rank_lists: list[list[int]]) -> tuple[ProcessGroup | None, int]
     rank = dist.get_rank()
     mine, index = None, 0
     for ranks in rank_lists:
-        group = dist.new_group(ranks)
+        group = dist.new_group(ranks, timeout=group_timeout())
         if rank in ranks:
             mine, index = group, ranks.index(rank)
     return mine, index
@@ -243,7 +244,7 @@ def pair_groups(pairs: list[Pair]) -> dict[Pair, ProcessGroup]:
     for src, dst in pairs:
         if src == dst:
             raise ValueError(f"a pipeline link needs two different ranks, got {src} -> {dst}")
-        group = dist.new_group(sorted((src, dst)))
+        group = dist.new_group(sorted((src, dst)), timeout=group_timeout())
         if rank in (src, dst):
             out[(src, dst)] = group
     return out

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -21,15 +22,27 @@ GPU_BACKEND = "cpu:gloo,cuda:nccl"
 over gloo: every collective works whichever side its tensor is on."""
 
 
-def init_distributed(device_type: str) -> tuple[int, int]:
-    """Join the default process group (GPU_BACKEND on GPUs, gloo on CPUs); returns (rank, world size)."""
+_timeout: list[timedelta] = []
+"""The timeout init_distributed gave the default group (empty before, or when a test harness joined it)."""
+
+
+def group_timeout() -> timedelta | None:
+    """The timeout for process groups made after the default one: the same parallel.timeout_s, or None
+    (torch's default) when init_distributed did not create the default group."""
+    return _timeout[-1] if _timeout else None
+
+
+def init_distributed(device_type: str, timeout_s: float = 1800.0) -> tuple[int, int]:
+    """Join the default process group (GPU_BACKEND on GPUs, gloo on CPUs); returns (rank, world size).
+    Every collective of the group fails after `timeout_s` seconds without its peers (parallel.timeout_s)."""
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if not launched_distributed():
         return 0, 1
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(GPU_BACKEND if device_type == "cuda" else "gloo")
+    _timeout[:] = [timedelta(seconds=timeout_s)]
+    dist.init_process_group(GPU_BACKEND if device_type == "cuda" else "gloo", timeout=_timeout[0])
     return dist.get_rank(), dist.get_world_size()
 
 

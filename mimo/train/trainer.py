@@ -60,7 +60,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         if cfg.run.wandb:
             require_wandb()
-        self.rank, self.world = init_distributed(torch.device(cfg.train.device).type)
+        self.rank, self.world = init_distributed(torch.device(cfg.train.device).type, cfg.parallel.timeout_s)
         self.is_main = self.rank == 0
         self.device = torch.device(cfg.train.device)
         if self.device.type == "cuda" and self.world > 1:
