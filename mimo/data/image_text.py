@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from mimo.config.schema import Config
 from mimo.data.batching import to_device
 from mimo.data.jsonl import read_manifest
-from mimo.data.samples import BadSample, Record, decode_image, encode_text, special_ids
+from mimo.data.samples import BadSample, BatchFailed, Record, decode_image, encode_text, special_ids
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
 from mimo.data.webdataset import read_webdataset
@@ -153,9 +153,9 @@ class ImageTextData(SeededBatches):
         probe = {"input_ids": rows[:, None], "labels": rows[:, None], "position_ids": rows[:, None],
                  "modality_inputs": {self.modality: {self.encoder: {"pixel_values": rows}}}}
         micro = split(probe)
-        self.text_rows = {int(r) for mb in micro for r in mb["input_ids"].reshape(-1)}
+        self.text_rows = {int(r) for mb in micro for r in mb.get("input_ids", rows[:0]).reshape(-1)}
         self.image_rows = {int(r) for mb in micro
-                           for r in mb["modality_inputs"].get(self.modality, {}).get(self.encoder, {})
+                           for r in mb.get("modality_inputs", {}).get(self.modality, {}).get(self.encoder, {})
                            .get("pixel_values", rows[:0])}
         self._iter = None
         if agree is not None:
@@ -184,7 +184,7 @@ class ImageTextData(SeededBatches):
         """The global batch at `step` (rows this rank does not use are padding). Collective through
         `agree` (every rank that reads data calls it at every step, before any other collective of the
         step): unusable rows are agreed and counted; a sample that failed unexpectedly on any rank raises
-        RuntimeError on all of them."""
+        BatchFailed on all of them."""
         items = self._items(step, global_batch, seed)
         indices = self.global_batch_indices(step, global_batch, seed)
         return self._agreed_batch(items, indices, global_batch, f"step {step}")
@@ -212,7 +212,7 @@ class ImageTextData(SeededBatches):
                 self._report(problem)
         verdict = self.agree(verdict)
         if (verdict == FAIL).any():
-            raise RuntimeError(self._failure(items, where, verdict))
+            raise BatchFailed(self._failure(items, where, verdict))
         bad = verdict > USABLE
         batch = self._assemble(items, n, bad)
         for row in torch.nonzero(bad).reshape(-1).tolist():

@@ -28,6 +28,11 @@ class BadSample(ValueError):
     """A sample that cannot be used (unreadable image, malformed text); it is skipped and counted."""
 
 
+class BatchFailed(RuntimeError):
+    """A sample of a batch failed unexpectedly on some rank: every rank that reads data raises it at the
+    same step (the verdict is agreed), so that none of them waits for the others in a collective."""
+
+
 @dataclass(frozen=True)
 class ImageRef:
     """Where an image's encoded bytes live: a whole file, or `size` bytes at `offset` of a tar shard."""

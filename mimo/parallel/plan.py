@@ -263,12 +263,20 @@ class ParallelPlan:
     def microbatches(self, batch: dict) -> list[dict]:
         """This rank's model inputs for each microbatch: text from the LM's DP lane, each modality's
         inputs from that modality's lane (see mimo.data.batching). Under context parallel the per-token
-        entries then keep this rank's positions (`ContextParallel.shard_batch`)."""
+        entries then keep this rank's positions (`ContextParallel.shard_batch`). On a pipelined layout:
+        what this rank's stage reads (`PipelinePlan.local_inputs`)."""
+        if self.pipeline is not None:
+            return self.pipeline.local_inputs(batch)
         lanes = {name: (self.dp_rank(name), self.dp(name)) for name in self.layout.grids}
         micro = split_microbatches(batch, self.cfg.parallel.microbatches, lanes)
         if self.context is not None:
             micro = [self.context.shard_batch(mb) for mb in micro]
         return micro
+
+    def agree_on_data(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """How the ranks that read data agree on a batch's per-row verdicts (elementwise maximum): among the
+        readers on a pipelined layout; None (the data set's all-reduce over the world) where every rank reads."""
+        return self.pipeline.agree_among_readers if self.pipeline is not None else None
 
     def all_reduce_lm_data(self, t: torch.Tensor) -> torch.Tensor:
         """Collective over the LM's data lanes and CP ranks: sums a per-lane quantity (token counts, loss

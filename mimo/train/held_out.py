@@ -10,6 +10,7 @@ evaluates the same rows. The loss is the text loss (an Out path's decoder loss i
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -17,9 +18,22 @@ import torch
 from mimo.config.schema import Config
 from mimo.data.batching import to_device
 from mimo.data.checks import check_batch
+from mimo.data.samples import BatchFailed
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
 from mimo.train.precision import step_autocast
+
+
+def read_batch(read: Callable[[], dict], reads: bool) -> tuple[dict | None, str | None]:
+    """(batch, None) from `read` on a pipeline rank that reads data, (None, None) on the others, and (None,
+    why) where the data set raised BatchFailed, which every reader does at the same step: the pipeline's
+    step then tells the ranks that read no data (mimo.parallel.pipeline.plan.agree_on_input)."""
+    if not reads:
+        return None, None
+    try:
+        return read(), None
+    except BatchFailed as e:
+        return None, str(e)
 
 
 def evaluate_held_out(cfg: Config, model: MimoModel, data: Any, plan: Any, device: torch.device,
@@ -35,11 +49,13 @@ def evaluate_held_out(cfg: Config, model: MimoModel, data: Any, plan: Any, devic
     # Blocks compiled for training would recompile for no-grad forwards; evaluate them eagerly.
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         for index in range(data.held_out_batches(cfg.data.global_batch)):
-            batch = data.held_out_batch(index, cfg.data.global_batch) if reads else None
             if pipe is not None:
-                result = pipe.train_step(model, batch, device, lambda: step_autocast(cfg, device), backward=False)
+                batch, problem = read_batch(partial(data.held_out_batch, index, cfg.data.global_batch), reads)
+                result = pipe.train_step(model, batch, device, lambda: step_autocast(cfg, device), backward=False,
+                                         problem=problem)
                 total += torch.tensor([result.loss * result.loss_tokens, result.loss_tokens], device=device)
             else:
+                batch = data.held_out_batch(index, cfg.data.global_batch)
                 total += _colocated_sums(cfg, model, batch, device, microbatches)
     model.train(was_training)
     if pipe is None and plan is not None:

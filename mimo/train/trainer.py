@@ -27,7 +27,7 @@ from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.checkpoint.weights import save_weights
 from mimo.train.faults import StepGuard, skip_step
-from mimo.train.held_out import evaluate_held_out
+from mimo.train.held_out import evaluate_held_out, read_batch
 from mimo.train.metrics import MetricsLogger
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
@@ -78,7 +78,8 @@ class Trainer:
             rows = self.plan.batch_multiple() if self.plan is not None else cfg.parallel.microbatches
             self.data = PackedBatches(self.data, cfg.data.pack_length, rows)
         if hasattr(self.data, "shard_for"):
-            self.data.shard_for(self.local_microbatches, cfg.data.global_batch)
+            self.data.shard_for(self.local_microbatches, cfg.data.global_batch,
+                                self.plan.agree_on_data() if self.plan is not None else None)
         self.optimizer = self.build_optimizer()
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
@@ -146,8 +147,9 @@ class Trainer:
         the loss, so rank 0 logs it even where it holds no LM stage."""
         pipe = self.plan.pipeline
         d = self.cfg.data
-        batch = self.data.global_batch(step, d.global_batch, d.seed) if pipe.needs_data else None
-        result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device))
+        batch, problem = read_batch(lambda: self.data.global_batch(step, d.global_batch, d.seed), pipe.needs_data)
+        result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device),
+                                 problem=problem)
         self.plan.finalize_grads(self.model)
         return {**self.update(step, result.loss), "tokens": result.tokens, "loss_tokens": result.loss_tokens,
                 "flops": result.flops}

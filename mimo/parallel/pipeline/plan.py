@@ -23,13 +23,13 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError
-from mimo.data.batching import to_device
+from mimo.data.batching import split_microbatches, to_device
 from mimo.data.checks import check_batch, check_vocabulary
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge.pipelined import PipelineBridge
-from mimo.parallel.grid import Grid, GridGroups, pair_groups
+from mimo.parallel.grid import Grid, GridGroups, member_group, pair_groups
 from mimo.parallel.layout import Layout
 from mimo.parallel.p2p import Outbox
 from mimo.parallel.pipeline.microbatches import encoder_microbatches, lm_microbatches
@@ -73,10 +73,6 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
     if cfg.data.packing:
         raise ConfigError("data.packing: packed sequences need per-document attention masks, which the pipeline "
                           "schedule does not pass between stages; set data.packing = false or use a colocated layout")
-    if cfg.data.name in ("webdataset", "jsonl"):
-        raise ConfigError(f"data.name = '{cfg.data.name}': this reader agrees on corrupt samples with a collective "
-                          "over every rank, but on a pipelined layout only ranks with a first or last stage read "
-                          "data; use a colocated layout for it")
     for name, m in cfg.parallel.modules.items():
         if m.fsdp:
             raise ConfigError(f"parallel.modules.{name}.fsdp: sharded data parallelism is not available with "
@@ -111,6 +107,18 @@ class StepResult:
     flops: int
 
 
+def data_readers(layout: Layout) -> list[int]:
+    """The ranks that read the batch on a pipelined layout (`PipelinePlan.needs_data`): every module's first
+    stage and the LM's last stage. Pure."""
+    readers: set[int] = set()
+    for name, grid in layout.grids.items():
+        stage = grid.size // grid.pp
+        readers.update(range(grid.offset, grid.offset + stage))
+        if name == LANGUAGE:
+            readers.update(range(grid.end - stage, grid.end))
+    return sorted(readers)
+
+
 def _stage_pairs(grid: Grid) -> list[tuple[int, int]]:
     """(rank, same position one stage later) for every stage boundary of `grid`."""
     size = grid.size // grid.pp
@@ -139,6 +147,7 @@ class PipelinePlan:
             self.bridges[name] = PipelineBridge(name, layout.grids[name], layout.grids[LANGUAGE], per_mb, rank,
                                                 self.groups.group("tp") if boundary else None)
         self.embedding_group = self._build_embedding_group()
+        self.reader_group, _ = member_group([data_readers(layout)])
 
     def _build_links(self) -> tuple[StageLink | None, StageLink | None]:
         pairs = [p for g in self.layout.grids.values() for p in _stage_pairs(g)]
@@ -165,6 +174,25 @@ class PipelinePlan:
     def needs_data(self) -> bool:
         """Whether this rank reads the batch: encoder first stages, LM first and last stages."""
         return self.first or (self.module == LANGUAGE and self.last)
+
+    def agree_among_readers(self, verdicts: torch.Tensor) -> torch.Tensor:
+        """Collective over the ranks that read data (`data_readers`): the elementwise maximum of `verdicts`,
+        in place. A data set's per-row verdicts travel this way; the other ranks learn of a failed batch
+        from `train_step`'s `agree_on_input`."""
+        dist.all_reduce(verdicts, op=dist.ReduceOp.MAX, group=self.reader_group)
+        return verdicts
+
+    def local_inputs(self, batch: dict) -> list[dict]:
+        """What this rank reads of `batch`, per microbatch, shaped like mimo.data.batching's microbatches:
+        the LM lane's text on the LM's first and last stages, the encoder lane's inputs (and no text) on an
+        encoder's first stage, nothing elsewhere. Not collective."""
+        m, lane, dp = self.cfg.parallel.microbatches, self.groups.rank_in("dp"), self.grid.dp
+        if self.module == LANGUAGE:
+            return lm_microbatches(batch, m, lane, dp) if self.needs_data else []
+        if not self.first:
+            return []
+        return [{"input_ids": mb["input_ids"][:0], "modality_inputs": mb["modality_inputs"]}
+                for mb in split_microbatches(batch, m, {self.module: (lane, dp)})]
 
     @property
     def is_lead(self) -> bool:
@@ -205,36 +233,29 @@ class PipelinePlan:
         return {k: v.to(device) for part in parts for k, v in part.items()}
 
     def train_step(self, model: MimoModel, batch: dict | None, device: torch.device,
-                   autocast: Callable[[], AbstractContextManager], backward: bool = True) -> StepResult:
+                   autocast: Callable[[], AbstractContextManager], backward: bool = True,
+                   problem: str | None = None) -> StepResult:
         """Forward and backward of every microbatch through this rank's stage; collective.
 
         `batch` (the global batch) is needed where `needs_data`, else None. Afterwards gradients hold
         this stage's share of d(loss_sum / N_global); call `ParallelPlan.finalize_grads` next. With
         `backward` false (evaluation; call it under torch.no_grad) every stage runs the microbatches'
-        forwards only, in order, and the result is the same loss; gradients are untouched.
+        forwards only, in order, and the result is the same loss; gradients are untouched. `problem` is
+        why a rank that reads data has no batch (the data set's BatchFailed): every rank raises it.
         """
-        if self.needs_data and batch is None:
+        if self.needs_data and batch is None and problem is None:
             raise ValueError(f"rank {self.rank} runs a first or last stage of '{self.module}' and needs the batch")
         m = self.cfg.parallel.microbatches
         outbox = Outbox()
         kw = {"prev": self.prev, "next_": self.next, "outbox": outbox, "device": device, "autocast": autocast}
-        lane, dp = self.groups.rank_in("dp"), self.grid.dp
+        dp = self.grid.dp
         local_tokens = torch.zeros((), device=device)
         tokens = 0
+        encoder = None
         if self.module != LANGUAGE:
             sub = model.modality_submodules[self.module]
             encoder, _ = only_encoder(sub, self.module)
-        text = inputs = problem = None
-        try:  # only stages that read the batch can find it bad; agree_on_input tells every rank
-            if self.module == LANGUAGE and self.needs_data:
-                check_vocabulary(model, batch)
-                text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)]
-            elif self.module != LANGUAGE and self.first:
-                check_batch(model, batch, [self.module])
-                inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp)
-        except ValueError as e:
-            problem = f"rank {self.rank} ({self.module} stage {self.pp_rank}): {e}"
-        agree_on_input(problem, device)
+        text, inputs = self._read(model, batch, encoder, device, problem)
         if self.module == LANGUAGE:
             if self.last:
                 local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in text)
@@ -257,6 +278,26 @@ class PipelinePlan:
         counts_flops = self.module == LANGUAGE and self.first and self.is_lead
         flops = train_step_flops(self.cfg.model, batch) if counts_flops else 0
         return self._report(stage, local_tokens, tokens, flops, device)
+
+    def _read(self, model: MimoModel, batch: dict | None, encoder: str | None, device: torch.device,
+              problem: str | None) -> tuple[list | None, list | None]:
+        """(LM text microbatches, encoder input microbatches) this stage reads of `batch`, once every rank
+        agreed the batch is usable; collective (`agree_on_input`). Only stages that read the batch can find
+        it bad, or (`problem`) have none."""
+        m, lane, dp = self.cfg.parallel.microbatches, self.groups.rank_in("dp"), self.grid.dp
+        text = inputs = None
+        try:
+            if problem is None and self.module == LANGUAGE and self.needs_data:
+                check_vocabulary(model, batch)
+                text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)]
+            elif problem is None and self.module != LANGUAGE and self.first:
+                check_batch(model, batch, [self.module])
+                inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp)
+        except ValueError as e:
+            problem = str(e)
+        agree_on_input(None if problem is None else f"rank {self.rank} ({self.module} stage {self.pp_rank}): {problem}",
+                       device)
+        return text, inputs
 
     def _report(self, stage: LMStage | EncoderStage, local_tokens: torch.Tensor, tokens: int, flops: int,
                 device: torch.device) -> StepResult:
