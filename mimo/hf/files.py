@@ -1,6 +1,8 @@
 """Read-only views of Hugging Face weights: a model directory (safetensors, single or sharded) or a live
 `transformers` model. Tensors are read one at a time, and only the requested slice of each, so importing
-never holds a second full copy of a model and a tensor-parallel rank reads only its shard.
+never holds a second full copy of a model and a tensor-parallel rank reads only its shard. A whole tensor
+is read with plain file reads straight into its parameter (`read_into`), not through a memory map whose
+pages would stay resident beside the model until the file closes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from torch import nn
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                      "U8": torch.uint8, "BOOL": torch.bool}
 
 
 class TensorSlice(Protocol):
@@ -58,6 +63,14 @@ class WeightSource(ABC):
     def config(self) -> dict[str, Any]: ...
 
     @abstractmethod
+    def dtype_of(self, name: str) -> torch.dtype:
+        """The dtype the source stores tensor `name` in."""
+
+    def read_into(self, name: str, target: torch.Tensor) -> None:
+        """Copy the whole tensor `name` (of `target`'s shape) into `target`, casting to its dtype and device."""
+        target.copy_(self.get_slice(name)[:])
+
+    @abstractmethod
     def close(self) -> None:
         """Release open files."""
 
@@ -94,9 +107,51 @@ class DirectorySource(WeightSource):
                     for name in f.keys():
                         self.files[name] = shard
         self._open: dict[Path, Any] = {}
+        self._headers: dict[Path, tuple[int, dict[str, Any]]] = {}
 
     def keys(self) -> list[str]:
         return list(self.files)
+
+    def _entry(self, name: str) -> tuple[Path, int, dict[str, Any]]:
+        """(file, offset of its data section, the header entry of `name`: dtype, shape, data_offsets)."""
+        self.get_slice(name)  # the same errors for a missing tensor or file
+        file = self.files[name]
+        if file not in self._headers:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                self._headers[file] = (8 + size, json.loads(f.read(size)))
+        start, header = self._headers[file]
+        return file, start, header[name]
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        kind = self._entry(name)[2]["dtype"]
+        if kind not in SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor '{name}' in '{self.where(name)}' is stored as {kind}, which mimo does not read")
+        return SAFETENSORS_DTYPES[kind]
+
+    def read_into(self, name: str, target: torch.Tensor) -> None:
+        """Plain reads into `target` itself when it is a contiguous CPU tensor of the stored dtype, else into one
+        temporary tensor that is then cast and copied."""
+        file, start, entry = self._entry(name)
+        dtype = self.dtype_of(name)
+        direct = target.device.type == "cpu" and target.dtype == dtype and target.is_contiguous()
+        buffer = target if direct else torch.empty(entry["shape"], dtype=dtype)
+        begin, end = entry["data_offsets"]
+        if buffer.numel() * buffer.element_size() != end - begin:
+            raise ValueError(f"tensor '{name}' in '{file}' holds {end - begin} bytes, not the "
+                             f"{buffer.numel() * buffer.element_size()} of shape {entry['shape']}: the file is damaged")
+        if buffer.numel():
+            view = memoryview(buffer.reshape(-1).view(torch.uint8).numpy())
+            with open(file, "rb", buffering=0) as f:
+                f.seek(start + begin)
+                done = 0
+                while done < len(view):
+                    got = f.readinto(view[done:])
+                    if not got:
+                        raise ValueError(f"'{file}' ends inside tensor '{name}': the file is truncated")
+                    done += got
+        if not direct:
+            target.copy_(buffer)
 
     def where(self, name: str) -> str:
         return str(self.files.get(name, self.root))
@@ -121,6 +176,7 @@ class DirectorySource(WeightSource):
 
     def close(self) -> None:
         self._open.clear()
+        self._headers.clear()
 
 
 class ModelSource(WeightSource):
@@ -148,6 +204,10 @@ class ModelSource(WeightSource):
 
     def config(self) -> dict[str, Any]:
         return self.model.config.to_dict()
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        self.get_slice(name)
+        return self.state[name].dtype
 
     def close(self) -> None:
         """Nothing to release: the model owns its tensors."""

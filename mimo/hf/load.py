@@ -26,6 +26,7 @@ from mimo.hf.config import (
 )
 from mimo.hf.files import TensorSlice, WeightSource, open_source
 from mimo.hf.names import audio_names, llm_names, projector_names, vit_names, with_prefix
+from mimo.hf.placement import DeviceSpec, DTypeSpec, empty_module, is_meta, resolve_dtype
 from mimo.models.audio import AudioEncoder
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
@@ -54,13 +55,18 @@ def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSo
     with open_source(source) as src:
         for name, hf_name in mapping.items():
             target = targets[name]
-            tensor = shard_fn(name, src.get_slice(hf_name)) if shard_fn else src.get_slice(hf_name)[:]
-            if tuple(tensor.shape) != tuple(target.shape):
-                raise ValueError(f"tensor '{hf_name}' in '{src.where(hf_name)}' has shape {tuple(tensor.shape)}, "
+            # Without a shard function the whole tensor goes straight into the parameter (no second copy).
+            tensor = shard_fn(name, src.get_slice(hf_name)) if shard_fn else src.get_slice(hf_name)
+            shape = tuple(tensor.shape) if shard_fn else tuple(tensor.get_shape())
+            if shape != tuple(target.shape):
+                raise ValueError(f"tensor '{hf_name}' in '{src.where(hf_name)}' has shape {shape}, "
                                  f"but mimo's '{name}' needs {tuple(target.shape)}; the checkpoint and the config "
                                  "(or the shard function) disagree")
             with torch.no_grad():
-                target.copy_(tensor)
+                if shard_fn:
+                    target.copy_(tensor)
+                else:
+                    src.read_into(hf_name, target.data)
 
 
 def dim_shard_fn(dim_of: Callable[[str], int | None], rank: int, world: int) -> ShardFn:
@@ -98,6 +104,7 @@ def find_prefix(source: WeightSource, anchor: str, what: str) -> str:
 
 Source = str | Path | nn.Module | WeightSource
 IMAGES = "images"
+LLM_ANCHOR = "embed_tokens.weight"
 
 
 def _where(src: WeightSource) -> str:
@@ -114,45 +121,60 @@ def load_llm_weights(lm: DecoderLM, src: WeightSource, shard_fn: ShardFn | None 
     load_hf_weights(lm, src, llm_names(lm, body, head), shard_fn)
 
 
-def import_llm(source: Source, shard_fn: ShardFn | None = None, base: LLMConfig | None = None) -> DecoderLM:
-    """A Qwen2, Qwen3 or Llama causal LM (or the language model inside a LLaVA checkpoint)."""
+def import_llm(source: Source, shard_fn: ShardFn | None = None, base: LLMConfig | None = None,
+               dtype: DTypeSpec = "auto", device: DeviceSpec = "cpu") -> DecoderLM:
+    """A Qwen2, Qwen3 or Llama causal LM (or the language model inside a LLaVA checkpoint), in the
+    checkpoint's dtype (`"auto"`) or `dtype`, on `device` (on meta: the shapes only, nothing is read)."""
     with open_source(source) as src:
         d = src.config()
         d = d.get("text_config", d) if d.get("model_type") == "llava" else d
-        lm = DecoderLM(llm_config_from_hf(d, _where(src), base))
-        load_llm_weights(lm, src, shard_fn)
+        cfg = llm_config_from_hf(d, _where(src), base)
+        anchor = find_prefix(src, LLM_ANCHOR, "language model") + LLM_ANCHOR
+        lm = empty_module(lambda: DecoderLM(cfg), resolve_dtype(dtype, src, anchor), device)
+        if not is_meta(device):
+            load_llm_weights(lm, src, shard_fn)
     return lm.eval()
+
+
+VIT_ANCHOR = "embeddings.patch_embedding.weight"
 
 
 def load_vit_weights(vit: VisionTransformer, src: WeightSource, shard_fn: ShardFn | None = None) -> None:
     """Stream a CLIP/SigLIP vision tower into `vit`; blocks beyond `vit`'s layer count are not read."""
-    prefix = find_prefix(src, "embeddings.patch_embedding.weight", "vision tower")
+    prefix = find_prefix(src, VIT_ANCHOR, "vision tower")
     load_hf_weights(vit, src, with_prefix(vit_names(vit), prefix), shard_fn)
 
 
 def import_vision(source: Source, feature_layer: int = -1, post_norm: bool = False, drop_class_token: bool = False,
-                  shard_fn: ShardFn | None = None) -> VisionTransformer:
+                  shard_fn: ShardFn | None = None, dtype: DTypeSpec = "auto",
+                  device: DeviceSpec = "cpu") -> VisionTransformer:
     """A CLIP or SigLIP vision tower (vision model, full CLIP/SigLIP model, or LLaVA checkpoint).
 
     `feature_layer` keeps the blocks up to LLaVA's `hidden_states[feature_layer]`. `post_norm=True` applies
     the tower's final LayerNorm to every token, as SigLIP's `last_hidden_state` does; CLIP's
-    `last_hidden_state` has no final norm.
+    `last_hidden_state` has no final norm. `dtype` and `device` as for `import_llm`.
     """
     with open_source(source) as src:
         d = src.config()
         d = d["vision_config"] if d.get("model_type") == "llava" else d
-        vit = VisionTransformer(vit_config_from_hf(d, _where(src), feature_layer, post_norm,
-                                                   ViTConfig(drop_class_token=drop_class_token)))
-        load_vit_weights(vit, src, shard_fn)
+        cfg = vit_config_from_hf(d, _where(src), feature_layer, post_norm, ViTConfig(drop_class_token=drop_class_token))
+        anchor = find_prefix(src, VIT_ANCHOR, "vision tower") + VIT_ANCHOR
+        vit = empty_module(lambda: VisionTransformer(cfg), resolve_dtype(dtype, src, anchor), device)
+        if not is_meta(device):
+            load_vit_weights(vit, src, shard_fn)
     return vit.eval()
 
 
-def import_audio_encoder(source: Source, shard_fn: ShardFn | None = None) -> AudioEncoder:
-    """The encoder of a Whisper checkpoint (WhisperModel or WhisperForConditionalGeneration)."""
+def import_audio_encoder(source: Source, shard_fn: ShardFn | None = None, dtype: DTypeSpec = "auto",
+                         device: DeviceSpec = "cpu") -> AudioEncoder:
+    """The encoder of a Whisper checkpoint (WhisperModel or WhisperForConditionalGeneration); `dtype` and
+    `device` as for `import_llm`."""
     with open_source(source) as src:
-        enc = AudioEncoder(audio_config_from_hf(src.config(), _where(src)))
+        cfg = audio_config_from_hf(src.config(), _where(src))
         prefix = find_prefix(src, "conv1.weight", "Whisper encoder")
-        load_hf_weights(enc, src, with_prefix(audio_names(enc), prefix), shard_fn)
+        enc = empty_module(lambda: AudioEncoder(cfg), resolve_dtype(dtype, src, prefix + "conv1.weight"), device)
+        if not is_meta(device):
+            load_hf_weights(enc, src, with_prefix(audio_names(enc), prefix), shard_fn)
     return enc.eval()
 
 
@@ -175,19 +197,22 @@ def llava_model_config(d: dict, where: str) -> ModelConfig:
     return ModelConfig(llm=llm_config_from_hf(d["text_config"], where), modalities={IMAGES: images})
 
 
-def import_llava(source: Source, shard_fn: ShardFn | None = None) -> tuple[ModelConfig, MimoModel]:
-    """A `LlavaForConditionalGeneration` checkpoint as a MimoModel (modality `images`, encoder `vit`)."""
+def import_llava(source: Source, shard_fn: ShardFn | None = None, dtype: DTypeSpec = "auto",
+                 device: DeviceSpec = "cpu") -> tuple[ModelConfig, MimoModel]:
+    """A `LlavaForConditionalGeneration` checkpoint as a MimoModel (modality `images`, encoder `vit`), in the
+    checkpoint's dtype (that of its LM's embedding) or `dtype`, on `device` (meta: shapes only)."""
     with open_source(source) as src:
         cfg = llava_model_config(src.config(), _where(src))
         images = cfg.modalities[IMAGES]
-        lm = DecoderLM(cfg.llm)
-        vit = VisionTransformer(images.vit)
-        proj = MLPProjector(images.vit.hidden, cfg.llm.hidden, images.projector)
-        load_llm_weights(lm, src, shard_fn)
-        load_vit_weights(vit, src, shard_fn)
-        proj_prefix = find_prefix(src, "multi_modal_projector.linear_1.weight", "LLaVA projector")
-        load_hf_weights(proj, src, with_prefix(projector_names(proj), proj_prefix + "multi_modal_projector."),
-                        shard_fn)
+        dt = resolve_dtype(dtype, src, find_prefix(src, LLM_ANCHOR, "language model") + LLM_ANCHOR)
+        lm = empty_module(lambda: DecoderLM(cfg.llm), dt, device)
+        vit = empty_module(lambda: VisionTransformer(images.vit), dt, device)
+        proj = empty_module(lambda: MLPProjector(images.vit.hidden, cfg.llm.hidden, images.projector), dt, device)
+        if not is_meta(device):
+            load_llm_weights(lm, src, shard_fn)
+            load_vit_weights(vit, src, shard_fn)
+            proj_prefix = find_prefix(src, "multi_modal_projector.linear_1.weight", "LLaVA projector")
+            load_hf_weights(proj, src, with_prefix(projector_names(proj), proj_prefix + "multi_modal_projector."),
+                            shard_fn)
     sub = ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])
     return cfg, MimoModel(lm, {IMAGES: sub}, {IMAGES: images.token_id}).eval()
-
