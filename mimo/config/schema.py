@@ -39,7 +39,11 @@ class LLMConfig:
     # Llama 3 RoPE scaling, keys as in HF's rope_scaling (factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings); empty = plain RoPE.
     rope_scaling: dict[str, float] = field(default_factory=dict)
-    # A Hugging Face Qwen2/Qwen3/Llama directory: its config.json replaces the fields above and its weights load.
+    # The Hugging Face family an export writes ("qwen2", "qwen3", "llama", "mistral"); "" = the one the fields
+    # above imply. Import sets it to the checkpoint's.
+    family: str = ""
+    # A Hugging Face Qwen2/Qwen3/Llama/Mistral directory: its config.json replaces the fields above and its weights
+    # load.
     hf_path: str = ""
 
     @property

@@ -1,6 +1,7 @@
 """Translate mimo's config dataclasses into `transformers` config objects for export.
 
-The LM becomes Qwen3 (qk-norm), Qwen2 (qkv bias) or Llama (neither); the vision tower becomes CLIP
+The LM becomes its recorded family (model.llm.family: an imported Mistral exports as Mistral) or Qwen3
+(qk-norm), Qwen2 (qkv bias) or Llama (neither); the vision tower becomes CLIP
 (class token, pre-LayerNorm) or SigLIP (neither, patch bias). Combinations no `transformers` class
 computes identically are refused, naming the mimo fields to change.
 """
@@ -22,14 +23,31 @@ def hf_act(name: str, field: str) -> str:
     return MIMO_TO_HF_ACT[name]
 
 
+# Families that compute the same LM as Llama (no qkv bias, no qk-norm) under another name.
+LLAMA_LIKE = ("llama", "mistral")
+FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                  "llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}
+
+
 def text_architecture(cfg: LLMConfig) -> str:
-    """'qwen3', 'qwen2' or 'llama': the `transformers` family that computes exactly what this LM does."""
+    """The `transformers` family that computes exactly what this LM does: `model.llm.family` when set (checked
+    against the fields), else 'qwen3' (qk-norm), 'qwen2' (qkv bias) or 'llama' (neither)."""
     if cfg.qk_norm:
         if cfg.qkv_bias:
             raise ValueError("model.llm.qk_norm with model.llm.qkv_bias has no Hugging Face counterpart (Qwen3's "
                              "attention_bias also adds an output bias); set one of them to false")
-        return "qwen3"
-    return "qwen2" if cfg.qkv_bias else "llama"
+        implied = "qwen3"
+    else:
+        implied = "qwen2" if cfg.qkv_bias else "llama"
+    if not cfg.family:
+        return implied
+    if cfg.family not in FAMILY_CLASSES:
+        raise ValueError(f"model.llm.family = '{cfg.family}' is not one mimo exports; use one of "
+                         f"{list(FAMILY_CLASSES)} or '' (implied by the fields)")
+    if cfg.family != implied and not (implied == "llama" and cfg.family in LLAMA_LIKE):
+        raise ValueError(f"model.llm.family = '{cfg.family}' does not compute this LM (its qkv_bias / qk_norm "
+                         f"make it '{implied}'); set model.llm.family = '{implied}' or ''")
+    return cfg.family
 
 
 def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] | None = None) -> Any:
@@ -40,14 +58,14 @@ def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] 
     if cfg.rope_scaling:
         rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta, **cfg.rope_scaling,
                 "original_max_position_embeddings": int(cfg.rope_scaling["original_max_position_embeddings"])}
-    cls = {"qwen3": tf.Qwen3Config, "qwen2": tf.Qwen2Config, "llama": tf.LlamaConfig}[arch]
-    out = cls(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
-              num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-              head_dim=cfg.attention_head_dim, max_position_embeddings=cfg.max_seq,
-              rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, rope_parameters=rope, dtype=dtype,
-              **(token_ids or {}))
-    out.architectures = [{"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                          "llama": "LlamaForCausalLM"}[arch]]
+    config_class, model_class = FAMILY_CLASSES[arch]
+    extra = {"sliding_window": None} if arch == "mistral" else {}
+    out = getattr(tf, config_class)(
+        vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.attention_head_dim,
+        max_position_embeddings=cfg.max_seq, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+        rope_parameters=rope, dtype=dtype, **extra, **(token_ids or {}))
+    out.architectures = [model_class]
     return out
 
 

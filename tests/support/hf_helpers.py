@@ -23,12 +23,16 @@ def save(model: torch.nn.Module, directory: Path) -> Path:
 
 
 def tiny_text_config(family: str, **extra):
-    """A two-layer Qwen2/Qwen3/Llama config with GQA and a head_dim that differs from hidden/heads for Qwen3."""
+    """A two-layer config of `family` with GQA and a head_dim that differs from hidden/heads for Qwen3 and
+    Mistral."""
     common = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.2, max_position_embeddings=128)
-    cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig}
-    if family == "qwen3":
+    cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
+           "mistral": transformers.MistralConfig}
+    if family in ("qwen3", "mistral"):
         common["head_dim"] = 16
+    if family == "mistral":
+        common["sliding_window"] = None
     return cls[family](**{**common, **extra})
 
 

@@ -1,0 +1,65 @@
+"""Families beyond Qwen and Llama, each both ways against transformers in fp32 (<= 1e-5 relative, random
+configs, a left-padded batch): the import gives the family's hidden states and logits, and the export loads as
+the same family's class with the same logits."""
+
+import pytest
+import torch
+
+from mimo.export import export_causal_lm, export_llava
+from mimo.hf import import_llava, import_llm
+from tests.support.hf_helpers import (
+    TOL,
+    perturb,
+    rel_diff,
+    save,
+    tiny_causal_lm,
+    tiny_text_config,
+    tiny_vision_config,
+    transformers,
+)
+from tests.unit.test_hf_lm import compare
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LM_FAMILIES = {"mistral": ("MistralForCausalLM", {})}
+
+
+@pytest.mark.parametrize("case", list(LM_FAMILIES))
+def test_lm_family_both_ways(case, tmp_path):
+    arch, extra = LM_FAMILIES[case]
+    hf = perturb(tiny_causal_lm(case, **extra))
+    lm = import_llm(save(hf, tmp_path / "hf"))
+    assert max(compare(lm, hf)) <= TOL
+    out = export_causal_lm(lm, tmp_path / "out")
+    again, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(again).__name__ == arch and not info["missing_keys"] and not info["unexpected_keys"]
+    assert max(compare(lm, again.float().eval())) <= TOL
+
+
+@pytest.mark.parametrize("text", ["mistral"])
+def test_llava_with_family_lm_both_ways(text, tmp_path):
+    torch.manual_seed(0)
+    config = transformers.LlavaConfig(
+        vision_config=tiny_vision_config("clip").to_dict(), text_config=tiny_text_config(text).to_dict(),
+        image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy="default")
+    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
+    _, model = import_llava(save(hf, tmp_path / "hf"))
+    n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
+    ids = torch.tensor([[1] + [96] * n + [5, 6, 7], [2] + [96] * n + [8, 9, 10]])
+    pixels = torch.randn(2, 3, 16, 16)
+    inputs = {"images": {"vit": {"pixel_values": pixels}}}
+    with torch.no_grad():
+        ref = hf(input_ids=ids, pixel_values=pixels).logits
+        ours = model(ids, modality_inputs=inputs).logits
+    assert rel_diff(ours, ref) <= TOL
+    out = export_llava(model, tmp_path / "out")
+    again = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
+    assert again.config.text_config.model_type == text
+    with torch.no_grad():
+        assert rel_diff(again(input_ids=ids, pixel_values=pixels).logits, ours) <= TOL
+
+
+def test_sliding_window_is_refused_naming_the_field(tmp_path):
+    hf = tiny_causal_lm("mistral", sliding_window=8)
+    with pytest.raises(ValueError, match="sliding_window = 8 is not supported"):
+        import_llm(save(hf, tmp_path / "hf"))
