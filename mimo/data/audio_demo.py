@@ -118,6 +118,15 @@ class AVSamples(Sequence[AVSample]):
         return make_av_sample(i, self.seed)
 
 
+def avlm_row_length(image_tokens: int) -> int:
+    """Tokens of every row of the audio-visual task (an image of `image_tokens` rows, the longest clip,
+    question and answer), padded to a multiple of 8."""
+    questions = [*QUESTIONS.values(), *AUDIO_QUESTIONS.values()]
+    answers = [*COLORS, *SHAPES, *COUNTS, *PITCHES, *DIRECTIONS]
+    longest = 1 + image_tokens + audio_tokens(CLIP_SAMPLES) + max(map(len, questions)) + max(map(len, answers)) + 1
+    return -(-longest // 8) * 8
+
+
 class AVLMData(SeededBatches):
     """Train and held-out sets of the audio-visual task, tokenised, with mixed-modality batches."""
 
@@ -129,10 +138,7 @@ class AVLMData(SeededBatches):
         self.image_modality, self.audio_modality = image_modality, audio_modality
         self.train = AVSamples(train_samples, seed)
         self.eval = list(AVSamples(eval_samples, seed + 1_000_003))
-        questions = [*QUESTIONS.values(), *AUDIO_QUESTIONS.values()]
-        answers = [*COLORS, *SHAPES, *COUNTS, *PITCHES, *DIRECTIONS]
-        longest = 1 + image_tokens + audio_tokens(CLIP_SAMPLES) + max(map(len, questions)) + max(map(len, answers)) + 1
-        self.seq_len = -(-longest // 8) * 8
+        self.seq_len = avlm_row_length(image_tokens)
 
     def prompt_ids(self, s: AVSample) -> list[int]:
         ids = [self.tok.BOS]

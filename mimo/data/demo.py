@@ -30,6 +30,14 @@ def question_answer_rows(pairs: list[tuple[list[int], str]], seq_len: int,
     return ids, labels
 
 
+def demo_row_length(image_tokens: int) -> int:
+    """Tokens of every row of the shapes task for an image of `image_tokens` rows: the longest prompt and
+    answer, padded to a multiple of 8 (so sequence- and context-parallel splits of up to 8 divide it)."""
+    longest_q = max(len(q) for q in QUESTIONS.values())
+    longest_a = max(len(a) for a in (*COLORS, *SHAPES, *COUNTS))
+    return -(-(1 + image_tokens + longest_q + longest_a + 1) // 8) * 8
+
+
 class DemoVLMData(SeededBatches):
     """Train and held-out sets of the shapes task, tokenised, with a deterministic global order."""
 
@@ -41,10 +49,7 @@ class DemoVLMData(SeededBatches):
         self.modality, self.encoder = modality, encoder
         self.train = make_samples(train_samples, seed)
         self.eval = make_samples(eval_samples, seed + 1_000_003)
-        longest_q = max(len(q) for q in QUESTIONS.values())
-        longest_a = max(len(a) for a in (*COLORS, *SHAPES, *COUNTS))
-        # Padded to a multiple of 8 so sequence- and context-parallel splits divide evenly.
-        self.seq_len = -(-(1 + image_tokens + longest_q + longest_a + 1) // 8) * 8
+        self.seq_len = demo_row_length(image_tokens)
 
     def prompt_ids(self, s: Sample) -> list[int]:
         return [self.tok.BOS] + [self.image_token_id] * self.image_tokens + self.tok.encode(s.question)

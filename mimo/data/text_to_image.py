@@ -69,6 +69,13 @@ def make_drawings(n: int, seed: int, size: int) -> list[Drawing]:
     return out
 
 
+def text_to_image_row_length(image_tokens: int) -> int:
+    """Tokens of every row of the text-to-image task (the longest prompt, then `image_tokens` generation
+    tokens), padded to a multiple of 8."""
+    longest = max(len(prompt_for(c, s, p)) for c in COLORS for s in SHAPES for p in PLACES)
+    return -(-(1 + longest + image_tokens + 1) // 8) * 8
+
+
 class TextToImageData(SeededBatches):
     """Train and held-out drawings, tokenised with generation placeholders and patch targets."""
 
@@ -84,8 +91,7 @@ class TextToImageData(SeededBatches):
         self.tokens_per_image = (decoder.image // decoder.patch) ** 2
         self.train = make_drawings(train_samples, seed, decoder.image)
         self.eval = make_drawings(eval_samples, seed + 1_000_003, decoder.image)
-        longest = max(len(prompt_for(c, s, p)) for c in COLORS for s in SHAPES for p in PLACES)
-        self.seq_len = -(-(1 + longest + self.tokens_per_image + 1) // 8) * 8
+        self.seq_len = text_to_image_row_length(self.tokens_per_image)
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """What generation feeds the model: `<bos> prompt <gen>*P`."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo.config.schema import ModuleLayoutConfig
+from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 
 _FIX = ("grids must span identical ranks (colocated) or be pairwise disjoint (non-colocated); "
@@ -55,14 +55,14 @@ class Layout:
         self.validate()
 
     def validate(self) -> None:
-        """Reject layouts that cannot run. Pure: raises the same ValueError on every rank."""
+        """Reject layouts that cannot run. Pure: raises the same ConfigError on every rank."""
         if self.world_size < 1:
-            raise ValueError(f"world size must be >= 1, got {self.world_size}")
+            raise ConfigError(f"world size must be >= 1, got {self.world_size}")
         if not self.grids:
-            raise ValueError("the layout has no modules; give at least one module a grid")
+            raise ConfigError("the layout has no modules; give at least one module a grid")
         for name, g in self.grids.items():
             if g.end > self.world_size:
-                raise ValueError(f"grid of '{name}' spans {_span(g.offset, g.end)} but the world has "
+                raise ConfigError(f"grid of '{name}' spans {_span(g.offset, g.end)} but the world has "
                                  f"{self.world_size} ranks; shrink its offset/size or launch more processes")
         self._check_sharing()
         self._check_coverage()
@@ -73,12 +73,12 @@ class Layout:
             for b, gb in items[i + 1:]:
                 same = (ga.offset, ga.end) == (gb.offset, gb.end)
                 if not same and ga.offset < gb.end and gb.offset < ga.end:
-                    raise ValueError(f"grids of '{a}' ({_span(ga.offset, ga.end)}) and '{b}' "
+                    raise ConfigError(f"grids of '{a}' ({_span(ga.offset, ga.end)}) and '{b}' "
                                      f"({_span(gb.offset, gb.end)}) partially overlap; {_FIX}")
         spans = {(g.offset, g.end) for g in self.grids.values()}
         if 1 < len(spans) < len(self.grids):
             shown = ", ".join(f"'{n}' on {_span(g.offset, g.end)}" for n, g in items)
-            raise ValueError(f"some grids share ranks and others do not ({shown}); {_FIX}")
+            raise ConfigError(f"some grids share ranks and others do not ({shown}); {_FIX}")
 
     def _check_coverage(self) -> None:
         covered = {r for g in self.grids.values() for r in g.ranks}
@@ -87,10 +87,10 @@ class Layout:
         if holes:
             lo = min(holes)
             hi = min(r for r in covered if r > lo)
-            raise ValueError(f"no module's grid covers {_span(lo, hi)} (a gap); every rank must hold a "
+            raise ConfigError(f"no module's grid covers {_span(lo, hi)} (a gap); every rank must hold a "
                              "module: move a grid's offset or grow its size")
         if top != self.world_size:
-            raise ValueError(f"the grids cover {_span(0, top)} but the world has {self.world_size} ranks; "
+            raise ConfigError(f"the grids cover {_span(0, top)} but the world has {self.world_size} ranks; "
                              f"launch {top} processes or grow the grids to cover the world")
 
     @property
@@ -116,15 +116,15 @@ class Layout:
         """Grids from `parallel.modules`; a module without an entry runs on all ranks as pure DP."""
         for name in modules:
             if name not in module_names:
-                raise ValueError(f"parallel.modules.{name} names no module; modules are: "
+                raise ConfigError(f"parallel.modules.{name} names no module; modules are: "
                                  f"{', '.join(module_names)}")
         grids = {n: _grid(n, modules.get(n, ModuleLayoutConfig()), world_size) for n in module_names}
         defaulted = [n for n in module_names if n not in modules]
         try:
             return cls(grids, world_size)
-        except ValueError as e:
+        except ConfigError as e:
             if modules and defaulted:
-                raise ValueError(f"{e} (note: {', '.join(defaulted)} had no parallel.modules entry and "
+                raise ConfigError(f"{e} (note: {', '.join(defaulted)} had no parallel.modules entry and "
                                  "defaulted to all ranks as pure DP)") from None
             raise
 
@@ -134,13 +134,13 @@ def _grid(name: str, m: ModuleLayoutConfig, world_size: int) -> Grid:
     key = f"parallel.modules.{name}"
     for field in ("tp", "cp", "pp"):
         if getattr(m, field) < 1:
-            raise ValueError(f"{key}.{field} must be >= 1, got {getattr(m, field)}")
+            raise ConfigError(f"{key}.{field} must be >= 1, got {getattr(m, field)}")
     if m.offset < 0 or m.size < 0:
-        raise ValueError(f"{key}.offset and .size must be >= 0, got offset={m.offset} size={m.size}")
+        raise ConfigError(f"{key}.offset and .size must be >= 0, got offset={m.offset} size={m.size}")
     size = m.size or world_size
     model = m.tp * m.cp * m.pp
     if size % model:
-        raise ValueError(f"{key}: size {size} is not divisible by tp*cp*pp = {model} (tp={m.tp}, cp={m.cp}, "
+        raise ConfigError(f"{key}: size {size} is not divisible by tp*cp*pp = {model} (tp={m.tp}, cp={m.cp}, "
                          f"pp={m.pp}); pick degrees whose product divides the size, dp takes the rest")
     return Grid(offset=m.offset, tp=m.tp, cp=m.cp, dp=size // model, pp=m.pp)
 
@@ -150,5 +150,5 @@ def check_heads_divisible(name: str, heads: int, kv_heads: int, tp: int) -> None
     for field, n in (("heads", heads), ("kv_heads", kv_heads)):
         if n % tp:
             ok = [d for d in range(1, min(heads, kv_heads) + 1) if heads % d == 0 and kv_heads % d == 0]
-            raise ValueError(f"module '{name}': {field} ({n}) is not divisible by tp ({tp}); "
+            raise ConfigError(f"module '{name}': {field} ({n}) is not divisible by tp ({tp}); "
                              f"set parallel.modules.{name}.tp to one of {ok}")

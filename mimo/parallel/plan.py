@@ -1,7 +1,7 @@
-"""A rank's parallel plan: the validated layout, its process groups, and what the trainer asks of it.
+"""A rank's parallel plan: the layout, its process groups, and what the trainer asks of it; and
+`validate_plan`, the layout rules the validation gate (mimo.train.gate) runs before any of this is built.
 
-Built identically on every rank. All validation happens in the constructor before the first
-collective, so a bad layout fails with the same message everywhere instead of hanging.
+Built identically on every rank, from a config the gate has passed.
 """
 
 from __future__ import annotations
@@ -116,7 +116,6 @@ class ParallelPlan:
         self.cfg, self.rank, self.world = cfg, rank, world
         names = cfg.model.module_names
         self.layout = Layout.from_config(cfg.parallel.modules, names, world)
-        validate_plan(cfg, self.layout)
         self.module_cfg = {n: cfg.parallel.modules.get(n) for n in names}
         built: dict[Grid, GridGroups] = {}
         self.groups: dict[str, GridGroups] = {}
@@ -161,7 +160,7 @@ class ParallelPlan:
             tp = self.layout.grids[name].tp
             if tp > 1 and self.holds(name):
                 parallelize_vit(sub.encoders["vit"], self.groups[name].group("tp"),
-                                self._flag(name, "sequence_parallel"), name=name)
+                                self._flag(name, "sequence_parallel"))
                 mark_tp_replicated(sub, tp)
         self.install_bridges(model)
         if self.pipeline is not None:

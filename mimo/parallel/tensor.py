@@ -46,7 +46,6 @@ from mimo.parallel.comm import (
     split_to_tp,
 )
 from mimo.parallel.data import REPLICAS
-from mimo.parallel.layout import check_heads_divisible
 
 SEQ_DIM = 1
 """Hidden states are `[B, S, H]`; sequence parallelism shards dim 1."""
@@ -65,11 +64,6 @@ def _shard(t: torch.Tensor, group: ProcessGroup, dim: int) -> nn.Parameter:
     p = nn.Parameter(chunk.clone(), requires_grad=t.requires_grad)
     setattr(p, REPLICAS, 1)
     return p
-
-
-def _check_divisible(name: str, field: str, value: int, tp: int, fix: str) -> None:
-    if value % tp:
-        raise ValueError(f"module '{name}': {field} ({value}) is not divisible by tp ({tp}); {fix}")
 
 
 class ColumnParallelLinear(nn.Module):
@@ -252,18 +246,16 @@ def _parallelize_block(attn: nn.Module, mlp: nn.Module, columns: tuple[str, ...]
             _mark_partial(norm)
 
 
-def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: bool, name: str = "language") -> None:
+def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: bool) -> None:
     """Shard `lm` in place over `tp_group`: q/k/v/gate/up column-parallel, o/down row-parallel, the
     embedding (and an untied head) split by vocabulary. Not collective.
 
     With sequence parallel the LM runs on this rank's sequence shard: set `MimoModel.shard_sequence`
     to `sequence_shard(tp_group)`. Either way set `MimoModel.loss_fn` to `tp_lm_loss(...)` and
-    `MimoModel.logits_fn` to `tp_lm_logits(...)`. `name` is the module's name in `parallel.modules`.
+    `MimoModel.logits_fn` to `tp_lm_logits(...)`. The sizes divide by tp (the gate checked them).
     """
     cfg, tp = lm.cfg, dist.get_world_size(tp_group)
-    check_heads_divisible(name, cfg.heads, cfg.kv_heads, tp)
-    _check_divisible(name, "vocab", cfg.vocab, tp, f"pad the vocabulary to a multiple of {tp} (model.llm.vocab)")
-    _check_divisible(name, "mlp", cfg.mlp, tp, f"set model.llm.mlp to a multiple of {tp}")
+    assert not (cfg.heads % tp or cfg.kv_heads % tp or cfg.vocab % tp or cfg.mlp % tp), "the gate's validate_plan"
     if lm.embed_tokens is not None:
         lm.embed_tokens = VocabParallelEmbedding(lm.embed_tokens, tp_group)
     if lm.lm_head is not None:
@@ -279,22 +271,16 @@ def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: boo
     mark_tp_replicated(lm, tp)
 
 
-def parallelize_vit(vit: VisionTransformer, tp_group: ProcessGroup, sequence_parallel: bool,
-                    name: str = "images") -> None:
+def parallelize_vit(vit: VisionTransformer, tp_group: ProcessGroup, sequence_parallel: bool) -> None:
     """Shard `vit` in place over `tp_group` (q/k/v/fc1 column-parallel, o/fc2 row-parallel). Not collective.
 
     With sequence parallel the token sequence (patches and class token) is split after the pre-LN and
-    gathered after the last block (before a post-LN), so the output stays full and TP-replicated.
-    `name` is the modality's name in `parallel.modules`.
+    gathered after the last block (before a post-LN), so the output stays full and TP-replicated. Heads, MLP
+    and (with sequence parallel) tokens divide by tp (the gate checked them).
     """
     cfg, tp = vit.cfg, dist.get_world_size(tp_group)
-    check_heads_divisible(name, cfg.heads, cfg.heads, tp)
-    _check_divisible(name, "mlp", cfg.mlp, tp, f"set model.modalities.{name}.vit.mlp to a multiple of {tp}")
     tokens = vit.position_embedding.num_embeddings
-    if sequence_parallel and tokens % tp:
-        raise ValueError(f"module '{name}': sequence parallel splits the ViT's {tokens} tokens (patches and class "
-                         f"token, if any) over tp={tp}, which does not divide them; choose a tp that divides "
-                         f"{tokens} or set parallel.modules.{name}.sequence_parallel = false")
+    assert not (cfg.heads % tp or cfg.mlp % tp or sequence_parallel and tokens % tp), "the gate's check_layout"
     for block in vit.layers.values():
         _parallelize_block(block.self_attn, block.mlp, ("fc1",), ("fc2",), tp_group, sequence_parallel)
         if sequence_parallel:

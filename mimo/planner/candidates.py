@@ -1,10 +1,10 @@
-"""`mimo plan`: candidate layouts for N GPUs, each checked by `validate_plan`, costed and ranked.
+"""`mimo plan`: candidate layouts for N GPUs, each checked by the gate's `check_layout`, costed and ranked.
 
 The candidates are a small deterministic set (at most a few dozen): homogeneous layouts (every module
 tp t, dp N/t, replicated or FSDP, the LM with and without sequence parallel), colocated mixes (encoder
 tp_e, LM tp_l, the LM sequence parallel when tp_l > 1) and pipelined ones (each encoder alone on the
 first N/2, N/4 or N/8 ranks, the LM on the rest with the least tp x pp that fits). A candidate the
-trainer would refuse (`validate_plan`, `Layout`) is dropped, so the planner never suggests a layout that
+trainer would refuse (`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that
 cannot run. Memory comes from `mimo.planner.memory`.
 
 Ranking follows what BENCHMARKS.md measured on H200s: for a model that fits, plain data parallelism
@@ -27,8 +27,8 @@ from mimo.config.schema import LANGUAGE, Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
-from mimo.parallel.plan import validate_plan
 from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
+from mimo.train.gate import check_layout
 
 PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)
 """Preference classes, best first (see the module docstring)."""
@@ -135,7 +135,7 @@ def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
     try:
         layout = Layout.from_config(modules, cfg.model.module_names, gpus)
         planned = with_modules(cfg, modules)
-        validate_plan(planned, layout)
+        check_layout(planned, layout)
     except ValueError:  # ConfigError included
         return None
     return layout

@@ -19,14 +19,14 @@ from mimo.hf.build import build_model
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
-from mimo.parallel.layout import Layout
-from mimo.parallel.plan import ParallelPlan, validate_plan
+from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
 from mimo.perf.apply import apply_fast_paths
 from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.checkpoint.weights import save_weights
 from mimo.train.faults import StepGuard, skip_step
+from mimo.train.gate import launch_world_size, validate_run
 from mimo.train.held_out import evaluate_held_out, read_batch
 from mimo.train.metrics import MetricsLogger
 from mimo.train.optim import MimoOptimizer
@@ -36,13 +36,6 @@ from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.run_folder import RunFolder
 from mimo.train.throughput import Throughput
 from mimo.train.wandb_mirror import require_wandb
-
-
-def check_layout(cfg: Config, world: int) -> None:
-    """The layout's checks (every fast path runs on every layout): pure, the same error on every rank, before
-    the plan creates any process group."""
-    layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world)
-    validate_plan(cfg, layout)
 
 
 def module_map(model: MimoModel) -> dict[str, torch.nn.Module]:
@@ -56,6 +49,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path | None = None):
         self.cfg = cfg
+        validate_run(cfg, launch_world_size())
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         if cfg.run.wandb:
@@ -68,8 +62,6 @@ class Trainer:
         if self.device.type == "cuda":
             # float32 means float32: cuDNN would otherwise run the ViT's patch conv in TF32 (matmuls already don't)
             torch.backends.cudnn.allow_tf32 = all(cfg.train.dtype_of(m) != "float32" for m in cfg.model.module_names)
-        if self.world > 1:
-            check_layout(cfg, self.world)
         self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model().to(self.device)

@@ -1,0 +1,122 @@
+"""The one validation gate of a run: every user error is refused here, before `init_process_group` and the
+first collective, as a `ConfigError` that names the field and the fix (`mimo: error:` on the command line).
+
+`validate_run(cfg, world)` checks, in this order: the config alone (mimo.config.validate), the architecture
+read from every `hf_path`, the data set against the model (its modalities, its row length), then, on more
+than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on
+every candidate. Not collective and pure (it reads only the files the config names), so every rank reaches
+the same verdict. The fast paths run on every layout and refuse none. Lower layers keep asserts for their
+own invariants and never repeat these checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch.distributed as dist
+
+from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
+from mimo.config.validate import validate
+from mimo.data.audio_demo import avlm_row_length
+from mimo.data.demo import demo_row_length
+from mimo.data.image_text import IMAGE_TEXT_SETS
+from mimo.data.text_to_image import text_to_image_row_length
+from mimo.hf.build import resolve_hf_architecture
+from mimo.parallel.layout import Layout
+from mimo.parallel.plan import validate_plan
+from mimo.tasks import DEMO_SETS
+
+
+def launch_world_size() -> int:
+    """The number of ranks this process belongs to, known before joining them: the process group's size when
+    one exists, else torchrun's WORLD_SIZE (1 outside torchrun)."""
+    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def validate_run(cfg: Config, world: int) -> None:
+    """Every check of a run on `world` ranks, config first (see the module docstring). Pure, not collective."""
+    validate(cfg)
+    model = resolved_model(cfg.model)
+    check_data_set(cfg, model)
+    if world > 1:
+        resolved = copy.copy(cfg)
+        resolved.model = model
+        check_layout(resolved, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world))
+
+
+def resolved_model(model: ModelConfig) -> ModelConfig:
+    """A copy of `model` whose architecture fields come from its hf_path directories' config.json (as
+    `build_model` resolves them), so the checks see the shapes the run will build."""
+    if not model.llm.hf_path and not any(m.hf_path for m in model.modalities.values()):
+        return model
+    resolved = copy.deepcopy(model)
+    try:
+        resolve_hf_architecture(resolved)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return resolved
+
+
+def row_length(cfg: Config, model: ModelConfig) -> int | None:
+    """Tokens of every row the LM sees: the demo task's fixed length, or data.seq_len (synthetic and real data
+    pad to it); None when packing (validate_plan checks data.pack_length) or when the model lacks what the
+    demo task needs (`mimo plan` may plan a model for other data)."""
+    vision = [m.vit.tokens_per_image for m in model.modalities.values() if m.kind == "vision"]
+    outs = [(m.decoder.image // m.decoder.patch) ** 2 for m in model.modalities.values() if m.output_token_id >= 0]
+    name = cfg.data.name
+    if cfg.data.packing or (name in ("shapes", "avlm") and not vision) or (name == "text_to_image" and not outs):
+        return None
+    if name == "shapes":
+        return demo_row_length(vision[0])
+    if name == "avlm":
+        return avlm_row_length(vision[0])
+    return text_to_image_row_length(outs[0]) if name == "text_to_image" else cfg.data.seq_len
+
+
+def check_data_set(cfg: Config, model: ModelConfig) -> None:
+    """data.name is a known set and the model has the modalities it feeds; rows hold their placeholders."""
+    name, kinds = cfg.data.name, sorted(m.kind for m in model.modalities.values())
+    known = ["shapes", *DEMO_SETS, *IMAGE_TEXT_SETS]
+    if name not in known:
+        raise ConfigError(f"data.name = '{name}' is not a known data set; use one of {', '.join(known)}")
+    needs = {"avlm": ["audio", "vision"], "text_to_image": kinds}.get(name, ["vision"])
+    if kinds != needs:
+        what = "one vision and one audio modality" if name == "avlm" else "exactly one vision modality"
+        raise ConfigError(f"data.name = '{name}' needs {what} under model.modalities; this model has "
+                          f"{dict(zip(model.modalities, kinds)) or 'none'}")
+    outs = [m for m in model.modalities.values() if m.output_token_id >= 0]
+    if name == "text_to_image" and (len(outs) != 1 or outs[0].decoder.channels != 3):
+        raise ConfigError("data.name = 'text_to_image' needs exactly one modality with an Out path that draws RGB: "
+                          "set model.modalities.<name>.output_token_id (e.g. 261) and decoder.channels = 3")
+    if name in ("synthetic", *IMAGE_TEXT_SETS):
+        tokens = next(m.vit.tokens_per_image for m in model.modalities.values())
+        placeholders = tokens * cfg.data.images_per_sample
+        if cfg.data.seq_len < placeholders + (3 if name in IMAGE_TEXT_SETS else 1):
+            raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must exceed the {placeholders} image placeholders "
+                              f"of a sample (data.images_per_sample x the image's {tokens} tokens) plus its text; "
+                              "raise data.seq_len")
+
+
+def check_layout(cfg: Config, layout: Layout) -> None:
+    """What `layout` needs of the model and the data, beyond the grids `Layout` checked itself: the parallel
+    plan's rules (validate_plan), then sequence splits that must divide the rows. Pure, not collective."""
+    validate_plan(cfg, layout)
+    lm = layout.grids[LANGUAGE]
+    lm_flags = cfg.parallel.modules.get(LANGUAGE)
+    sp_tp = lm.tp if lm_flags is not None and lm_flags.sequence_parallel else 1
+    factor = (2 * lm.cp if lm.cp > 1 else 1) * sp_tp
+    rows = row_length(cfg, cfg.model)
+    if rows is not None and rows % factor:
+        raise ConfigError(f"the LM's rows of {rows} tokens (data.name = '{cfg.data.name}') must divide by {factor} "
+                          f"(2 x cp x tp with sequence parallel, 2 x cp without) for parallel.modules.{LANGUAGE}; "
+                          "choose a cp and tp whose split divides them, or a data.seq_len that is a multiple")
+    for name, m in cfg.model.modalities.items():
+        flags, tp = cfg.parallel.modules.get(name), layout.grids[name].tp
+        if m.kind == "vision" and flags is not None and flags.sequence_parallel and m.vit.positions % tp:
+            raise ConfigError(f"module '{name}': sequence parallel splits the ViT's {m.vit.positions} tokens "
+                              f"(patches and class token, if any) over tp={tp}, which does not divide them; choose "
+                              f"a tp that divides {m.vit.positions} or set parallel.modules.{name}.sequence_parallel "
+                              "= false")
