@@ -1,8 +1,70 @@
-"""Checks of the config alone that need more than one field; raised identically on every rank."""
+"""Checks of the config alone (no files, no torch, no layout): ranges of single fields and the fields that
+depend on one another. Pure, so every rank raises the same `ConfigError` before any collective; the run's
+other checks (device, tokenizer, layout) follow in mimo.train.gate."""
 
 from __future__ import annotations
 
-from mimo.config.schema import COMPILE_BACKENDS, Config, ConfigError
+from typing import Any
+
+from mimo.config.schema import COMPILE_BACKENDS, LANGUAGE, Config, ConfigError
+
+SIZE_FIELDS = {
+    "model.llm": ("vocab", "hidden", "layers", "heads", "kv_heads", "mlp", "max_seq"),
+    "vit": ("image", "patch", "channels", "hidden", "layers", "heads", "mlp"),
+    "audio": ("n_mels", "hidden", "layers", "heads", "mlp", "max_positions"),
+    "decoder": ("image", "patch", "channels", "hidden", "layers", "heads", "mlp"),
+}
+"""Sizes that must be >= 1, per config table (modality tables prefixed with model.modalities.<name>)."""
+
+
+def require_at_least(key: str, table: Any, fields: tuple[str, ...], low: float, fix: str = "") -> None:
+    """Each `table.<field>` >= `low`, else a ConfigError naming `key.<field>`."""
+    for name in fields:
+        value = getattr(table, name)
+        if value < low:
+            raise ConfigError(f"{key}.{name} = {value} must be >= {low}{fix}")
+
+
+def validate_model(cfg: Config) -> None:
+    """Module names, sizes, heads, kinds and placeholder ids of model.*."""
+    llm = cfg.model.llm
+    require_at_least("model.llm", llm, SIZE_FIELDS["model.llm"], 1)
+    require_at_least("model.llm", llm, ("head_dim",), 0, " (0 = hidden / heads)")
+    if not llm.head_dim and llm.hidden % llm.heads:
+        raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
+    if llm.heads % llm.kv_heads:
+        raise ConfigError(f"model.llm.heads ({llm.heads}) must be divisible by model.llm.kv_heads "
+                          f"({llm.kv_heads})")
+    ids: dict[int, str] = {}
+    for name, m in cfg.model.modalities.items():
+        key = f"model.modalities.{name}"
+        if name == LANGUAGE:
+            raise ConfigError(f"{key}: '{LANGUAGE}' is the language model's name among the modules (layouts, "
+                              "dtypes, checkpoints); rename the modality, e.g. model.modalities.images")
+        if m.kind not in ("vision", "audio"):
+            raise ConfigError(f"{key}.kind = '{m.kind}' is not supported; use 'vision' or 'audio'")
+        require_at_least(f"{key}.vit", m.vit, SIZE_FIELDS["vit"], 1)
+        require_at_least(f"{key}.audio", m.audio, SIZE_FIELDS["audio"], 1)
+        require_at_least(f"{key}.decoder", m.decoder, SIZE_FIELDS["decoder"], 1)
+        if m.kind == "audio" and (m.audio.hidden % m.audio.heads or m.audio.hidden % 2):
+            raise ConfigError(f"{key}.audio.hidden ({m.audio.hidden}) must be even and divisible by audio.heads "
+                              f"({m.audio.heads})")
+        # Hugging Face towers floor the patch grid (SigLIP-so400m: 384 px, 14 px patches); they are the truth.
+        if m.vit.image % m.vit.patch and not m.hf_path:
+            raise ConfigError(f"{key}.vit.image ({m.vit.image}) must be divisible by vit.patch ({m.vit.patch})")
+        if m.vit.hidden % m.vit.heads:
+            raise ConfigError(f"{key}.vit.hidden must be divisible by vit.heads")
+        if m.vit.drop_first_patch and m.vit.class_token and not m.hf_path:
+            raise ConfigError(f"{key}.vit.drop_first_patch is for towers without a class token; this one has one: "
+                              "set vit.drop_class_token to drop it, or vit.class_token = false")
+        # With model.llm.hf_path the vocabulary comes from its config.json; the gate checks it after resolving.
+        if not 0 <= m.token_id < llm.vocab and not llm.hf_path:
+            raise ConfigError(f"{key}.token_id ({m.token_id}) must lie in [0, model.llm.vocab={llm.vocab})")
+        if m.token_id in ids:
+            raise ConfigError(f"{key}.token_id ({m.token_id}) is already used by '{ids[m.token_id]}'; each "
+                              "modality needs its own placeholder id")
+        ids[m.token_id] = name
+    validate_out_path(cfg)
 
 
 def validate_out_path(cfg: Config) -> None:
@@ -30,88 +92,91 @@ def validate_out_path(cfg: Config) -> None:
             raise ConfigError(f"{key}.output_loss_weight ({m.output_loss_weight}) must be >= 0")
 
 
-def validate(cfg: Config) -> None:
-    """Checks that need more than one field. Raised identically on every rank before any collective."""
-    llm = cfg.model.llm
-    if not llm.head_dim and llm.hidden % llm.heads:
-        raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
-    if llm.heads % llm.kv_heads:
-        raise ConfigError(f"model.llm.heads ({llm.heads}) must be divisible by model.llm.kv_heads "
-                          f"({llm.kv_heads})")
-    ids = {}
-    for name, m in cfg.model.modalities.items():
-        if m.kind not in ("vision", "audio"):
-            raise ConfigError(f"model.modalities.{name}.kind = '{m.kind}' is not supported; use 'vision' or 'audio'")
-        if m.kind == "audio" and (m.audio.hidden % m.audio.heads or m.audio.hidden % 2):
-            raise ConfigError(f"model.modalities.{name}.audio.hidden ({m.audio.hidden}) must be even and divisible "
-                              f"by audio.heads ({m.audio.heads})")
-        # Hugging Face towers floor the patch grid (SigLIP-so400m: 384 px, 14 px patches); they are the truth.
-        if m.vit.image % m.vit.patch and not m.hf_path:
-            raise ConfigError(f"model.modalities.{name}.vit.image ({m.vit.image}) must be divisible by "
-                              f"vit.patch ({m.vit.patch})")
-        if m.vit.hidden % m.vit.heads:
-            raise ConfigError(f"model.modalities.{name}.vit.hidden must be divisible by vit.heads")
-        if m.vit.drop_first_patch and m.vit.class_token and not m.hf_path:
-            raise ConfigError(f"model.modalities.{name}.vit.drop_first_patch is for towers without a class token; "
-                              "this one has one: set vit.drop_class_token to drop it, or vit.class_token = false")
-        # With model.llm.hf_path the vocabulary comes from its config.json; building the model checks it then.
-        if not 0 <= m.token_id < llm.vocab and not llm.hf_path:
-            raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) must lie in [0, "
-                              f"model.llm.vocab={llm.vocab})")
-        if m.token_id in ids:
-            raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) is already used by "
-                              f"'{ids[m.token_id]}'; each modality needs its own placeholder id")
-        ids[m.token_id] = name
-    validate_out_path(cfg)
-    if cfg.optim.schedule not in ("cosine", "linear", "constant"):
-        raise ConfigError(f"optim.schedule = '{cfg.optim.schedule}'; choose cosine, linear or constant")
-    if cfg.train.dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"train.dtype = '{cfg.train.dtype}'; choose float32 or bfloat16")
+def validate_optim(cfg: Config) -> None:
+    """Learning rates, schedule and AdamW's hyper-parameters (torch would refuse them in its own words)."""
+    o = cfg.optim
+    require_at_least("optim", o, ("lr", "weight_decay", "eps", "beta1", "beta2", "min_lr_ratio", "warmup_steps"), 0)
+    for name in ("beta1", "beta2"):
+        if getattr(o, name) >= 1:
+            raise ConfigError(f"optim.{name} = {getattr(o, name)} must lie in [0, 1), e.g. 0.9 or 0.95")
+    if o.min_lr_ratio > 1:
+        raise ConfigError(f"optim.min_lr_ratio = {o.min_lr_ratio} must lie in [0, 1] (the final lr / optim.lr)")
+    if o.schedule not in ("cosine", "linear", "constant"):
+        raise ConfigError(f"optim.schedule = '{o.schedule}'; choose cosine, linear or constant")
     modules = cfg.model.module_names
-    for name, dtype in cfg.train.module_dtype.items():
+    for name, lr in o.module_lr.items():
+        if name not in modules:
+            raise ConfigError(f"optim.module_lr.{name}: '{name}' is no module of this model; choose from {modules}")
+        if lr < 0:
+            raise ConfigError(f"optim.module_lr.{name} = {lr} must be >= 0 (freeze a module with model.freeze_llm "
+                              "or model.modalities.<m>.freeze_encoder)")
+
+
+def validate_train(cfg: Config) -> None:
+    """train.*: steps, dtypes, checkpoints, fast paths."""
+    t = cfg.train
+    require_at_least("train", t, ("steps", "log_every"), 1)
+    require_at_least("train", t, ("save_every", "max_bad_steps", "throughput_warmup", "eval_every"), 0,
+                     " (0 turns it off)")
+    require_at_least("train", t, ("threads",), 0, " (0 = torch's default)")
+    require_at_least("train", t, ("keep_checkpoints",), 1)
+    if t.dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"train.dtype = '{t.dtype}'; choose float32 or bfloat16")
+    modules = cfg.model.module_names
+    for name, dtype in t.module_dtype.items():
         if name not in modules:
             raise ConfigError(f"train.module_dtype.{name}: '{name}' is no module of this model; choose from {modules}")
         if dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32 or bfloat16")
-    if cfg.parallel.microbatches < 1:
-        raise ConfigError("parallel.microbatches must be >= 1")
-    if not cfg.parallel.timeout_s > 0:
-        raise ConfigError(f"parallel.timeout_s ({cfg.parallel.timeout_s}) must be > 0: the seconds a collective may "
-                          "wait for the other ranks")
-    for key in ("save_every", "max_bad_steps", "throughput_warmup", "eval_every"):
-        if getattr(cfg.train, key) < 0:
-            raise ConfigError(f"train.{key} must be >= 0 (0 turns it off)")
-    for name in cfg.train.activation_checkpointing:
+    for name in t.activation_checkpointing:
         if name not in modules:
             raise ConfigError(f"train.activation_checkpointing names '{name}', which is no module of this model; "
                               f"choose from {modules}")
-    if cfg.train.compile_backend not in COMPILE_BACKENDS:
-        raise ConfigError(f"train.compile_backend = '{cfg.train.compile_backend}'; choose one of "
-                          f"{', '.join(COMPILE_BACKENDS)}")
-    if cfg.train.peak_tflops <= 0:
-        raise ConfigError(f"train.peak_tflops ({cfg.train.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
-    if cfg.train.keep_checkpoints < 1:
-        raise ConfigError("train.keep_checkpoints must be >= 1")
-    if cfg.train.resume == "":
+    if t.compile_backend not in COMPILE_BACKENDS:
+        raise ConfigError(f"train.compile_backend = '{t.compile_backend}'; choose one of {', '.join(COMPILE_BACKENDS)}")
+    if t.peak_tflops <= 0:
+        raise ConfigError(f"train.peak_tflops ({t.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
+    if t.resume == "":
         raise ConfigError("train.resume is empty; use false, true (\"auto\") or the path of a checkpoint folder")
-    if cfg.data.name in ("webdataset", "jsonl") and not cfg.data.path:
-        raise ConfigError(f"data.name = '{cfg.data.name}' needs data.path (a .tar shard or folder of shards for "
+
+
+def validate_data(cfg: Config) -> None:
+    """data.* and parallel.microbatches: batch sizes, lengths, readers, packing."""
+    d = cfg.data
+    require_at_least("data", d, ("global_batch", "train_samples"), 1)
+    require_at_least("data", d, ("eval_samples",), 0)
+    require_at_least("data", d, ("workers",), 0, " (0 reads in the training process)")
+    if cfg.parallel.microbatches < 1:
+        raise ConfigError(f"parallel.microbatches = {cfg.parallel.microbatches} must be >= 1")
+    if not cfg.parallel.timeout_s > 0:
+        raise ConfigError(f"parallel.timeout_s ({cfg.parallel.timeout_s}) must be > 0: the seconds a collective may "
+                          "wait for the other ranks")
+    if d.name in ("webdataset", "jsonl") and not d.path:
+        raise ConfigError(f"data.name = '{d.name}' needs data.path (a .tar shard or folder of shards for "
                           "webdataset, a .jsonl manifest for jsonl)")
     validate_held_out(cfg)
-    if cfg.data.seq_len < 8 or cfg.data.seq_len % 8:
-        raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must be a positive multiple of 8")
-    if cfg.data.images_per_sample < 1:
-        raise ConfigError(f"data.images_per_sample ({cfg.data.images_per_sample}) must be >= 1")
-    if cfg.data.images_per_sample != 1 and cfg.data.name != "synthetic":
-        raise ConfigError(f"data.images_per_sample = {cfg.data.images_per_sample} is read by data.name = 'synthetic' "
-                          f"only; data.name = '{cfg.data.name}' fixes its own images per sample, so leave it at 1")
-    if cfg.data.packing and cfg.data.name == "synthetic":
+    if d.seq_len < 8 or d.seq_len % 8:
+        raise ConfigError(f"data.seq_len ({d.seq_len}) must be a positive multiple of 8")
+    if d.images_per_sample < 1:
+        raise ConfigError(f"data.images_per_sample ({d.images_per_sample}) must be >= 1")
+    if d.images_per_sample != 1 and d.name != "synthetic":
+        raise ConfigError(f"data.images_per_sample = {d.images_per_sample} is read by data.name = 'synthetic' "
+                          f"only; data.name = '{d.name}' fixes its own images per sample, so leave it at 1")
+    if d.packing and d.name == "synthetic":
         raise ConfigError("data.packing = true with data.name = 'synthetic': synthetic rows are full, with no padding "
                           "to pack away; set data.packing = false")
-    if cfg.data.packing and cfg.data.pack_length < 1:
+    if d.packing and d.pack_length < 1:
         raise ConfigError(f"data.packing = true needs data.pack_length (tokens per packed row) >= 1, got "
-                          f"{cfg.data.pack_length}; set it to at least the longest sample, e.g. 2-4x its length")
-    known = set(cfg.model.module_names)
+                          f"{d.pack_length}; set it to at least the longest sample, e.g. 2-4x its length")
+
+
+def validate(cfg: Config) -> None:
+    """Every check of the config alone, model first. Raised identically on every rank before any collective."""
+    validate_model(cfg)
+    validate_optim(cfg)
+    validate_train(cfg)
+    validate_data(cfg)
+    known = cfg.model.module_names
     for name in cfg.parallel.modules:
         if name not in known:
             raise ConfigError(f"parallel.modules.{name} names no module; modules are: {', '.join(sorted(known))}")

@@ -1,9 +1,9 @@
 """The one validation gate of a run: every user error is refused here, before `init_process_group` and the
 first collective, as a `ConfigError` that names the field and the fix (`mimo: error:` on the command line).
 
-`validate_run(cfg, world)` checks, in this order: the config alone (mimo.config.validate), the architecture
-read from every `hf_path`, the data set against the model (its modalities, its row length), then, on more
-than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on
+`validate_run(cfg, world)` checks, in this order: the config alone (mimo.config.validate), the device, the
+architecture read from every `hf_path`, the data set against the model (its modalities, its row length, its
+tokenizer), then, on more than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on
 every candidate. Not collective and pure (it reads only the files the config names), so every rank reaches
 the same verdict. The fast paths run on every layout and refuse none. Lower layers keep asserts for their
 own invariants and never repeat these checks.
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import os
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
@@ -22,10 +24,14 @@ from mimo.data.audio_demo import avlm_row_length
 from mimo.data.demo import demo_row_length
 from mimo.data.image_text import IMAGE_TEXT_SETS
 from mimo.data.text_to_image import text_to_image_row_length
+from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer
 from mimo.hf.build import resolve_hf_architecture
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.tasks import DEMO_SETS
+
+BYTE_TEXT_IDS = ByteTokenizer.PAD + 1
+"""The ids the byte tokenizer writes for text: bytes 0-255, BOS, EOS and PAD (placeholders come after)."""
 
 
 def launch_world_size() -> int:
@@ -37,12 +43,25 @@ def launch_world_size() -> int:
 def validate_run(cfg: Config, world: int) -> None:
     """Every check of a run on `world` ranks, config first (see the module docstring). Pure, not collective."""
     validate(cfg)
+    check_device(cfg.train.device)
     model = resolved_model(cfg.model)
     check_data_set(cfg, model)
+    check_tokenizer(cfg, model)
     if world > 1:
         resolved = copy.copy(cfg)
         resolved.model = model
         check_layout(resolved, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world))
+
+
+def check_device(device: str) -> None:
+    """train.device names a device this torch build has."""
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise ConfigError(f"train.device = '{device}'; use \"cpu\" or \"cuda\" (\"cuda:N\" for one GPU)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        why = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
+        raise ConfigError(f"train.device = '{device}' but this torch build ({torch.__version__}) {why}; use "
+                          "train.device = \"cpu\", or a machine and torch build with CUDA")
 
 
 def resolved_model(model: ModelConfig) -> ModelConfig:
@@ -98,6 +117,57 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
             raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must exceed the {placeholders} image placeholders "
                               f"of a sample (data.images_per_sample x the image's {tokens} tokens) plus its text; "
                               "raise data.seq_len")
+
+
+def data_tokenizer(cfg: Config) -> Any:
+    """The tokenizer the data set writes text with: none for synthetic ids, data.tokenizer for real data,
+    the byte tokenizer for the demo tasks."""
+    if cfg.data.name == "synthetic":
+        return None
+    spec = cfg.data.tokenizer if cfg.data.name in IMAGE_TEXT_SETS else "byte"
+    if spec == "byte":
+        return ByteTokenizer()
+    folder = f"data.tokenizer = '{spec}'"
+    if not os.path.isdir(spec):
+        raise ConfigError(f"{folder} is no folder; use \"byte\" or a folder holding a Hugging Face tokenizer.json")
+    if not any(name.startswith("tokenizer") for name in os.listdir(spec)):
+        raise ConfigError(f"{folder} holds no tokenizer files; save one there (tokenizer.save_pretrained) or use "
+                          "\"byte\"")
+    try:
+        return load_tokenizer(spec)
+    except Exception as e:  # transformers and tokenizers raise many types for a damaged file
+        raise ConfigError(f"{folder} cannot be read as a Hugging Face tokenizer ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); replace its tokenizer.json or use "
+                          "\"byte\"") from None
+
+
+def text_ids(tok: Any) -> tuple[int, set[int]]:
+    """(how many ids the tokenizer has, the ids it writes for text): an HF tokenizer's whole vocabulary but
+    its added tokens (except BOS, EOS, PAD and UNK) and its LLaVA "<image>" placeholder."""
+    if isinstance(tok, ByteTokenizer):
+        return BYTE_TEXT_IDS, set(range(BYTE_TEXT_IDS))
+    vocab = tok.get_vocab()
+    specials = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id}
+    markers = (set(tok.added_tokens_decoder) - specials) | {vocab.get(IMAGE)}
+    return len(tok), set(vocab.values()) - markers
+
+
+def check_tokenizer(cfg: Config, model: ModelConfig) -> None:
+    """The data's tokenizer fits the LM's vocabulary and writes none of the placeholder or generation ids."""
+    tok = data_tokenizer(cfg)
+    if tok is None:
+        return
+    size, produced = text_ids(tok)
+    source = "the byte tokenizer" if isinstance(tok, ByteTokenizer) else f"the tokenizer in '{cfg.data.tokenizer}'"
+    if size > model.llm.vocab:
+        raise ConfigError(f"model.llm.vocab ({model.llm.vocab}) is smaller than {source} ({size} ids); set "
+                          f"model.llm.vocab to at least {size}")
+    for name, m in model.modalities.items():
+        for field, tid in (("token_id", m.token_id), ("output_token_id", m.output_token_id)):
+            if tid in produced:
+                raise ConfigError(f"model.modalities.{name}.{field} ({tid}) is an id {source} writes for text, so "
+                                  f"text would turn into {name} positions; use an id it never writes (from {size} up "
+                                  f"to model.llm.vocab - 1{', e.g. 259-261' if size == BYTE_TEXT_IDS else ''})")
 
 
 def check_layout(cfg: Config, layout: Layout) -> None:

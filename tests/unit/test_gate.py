@@ -1,17 +1,114 @@
-"""The validation gate: layouts that passed the old checks and failed at the first batch or at build are
-refused by `check_layout`, with the field and the fix."""
+"""The validation gate: every bad config of [Hardening] item 7 is refused by `mimo train`'s entry with a
+`mimo: error:` that names the field and the fix, before anything runs or is written; layouts that passed the
+old checks and failed at the first batch or at build are refused by `check_layout`."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import torch
 
+from mimo.cli import main
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
 from mimo.parallel.layout import Layout
-from mimo.train.gate import check_layout
+from mimo.train.gate import check_layout, check_tokenizer
 from tests.support.tiny_run import DEMO, TINY
+
+tokenizers = pytest.importorskip("tokenizers")
+transformers = pytest.importorskip("transformers")
+WORDS = ["<unk>", "<s>", "</s>", "<image>", "USER", "ASSISTANT", "user", "assistant", ":", "what", "is", "this", "?"]
+
+
+@pytest.fixture(scope="module")
+def word_tokenizer(tmp_path_factory) -> Path:
+    """A saved 13-id word-level Hugging Face tokenizer ("what" is id 9)."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+def corrupt_copy(source: Path, folder: Path) -> Path:
+    folder.mkdir()
+    for f in source.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    return folder
+
+
+def train_refusal(capsys, tmp_path: Path, *overrides: str) -> str:
+    """`mimo train` on the tiny demo with `overrides`: asserts exit code 2 and an empty run folder; its stderr."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", str(DEMO), *TINY, f"--run.out_dir={tmp_path / 'runs'}", *overrides])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert not (tmp_path / "runs").exists()
+    return err
+
+
+def real_data(tokenizer: Path | str, *more: str) -> list[str]:
+    return ["--data.name=jsonl", "--data.path=unused.jsonl", f"--data.tokenizer={tokenizer}", *more]
+
+
+ITEM_7 = {  # case -> (overrides, what the message must say: the field, then the fix)
+    "modality named language": (["--model.modalities.language.token_id=260"],
+                                r"model.modalities.language: 'language' is the language model's name.*rename"),
+    "llm.layers = 0": (["--model.llm.layers=0"], r"model.llm.layers = 0 must be >= 1"),
+    "train.steps = -5": (["--train.steps=-5"], r"train.steps = -5 must be >= 1"),
+    "hidden = -128": (["--model.llm.hidden=-128"], r"model.llm.hidden = -128 must be >= 1"),
+    "global_batch = 0": (["--data.global_batch=0"], r"data.global_batch = 0 must be >= 1"),
+    "optim.lr = -1": (["--optim.lr=-1"], r"optim.lr = -1.0 must be >= 0"),
+    "data.workers = -1": (["--data.workers=-1"], r"data.workers = -1 must be >= 0"),
+    "byte 97 as placeholder": (["--model.modalities.images.token_id=97"],
+                               r"model.modalities.images.token_id \(97\) is an id the byte tokenizer writes for text.*"
+                               r"use an id it never writes"),
+}
+
+
+@pytest.mark.parametrize("case", ITEM_7)
+def test_bad_config_is_refused_by_mimo_train(case, capsys, tmp_path):
+    overrides, message = ITEM_7[case]
+    err = train_refusal(capsys, tmp_path, *overrides)
+    assert err.startswith("mimo: error: ") and len(err.splitlines()) == 1, err
+    assert re.search(message, err), err
+
+
+@pytest.mark.parametrize("case, overrides, message", [
+    ("corrupt tokenizer.json", ["corrupt"], r"data.tokenizer = '.*corrupt' cannot be read as a Hugging Face tokenizer "
+                                            r"\(.*\); replace its tokenizer.json"),
+    ("empty tokenizer folder", ["empty"], r"data.tokenizer = '.*empty' holds no tokenizer files; save one there"),
+    ("a real token as placeholder", ["words", "--model.modalities.images.token_id=9"],
+     r"model.modalities.images.token_id \(9\) is an id the tokenizer in '.*' writes for text"),
+    ("tokenizer larger than vocab", ["words", "--model.llm.vocab=12", "--model.modalities.images.token_id=3"],
+     r"model.llm.vocab \(12\) is smaller than the tokenizer in '.*' \(13 ids\); set model.llm.vocab to at least 13"),
+])
+def test_bad_tokenizer_is_refused_by_mimo_train(case, overrides, message, word_tokenizer, capsys, tmp_path):
+    folder = {"corrupt": lambda: corrupt_copy(word_tokenizer, tmp_path / "corrupt"),
+              "empty": lambda: (tmp_path / "empty").mkdir() or tmp_path / "empty",
+              "words": lambda: word_tokenizer}[overrides[0]]()
+    err = train_refusal(capsys, tmp_path, *real_data(folder, *overrides[1:]))
+    assert err.startswith("mimo: error: ") and len(err.splitlines()) == 1, err
+    assert re.search(message, err), err
+
+
+def test_the_tokenizer_image_token_and_unused_ids_pass(word_tokenizer, tmp_path):
+    """LLaVA's convention (the tokenizer's own "<image>") and an id past the tokenizer are no collision."""
+    for token_id in (3, 13):
+        cfg = load_config(DEMO, [*TINY, *real_data(word_tokenizer, f"--model.modalities.images.token_id={token_id}")])
+        check_tokenizer(cfg, cfg.model)
+
+
+def test_cuda_on_a_cpu_only_build_is_refused(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = train_refusal(capsys, tmp_path, "--train.device=cuda")
+    assert "mimo: error: train.device = 'cuda' but this torch build" in err and 'use train.device = "cpu"' in err
+    err = train_refusal(capsys, tmp_path, "--train.device=gpu0")
+    assert "mimo: error: train.device = 'gpu0'; use \"cpu\" or \"cuda\"" in err
 
 
 def layout_error(world: int, *overrides: str) -> str:
@@ -55,3 +152,14 @@ def test_tensor_parallel_sizes_are_checked_at_the_gate(overrides, message):
 def test_vit_tensor_parallel_sizes_are_checked_at_the_gate(overrides, message):
     """What parallelize_vit used to check again (now an assert there)."""
     assert re.search(message, layout_error(2, "--parallel.modules.images.tp=2", *overrides))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["--data.name=shape"], r"data.name = 'shape' is not a known data set; use one of shapes, avlm"),
+    (["--data.name=avlm"], r"data.name = 'avlm' needs one vision and one audio modality under model.modalities"),
+    (["--data.name=synthetic", "--data.seq_len=8", "--data.images_per_sample=2"],
+     r"data.seq_len \(8\) must exceed the 8 image placeholders of a sample"),
+])
+def test_a_data_set_that_does_not_fit_the_model_is_refused(overrides, message, capsys, tmp_path):
+    """Found in build_demo_data before, after the model was built and laid out."""
+    assert re.search(message, train_refusal(capsys, tmp_path, *overrides))
