@@ -172,7 +172,8 @@ def check_tokenizer(cfg: Config, model: ModelConfig) -> None:
 
 def check_layout(cfg: Config, layout: Layout) -> None:
     """What `layout` needs of the model and the data, beyond the grids `Layout` checked itself: the parallel
-    plan's rules (validate_plan), then sequence splits that must divide the rows. Pure, not collective."""
+    plan's rules (validate_plan), then sequence splits that must divide the rows and data lanes the colocated
+    bridge can map. Pure, not collective."""
     validate_plan(cfg, layout)
     lm = layout.grids[LANGUAGE]
     lm_flags = cfg.parallel.modules.get(LANGUAGE)
@@ -184,7 +185,11 @@ def check_layout(cfg: Config, layout: Layout) -> None:
                           f"(2 x cp x tp with sequence parallel, 2 x cp without) for parallel.modules.{LANGUAGE}; "
                           "choose a cp and tp whose split divides them, or a data.seq_len that is a multiple")
     for name, m in cfg.model.modalities.items():
-        flags, tp = cfg.parallel.modules.get(name), layout.grids[name].tp
+        flags, tp, dp = cfg.parallel.modules.get(name), layout.grids[name].tp, layout.grids[name].dp
+        if layout.colocated and max(dp, lm.dp) % min(dp, lm.dp):
+            raise ConfigError(f"parallel.modules.{name}: its dp ({dp}) and the LM's ({lm.dp}) must divide one another "
+                              "for the colocated bridge; change the tp/cp degrees so that one dp is a multiple of "
+                              "the other")
         if m.kind == "vision" and flags is not None and flags.sequence_parallel and m.vit.positions % tp:
             raise ConfigError(f"module '{name}': sequence parallel splits the ViT's {m.vit.positions} tokens "
                               f"(patches and class token, if any) over tp={tp}, which does not divide them; choose "
