@@ -44,6 +44,14 @@ class Throughput:
         self.steady_tokens += tokens
         self.steady_steps += 1
 
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` of work that is no training step (a periodic evaluation) out of the rates: the
+        logged interval and the steady state start that much later (the run's averages over its wall time
+        keep it)."""
+        self.mark += seconds
+        if self.steady_start is not None:
+            self.steady_start += seconds
+
     def tflops(self, flops: int, seconds: float) -> float:
         """Model TFLOP/s per GPU."""
         return flops / max(seconds, 1e-9) / self.world / 1e12

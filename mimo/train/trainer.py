@@ -191,8 +191,10 @@ class Trainer:
                                                        "bad_steps", *self.out_loss.keys)}, **throughput.interval()})
                 logger.progress(1, loss=rec["loss"], **throughput.running())
                 if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
+                    began = time.perf_counter()
                     logger.log_eval(step, evaluate_held_out(cfg, self.model, self.data, self.plan, self.device,
                                                             self.local_microbatches))
+                    throughput.exclude(time.perf_counter() - began)
                 if self.checkpointer.after_step(step):
                     logger.close()
                     return {"steps": step + 1, "stopped": "SIGTERM", "final_loss": rec["loss"],

@@ -92,6 +92,18 @@ def test_steady_state_leaves_the_warm_up_steps_out(monkeypatch):
         "steady_mfu": 1.5}
 
 
+def test_evaluation_time_is_left_out_of_the_rates(monkeypatch):
+    clock = iter([4.0, 10.0])  # an interval row, the progress bar
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    t = Throughput(world=1, peak_tflops=100.0, device=torch.device("cpu"), start=0.0)
+    t.add(10**12, tokens=100)
+    t.exclude(2.0)  # a 2 s evaluation after the step: 2 s of training in the first 4 s
+    assert t.interval() == {"model_tflops": 0.5}
+    t.add(10**12, tokens=100)
+    assert t.running()["tok_s"] == 25.0  # 200 tokens over the 10 s less the evaluation's 2 s
+    assert t.summary(wall=10.0)["steady_s"] == 8.0 and t.summary(wall=10.0)["tokens_per_s"] == 20.0
+
+
 def test_no_steady_state_before_the_warm_up_is_over():
     t = Throughput(world=1, peak_tflops=100.0, device=torch.device("cpu"), start=0.0, warmup=3)
     t.add(10**12, tokens=10)
