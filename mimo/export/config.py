@@ -24,9 +24,13 @@ def hf_act(name: str, field: str) -> str:
 
 
 # Families that compute the same LM as Llama (no qkv bias, no qk-norm) under another name.
-LLAMA_LIKE = ("llama", "mistral")
+LLAMA_LIKE = ("llama", "mistral", "phi3")
+# Without a tokenizer the ids are unknown: null, never a config class's defaults (Phi-3's pad id 32000 would not
+# even fit a small vocabulary).
+NO_TOKEN_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-                  "llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}
+                  "llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+                  "phi3": ("Phi3Config", "Phi3ForCausalLM")}
 
 
 def text_architecture(cfg: LLMConfig) -> str:
@@ -47,11 +51,15 @@ def text_architecture(cfg: LLMConfig) -> str:
     if cfg.family != implied and not (implied == "llama" and cfg.family in LLAMA_LIKE):
         raise ValueError(f"model.llm.family = '{cfg.family}' does not compute this LM (its qkv_bias / qk_norm "
                          f"make it '{implied}'); set model.llm.family = '{implied}' or ''")
+    if cfg.family == "phi3" and cfg.attention_head_dim * cfg.heads != cfg.hidden:
+        raise ValueError(f"model.llm.family = 'phi3' needs head_dim * heads = hidden (Phi-3 has no head_dim); got "
+                         f"{cfg.attention_head_dim} * {cfg.heads} != {cfg.hidden}: set model.llm.family = 'llama'")
     return cfg.family
 
 
 def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] | None = None) -> Any:
-    """The `transformers` config of the LM's family; `token_ids` (bos/eos/pad_token_id) go into it."""
+    """The `transformers` config of the LM's family; `token_ids` (bos/eos/pad_token_id) go into it (null
+    without)."""
     tf = require_transformers()
     arch = text_architecture(cfg)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
@@ -59,12 +67,12 @@ def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] 
         rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta, **cfg.rope_scaling,
                 "original_max_position_embeddings": int(cfg.rope_scaling["original_max_position_embeddings"])}
     config_class, model_class = FAMILY_CLASSES[arch]
-    extra = {"sliding_window": None} if arch == "mistral" else {}
+    extra = {"sliding_window": None} if arch in ("mistral", "phi3") else {}
     out = getattr(tf, config_class)(
         vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.attention_head_dim,
         max_position_embeddings=cfg.max_seq, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
-        rope_parameters=rope, dtype=dtype, **extra, **(token_ids or {}))
+        rope_parameters=rope, dtype=dtype, **extra, **(token_ids or NO_TOKEN_IDS))
     out.architectures = [model_class]
     return out
 

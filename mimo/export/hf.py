@@ -26,7 +26,7 @@ from mimo.export.tokens import (
     with_image_token,
 )
 from mimo.hf.files import INDEX
-from mimo.hf.names import llm_names, projector_names, vit_names, with_prefix
+from mimo.hf.names import HFName, llm_names, projector_names, vit_names, with_prefix
 from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel
@@ -44,9 +44,20 @@ def _prepare_dir(directory: str | Path) -> Path:
     return out
 
 
-def _gather(module: nn.Module, names: dict[str, str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+def _gather(module: nn.Module, names: dict[str, HFName], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """{HF name: tensor}; the parts of a fused tensor (`Rows`) are concatenated in row order."""
     state = module.state_dict()
-    return {hf: (state[ours].to(dtype) if dtype else state[ours]).contiguous() for ours, hf in names.items()}
+    out: dict[str, torch.Tensor] = {}
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for ours, hf in names.items():
+        t = state[ours].to(dtype) if dtype else state[ours]
+        if isinstance(hf, str):
+            out[hf] = t.contiguous()
+        else:
+            parts.setdefault(hf[0], []).append((hf[1], t))
+    for hf, pieces in parts.items():
+        out[hf] = torch.cat([t for _, t in sorted(pieces, key=lambda p: p[0])]).contiguous()
+    return out
 
 
 def save_hf_weights(tensors: dict[str, torch.Tensor], directory: Path, max_shard_bytes: int | None = None) -> None:

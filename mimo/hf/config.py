@@ -12,7 +12,7 @@ from typing import Any
 from mimo.config.schema import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
 from mimo.models.layers import LLAMA3_ROPE_KEYS
 
-LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3")
 VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip"}
 HF_TO_MIMO_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                   "silu": "silu", "relu": "relu"}
@@ -52,14 +52,17 @@ def _rope(d: dict[str, Any], where: str) -> tuple[float, dict[str, float]]:
 
 
 def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMConfig | None = None) -> LLMConfig:
-    """A Qwen2/Qwen3/Llama/Mistral config. `base` supplies the non-architecture fields (init_std, hf_path)."""
+    """A Qwen2/Qwen3/Llama/Mistral/Phi-3 config. `base` supplies the non-architecture fields (init_std, hf_path)."""
     mt = model_type(d, LLM_TYPES, where)
     _refuse(d, "hidden_act", "silu", where, "mimo's MLP is SwiGLU with SiLU")
     _refuse(d, "mlp_bias", False, where, "mimo's MLP has no biases")
     _refuse(d, "use_sliding_window", False, where, "mimo has no sliding-window attention")
-    if mt == "mistral":
-        _refuse(d, "sliding_window", None, where, "mimo has no sliding-window attention; checkpoints from "
-                "Mistral-7B-v0.2 on set it to null")
+    if mt in ("mistral", "phi3"):
+        _refuse(d, "sliding_window", None, where, "mimo has no sliding-window attention (Mistral checkpoints from "
+                "v0.2 on set it to null)")
+    if mt == "phi3":
+        _refuse({**d, **(d.get("rope_parameters") or {})}, "partial_rotary_factor", 1.0, where,
+                "mimo rotates every dimension of a head")
     if mt != "qwen2":
         _refuse(d, "attention_bias", False, where, "an output-projection bias mimo's attention does not have")
     heads = d["num_attention_heads"]

@@ -44,6 +44,25 @@ class InMemorySlice:
         return self.tensor[index].detach()
 
 
+class RowsSlice:
+    """A `TensorSlice` over rows [start, end) of another (a part of a fused tensor): indexing is relative to the
+    part and reads only what it names."""
+
+    def __init__(self, whole: TensorSlice, start: int, end: int):
+        self.whole, self.start, self.end = whole, start, end
+
+    def get_shape(self) -> list[int]:
+        return [self.end - self.start, *self.whole.get_shape()[1:]]
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        index = index if isinstance(index, tuple) else (index,)
+        first = index[0] if index else slice(None)
+        if not isinstance(first, slice) or first.step not in (None, 1):
+            raise ValueError(f"a part of a fused tensor is read by contiguous row ranges, not {first!r}")
+        lo, hi, _ = first.indices(self.end - self.start)
+        return self.whole[(slice(self.start + lo, self.start + hi), *index[1:])]
+
+
 class WeightSource(ABC):
     """Names, lazy slices and config of one set of HF weights; `where(name)` says which file holds a tensor."""
 

@@ -24,8 +24,8 @@ from mimo.hf.config import (
     projector_config_from_hf,
     vit_config_from_hf,
 )
-from mimo.hf.files import TensorSlice, WeightSource, open_source
-from mimo.hf.names import audio_names, llm_names, projector_names, vit_names, with_prefix
+from mimo.hf.files import RowsSlice, TensorSlice, WeightSource, open_source
+from mimo.hf.names import HFName, audio_names, llm_names, projector_names, vit_names, with_prefix
 from mimo.hf.placement import DeviceSpec, DTypeSpec, empty_module, is_meta, resolve_dtype
 from mimo.models.audio import AudioEncoder
 from mimo.models.llm import DecoderLM
@@ -36,13 +36,14 @@ from mimo.models.vit import VisionTransformer
 ShardFn = Callable[[str, TensorSlice], torch.Tensor]
 
 
-def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSource, mapping: Mapping[str, str],
+def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSource, mapping: Mapping[str, HFName],
                     shard_fn: ShardFn | None = None) -> None:
     """Fill every parameter and persistent buffer of `module` from `source`.
 
-    `mapping` maps each of the module's state-dict names to a tensor name in the source; every entry of the
-    module's state dict must be covered. `shard_fn(name, tensor_slice)` (default: read the whole tensor)
-    returns the piece for this process, which must match the parameter's (possibly sharded) shape.
+    `mapping` maps each of the module's state-dict names to a tensor name in the source (or rows of one, a
+    `Rows` part of a fused tensor); every entry of the module's state dict must be covered. `shard_fn(name,
+    tensor_slice)` (default: read the whole tensor) returns the piece for this process, which must match the
+    parameter's (possibly sharded) shape.
     """
     targets = module.state_dict(keep_vars=True)
     uncovered = [n for n in targets if n not in mapping]
@@ -53,17 +54,20 @@ def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSo
     if unknown:
         raise ValueError(f"the mapping names {unknown[:5]}, which {type(module).__name__} does not have")
     with open_source(source) as src:
-        for name, hf_name in mapping.items():
+        for name, hf in mapping.items():
             target = targets[name]
-            # Without a shard function the whole tensor goes straight into the parameter (no second copy).
-            tensor = shard_fn(name, src.get_slice(hf_name)) if shard_fn else src.get_slice(hf_name)
-            shape = tuple(tensor.shape) if shard_fn else tuple(tensor.get_shape())
+            hf_name, part = (hf, None) if isinstance(hf, str) else (hf[0], hf[1:])
+            sl = src.get_slice(hf_name) if part is None else RowsSlice(src.get_slice(hf_name), *part)
+            # Without a shard function a whole tensor goes straight into the parameter (no second copy).
+            tensor = shard_fn(name, sl) if shard_fn else (sl[:] if part else sl)
+            shape = tuple(tensor.shape) if shard_fn or part else tuple(tensor.get_shape())
             if shape != tuple(target.shape):
-                raise ValueError(f"tensor '{hf_name}' in '{src.where(hf_name)}' has shape {shape}, "
+                what = f"tensor '{hf_name}'" + (f" rows {part[0]}:{part[1]}" if part else "")
+                raise ValueError(f"{what} in '{src.where(hf_name)}' has shape {shape}, "
                                  f"but mimo's '{name}' needs {tuple(target.shape)}; the checkpoint and the config "
                                  "(or the shard function) disagree")
             with torch.no_grad():
-                if shard_fn:
+                if shard_fn or part:
                     target.copy_(tensor)
                 else:
                     src.read_into(hf_name, target.data)

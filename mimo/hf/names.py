@@ -2,7 +2,9 @@
 
 Maps are built from the module's own state-dict names, so they follow whatever the module holds: a
 pipeline stage with layers 4..7, an untied head or not, optional biases and norms, tensor-parallel shards
-(which keep their names). Each function returns {mimo name: HF name without the checkpoint's prefix}.
+(which keep their names). Each function returns {mimo name: HF name without the checkpoint's prefix}; where
+the checkpoint fuses several of mimo's tensors into one (Phi-3's qkv_proj and gate_up_proj) the HF name is a
+`Rows` part: (name, first row, end row) of the fused tensor.
 """
 
 from __future__ import annotations
@@ -13,14 +15,32 @@ from mimo.models.audio import AudioEncoder
 from mimo.models.llm import DecoderLM
 from mimo.models.vit import VisionTransformer
 
+Rows = tuple[str, int, int]
+HFName = str | Rows
+
 
 def _names(module: nn.Module) -> list[str]:
     return list(module.state_dict(keep_vars=True))
 
 
-def llm_names(lm: DecoderLM, body: str = "model.", head: str = "") -> dict[str, str]:
-    """Qwen2/Qwen3/Llama: identical names under `body` ("model."); the untied head is `head` + lm_head.weight."""
-    return {n: (head + n if n == "lm_head.weight" else body + n) for n in _names(lm)}
+def llm_names(lm: DecoderLM, body: str = "model.", head: str = "") -> dict[str, HFName]:
+    """Qwen2/Qwen3/Llama/Mistral: identical names under `body` ("model."); the untied head is `head` +
+    lm_head.weight. Phi-3 fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj` (full-model rows, so a
+    tensor-parallel shard function slices within each part)."""
+    names: dict[str, HFName] = {n: (head + n if n == "lm_head.weight" else body + n) for n in _names(lm)}
+    if lm.cfg.family == "phi3":
+        q, kv, mlp = lm.cfg.heads * lm.head_dim, lm.cfg.kv_heads * lm.head_dim, lm.cfg.mlp
+        parts = {"self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
+                 "self_attn.k_proj": ("self_attn.qkv_proj", q, q + kv),
+                 "self_attn.v_proj": ("self_attn.qkv_proj", q + kv, q + 2 * kv),
+                 "mlp.gate_proj": ("mlp.gate_up_proj", 0, mlp), "mlp.up_proj": ("mlp.gate_up_proj", mlp, 2 * mlp)}
+        for n in list(names):
+            layer, _, rest = n.partition(".")[2].partition(".")
+            module, _, leaf = rest.rpartition(".")
+            if n.startswith("layers.") and module in parts:
+                fused, start, end = parts[module]
+                names[n] = (f"{body}layers.{layer}.{fused}.{leaf}", start, end)
+    return names
 
 
 _VIT_EMBEDDINGS = ("class_embedding", "patch_embedding.", "position_embedding.")
@@ -50,5 +70,5 @@ def projector_names(projector: nn.Module) -> dict[str, str]:
     return {n: n.replace("fc1.", "linear_1.").replace("fc2.", "linear_2.") for n in _names(projector)}
 
 
-def with_prefix(names: dict[str, str], prefix: str) -> dict[str, str]:
-    return {k: prefix + v for k, v in names.items()}
+def with_prefix(names: dict[str, HFName], prefix: str) -> dict[str, HFName]:
+    return {k: prefix + v if isinstance(v, str) else (prefix + v[0], *v[1:]) for k, v in names.items()}

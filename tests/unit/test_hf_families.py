@@ -7,6 +7,8 @@ import torch
 
 from mimo.export import export_causal_lm, export_llava
 from mimo.hf import import_llava, import_llm
+from mimo.hf.files import DirectorySource, RowsSlice
+from mimo.hf.load import dim_shard_fn
 from tests.support.hf_helpers import (
     TOL,
     perturb,
@@ -21,13 +23,14 @@ from tests.unit.test_hf_lm import compare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-LM_FAMILIES = {"mistral": ("MistralForCausalLM", {})}
+LM_FAMILIES = {"mistral": ("MistralForCausalLM", {}), "phi3": ("Phi3ForCausalLM", {}),
+               "phi3_tied": ("Phi3ForCausalLM", {"tie_word_embeddings": True})}
 
 
 @pytest.mark.parametrize("case", list(LM_FAMILIES))
 def test_lm_family_both_ways(case, tmp_path):
     arch, extra = LM_FAMILIES[case]
-    hf = perturb(tiny_causal_lm(case, **extra))
+    hf = perturb(tiny_causal_lm(case.removesuffix("_tied"), **extra))
     lm = import_llm(save(hf, tmp_path / "hf"))
     assert max(compare(lm, hf)) <= TOL
     out = export_causal_lm(lm, tmp_path / "out")
@@ -36,7 +39,7 @@ def test_lm_family_both_ways(case, tmp_path):
     assert max(compare(lm, again.float().eval())) <= TOL
 
 
-@pytest.mark.parametrize("text", ["mistral"])
+@pytest.mark.parametrize("text", ["mistral", "phi3"])
 def test_llava_with_family_lm_both_ways(text, tmp_path):
     torch.manual_seed(0)
     config = transformers.LlavaConfig(
@@ -63,3 +66,14 @@ def test_sliding_window_is_refused_naming_the_field(tmp_path):
     hf = tiny_causal_lm("mistral", sliding_window=8)
     with pytest.raises(ValueError, match="sliding_window = 8 is not supported"):
         import_llm(save(hf, tmp_path / "hf"))
+
+
+def test_a_shard_function_reads_its_block_of_a_fused_part(tmp_path):
+    """Phi-3's k rows inside qkv_proj: rank 1 of 2 reads the second half of k, nothing of q or v."""
+    directory = save(perturb(tiny_causal_lm("phi3")), tmp_path / "hf")
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    with DirectorySource(directory) as src:
+        whole = src.get_slice(name)[:]
+        q, kv = 32, 16  # 4 heads and 2 KV heads of 8
+        piece = dim_shard_fn(lambda _: 0, 1, 2)("k", RowsSlice(src.get_slice(name), q, q + kv))
+    assert torch.equal(piece, whole[q + kv // 2 : q + kv])
