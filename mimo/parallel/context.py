@@ -9,11 +9,8 @@ in the data path (`shard_batch`), so RoPE, the loss and the token counts see thi
 
 Attention: each layer all-gathers K and V over the CP group (`gather_from_sp`: all-gather forward,
 reduce-scatter of the gathered K/V's gradient backward) and runs one SDPA of the local queries against
-the whole sequence, masked causally by true sequence position. Chosen over ring attention because it
-is exact with an unmodified SDPA (ring needs the softmax log-sum-exp of each partial block, which
-CPU SDPA does not return), moves the same (cp−1)/cp of K/V per rank, and adds one collective pair
-per layer; ring's advantage, never holding the whole K/V and overlapping transfers with compute,
-matters for very long sequences on GPUs, not at the sizes this build trains.
+the whole sequence, masked causally by true sequence position (exact with an unmodified SDPA, unlike
+ring attention; one collective pair per layer).
 
 Gradients: the sequence split is an `index_select`, so its backward leaves zeros at the other ranks'
 positions: the LM's parameters (its embedding included) get partial gradients that the data-parallel

@@ -1,9 +1,5 @@
-"""Which ranks run which module: a map module -> Grid, checked before any process group exists.
-
-Validation is pure arithmetic on the config, so every rank reaches the same verdict and raises the
-same error before the first collective; a bad layout can then never leave ranks waiting on each
-other.
-"""
+"""Which ranks run which module: a map module -> Grid. Its checks (pure arithmetic, a `ConfigError` naming
+the field) are the first part of the gate's layout check, before any process group exists."""
 
 from __future__ import annotations
 

@@ -5,11 +5,8 @@ Parallelism is applied from outside: every rank builds the full seeded model, th
 full weights for this TP rank, so initialisation does not depend on the layout. Attention reads its
 local head count from the projection shapes, so sharded q/k/v need no change to the model code.
 
-Why explicit layers and not DTensor: every communication is one visible call of `parallel/comm.py`
-(one per attention or MLP block entry and exit, a few in the loss), which keeps what communicates
-and its adjoint easy to check; sequence parallelism must shard the *combined* multimodal sequence
-that `MimoModel` assembles after alignment, a placement we control through `MimoModel.shard_sequence`
-rather than through the LM's embedding; and the same code runs on gloo (CPU tests) and NCCL.
+Explicit layers, not DTensor: every communication is one call of `parallel/comm.py`, and sequence
+parallelism shards the *combined* multimodal sequence through `MimoModel.shard_sequence`.
 
 Communication per block: the input enters the TP region once (`copy_to_tp`, or with sequence parallel
 `gather_from_sp`), installed as a forward pre-hook on the attention / MLP module so that q, k and v

@@ -1,10 +1,10 @@
 """MasterAdamW's update reading each gradient where autograd left it, through a table of addresses.
 
-With a flat gradient buffer, every fresh gradient is first copied into it: one copy kernel per parameter
-(~740 for preset `small`, 2.6 ms a step on an H200, plus a launch gap each). Here one kernel walks all the
-parameters: each program takes `BLOCK` elements of one parameter, reads its gradient through that
-parameter's entry in a table of addresses, and updates the flat fp32 master weights and moments and the
-flat low-precision weights. Same formula as `master_adamw.adamw_update`.
+With a flat gradient buffer, every fresh gradient is first copied into it, one copy kernel per parameter
+(BENCHMARKS.md, `grad_table`, has their cost). Here one kernel walks all the parameters: each program takes
+`BLOCK` elements of one parameter, reads its gradient through that parameter's entry in a table of
+addresses, and updates the flat fp32 master weights and moments and the flat low-precision weights. Same
+formula as `master_adamw.adamw_update`.
 
 The block tables (which parameter, where in the flat buffers) are fixed when the optimizer is built; only
 the addresses change from step to step. They are copied to the device with each launch (from pinned

@@ -62,7 +62,7 @@ def is_pipelined(layout: Layout) -> bool:
 
 
 def validate_pipeline(cfg: Config, layout: Layout) -> None:
-    """What a pipelined layout needs beyond `validate_plan`'s checks. Pure: same error on every rank."""
+    """What a pipelined layout needs beyond `validate_plan`'s other checks (the gate runs it). Pure."""
     lm = layout.grids[LANGUAGE]
     if cfg.model.llm.layers < lm.pp:
         raise ConfigError(f"parallel.modules.language.pp ({lm.pp}) exceeds model.llm.layers "
