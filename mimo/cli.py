@@ -14,27 +14,47 @@ flag, e.g. `mimo train configs/demo_vlm.toml --train.steps=50 --model.llm.layers
 Outputs go to runs/<run.name>/: config.toml, metrics.jsonl, tensorboard/, loss.png,
 checkpoint/model.safetensors and summary.json.
 
-Several processes: `mimo train CONFIG --nproc 4` (local, via torchrun), or
+Several processes: `mimo train CONFIG --nproc 4` (local ranks started and watched by mimo), or
 `torchrun --nproc-per-node 4 -m mimo train CONFIG`; the [parallel.modules.*] tables of the
 config give each module its ranks and tp/cp/pp degrees (dp is what remains)."""
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.parallel.runtime import launch_local, launched_distributed, leave_distributed
+    from mimo.parallel.launch import die_with_launcher, launch_local, report_error
+
+    die_with_launcher()  # first: the imports below take seconds
+    from mimo.parallel.runtime import launched_distributed, leave_distributed
     from mimo.train.faults import RunAborted
+    from mimo.train.gate import validate_run
     from mimo.train.trainer import Trainer
 
     cfg = load_config(args.config, overrides)
     if args.nproc > 1 and not launched_distributed():
+        validate_run(cfg, args.nproc)  # the ranks' own gate, once, before any starts
         return launch_local(args.nproc, ["train", args.config, *overrides])
-    code = 0
     try:
         Trainer(cfg).train()
     except RunAborted as e:
-        print(f"mimo: stopped: {e}", file=sys.stderr)
-        code = 3
+        report_error(f"mimo: stopped: {e}")
+        return 3
+    except RuntimeError as e:
+        if not collective_failed(e):
+            raise
+        report_error(f"mimo: error: a collective failed on this rank ({str(e).splitlines()[0]}): another rank "
+                     "failed or stopped first, or the ranks disagree; a collective waits at most "
+                     f"parallel.timeout_s = {cfg.parallel.timeout_s:g} s")
+        return 1
     leave_distributed()
-    return code
+    return 0
+
+
+def collective_failed(e: RuntimeError) -> bool:
+    """Whether `e` is a collective that timed out or lost its peers (gloo's and NCCL's words)."""
+    import torch.distributed as dist
+
+    text = str(e)
+    return isinstance(e, dist.DistError) or any(
+        w in text for w in ("Timed out waiting", "Connection closed by peer", "Connection reset by peer", "NCCL"))
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -190,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train from a TOML config", description=TRAIN_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("config", help="path of a TOML config, e.g. configs/demo_vlm.toml")
-    t.add_argument("--nproc", type=int, default=1, help="local processes to launch through torchrun (default 1)")
+    t.add_argument("--nproc", type=int, default=1, help="local processes (ranks) to launch (default 1)")
     t.set_defaults(func=cmd_train)
     g = sub.add_parser("generate", help="greedy decoding from a trained run",
                        description="Answer a prompt about an image with a trained run (greedy, KV cache).")
@@ -232,5 +252,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         sys.exit(args.func(args, rest))
     except (ConfigError, FileNotFoundError) as e:
-        print(f"mimo: error: {e}", file=sys.stderr)
+        from mimo.parallel.launch import report_error
+
+        report_error(f"mimo: error: {e}")
         sys.exit(2)
+    except Exception:
+        from mimo.parallel.launch import report_crash, under_launcher
+
+        if not under_launcher():
+            raise
+        report_crash()
+        sys.exit(1)

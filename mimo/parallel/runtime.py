@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from datetime import timedelta
 
@@ -60,24 +58,3 @@ def leave_distributed() -> None:
 def torchrun_cmd(nproc: int) -> list[str]:
     """The command that starts `nproc` local processes through torchrun (append `-m module ...`)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-
-
-def launch_local(nproc: int, argv: list[str]) -> int:
-    """Run `python -m mimo <argv>` on `nproc` local processes through torchrun; returns its exit code.
-
-    SIGTERM and SIGINT sent to this process are passed on to torchrun, which forwards them to the
-    ranks, so a scheduler stopping `mimo train --nproc N` gets the same clean checkpoint-and-exit as
-    stopping torchrun itself.
-    """
-    if nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {nproc}")
-    cmd = [*torchrun_cmd(nproc), "-m", "mimo", *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    child = subprocess.Popen(cmd, env=env)
-    forward = lambda signum, frame: child.send_signal(signum)
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
