@@ -1,8 +1,11 @@
-"""Run outputs: metrics.jsonl, TensorBoard scalars, W&B (optional), the progress bar and summary.json."""
+"""Run outputs: metrics.jsonl, TensorBoard scalars, W&B (optional), the progress bar and summary.json.
+
+The JSON files are strict JSON: a non-finite loss or gradient norm (a skipped step) is written as null."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -20,6 +23,22 @@ def scalars(record: dict, prefix: str) -> dict[str, float]:
         elif isinstance(v, (int, float)):
             out[f"{prefix}/{k}"] = v
     return out
+
+
+def finite_or_null(value: object) -> object:
+    """`value` with every non-finite float (NaN, +-Infinity) inside dicts and lists replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
+def to_json(value: object, **kwargs: object) -> str:
+    """Strict JSON (what `json.loads` reads with NaN refused): non-finite numbers are written as null."""
+    return json.dumps(finite_or_null(value), allow_nan=False, **kwargs)
 
 
 class MetricsLogger:
@@ -58,7 +77,7 @@ class MetricsLogger:
         self.history.append(record)
         if not self.enabled:
             return
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(to_json(record) + "\n")
         self.file.flush()
         values = scalars({k: v for k, v in record.items() if k != "step"}, "train")
         if self.tb is not None:
@@ -73,7 +92,7 @@ class MetricsLogger:
         self.history.append({"step": step, **{f"eval_{k}": v for k, v in values.items()}})
         if not self.enabled:
             return
-        self.file.write(json.dumps(self.history[-1]) + "\n")
+        self.file.write(to_json(self.history[-1]) + "\n")
         self.file.flush()
         named = scalars(values, "eval")
         if self.tb is not None:
@@ -90,7 +109,7 @@ class MetricsLogger:
 
     def write_summary(self, summary: dict) -> None:
         if self.enabled:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            (self.run_dir / "summary.json").write_text(to_json(summary, indent=2) + "\n")
         if self.wandb is not None:
             self.wandb.summary(scalars(summary, "summary"))
 

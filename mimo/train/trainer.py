@@ -3,7 +3,6 @@ per-token loss -> one gradient finalisation -> optimizer -> metrics -> checkpoin
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from mimo.train.checkpoint.weights import save_weights
 from mimo.train.faults import StepGuard, skip_step
 from mimo.train.gate import launch_world_size, validate_run
 from mimo.train.held_out import evaluate_held_out, read_batch
-from mimo.train.metrics import MetricsLogger
+from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve
@@ -215,7 +214,7 @@ class Trainer:
             logger.write_summary(summary)
         logger.close()
         if self.is_main:
-            print(json.dumps({"run": str(self.run_dir), **summary}, indent=2))
+            print(to_json({"run": str(self.run_dir), **summary}, indent=2))
         if self.plan is not None:
             dist.barrier()
         return summary
