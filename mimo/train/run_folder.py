@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,6 +84,11 @@ class RunFolder:
             os.close(fd)
             return (f"run folder '{self.path}' is in use by another running `mimo train` (it holds the folder's "
                     "lock); wait for it to finish, or choose another --run.name")
+        except OSError as e:  # a file system without flock (some network mounts): run unlocked, and say so
+            os.close(fd)
+            print(f"mimo: warning: cannot lock run folder '{self.path}' ({e}); make sure no other run uses it",
+                  file=sys.stderr, flush=True)
+            return ""
         self._fd = fd
         return ""
 

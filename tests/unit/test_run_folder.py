@@ -3,6 +3,7 @@ run.overwrite = true; a run never overwrites or prunes checkpoints it did not st
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -104,3 +105,13 @@ def test_cli_refuses_a_reused_run_name_with_one_line(tmp_path, run, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("mimo: error: run folder ") and err.count("\n") == 1
+
+
+def test_a_folder_that_cannot_be_locked_runs_with_a_warning(tmp_path, monkeypatch, capsys):
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    Trainer(tiny_config(tmp_path, "--train.steps=2")).train()
+    assert "mimo: warning: cannot lock run folder" in capsys.readouterr().err
+    assert [r["step"] for r in metrics(tmp_path)] == [0, 1]
