@@ -34,12 +34,17 @@ class LLMConfig:
     max_seq: int = 4096
     init_std: float = 0.02
     qk_norm: bool = False
+    # OLMo 2: the q/k norms span all heads at once (weights [heads * head_dim]) rather than each head.
+    qk_norm_full: bool = False
+    # OLMo 2: each block normalises its attention and MLP outputs before the residual add, not their inputs.
+    post_norm: bool = False
     # 0 = hidden // heads; Qwen3 checkpoints set it explicitly.
     head_dim: int = 0
     # Llama 3 RoPE scaling, keys as in HF's rope_scaling (factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings); empty = plain RoPE.
     rope_scaling: dict[str, float] = field(default_factory=dict)
-    # The Hugging Face family an export writes ("qwen2", "qwen3", "llama", "mistral"); "" = the one the fields
+    # The Hugging Face family an export writes ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2"); "" = the one
+    # the fields
     # above imply. Import sets it to the checkpoint's.
     family: str = ""
     # A Hugging Face Qwen2/Qwen3/Llama/Mistral directory: its config.json replaces the fields above and its weights

@@ -30,6 +30,9 @@ def validate_model(cfg: Config) -> None:
     llm = cfg.model.llm
     require_at_least("model.llm", llm, SIZE_FIELDS["model.llm"], 1)
     require_at_least("model.llm", llm, ("head_dim",), 0, " (0 = hidden / heads)")
+    if llm.qk_norm_full and not llm.qk_norm:
+        raise ConfigError("model.llm.qk_norm_full = true needs model.llm.qk_norm = true (it says how wide the q/k "
+                          "norms are)")
     if not llm.head_dim and llm.hidden % llm.heads:
         raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
     if llm.heads % llm.kv_heads:

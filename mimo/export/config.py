@@ -30,13 +30,19 @@ LLAMA_LIKE = ("llama", "mistral", "phi3")
 NO_TOKEN_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                   "llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
-                  "phi3": ("Phi3Config", "Phi3ForCausalLM")}
+                  "phi3": ("Phi3Config", "Phi3ForCausalLM"), "olmo2": ("Olmo2Config", "Olmo2ForCausalLM")}
 
 
 def text_architecture(cfg: LLMConfig) -> str:
     """The `transformers` family that computes exactly what this LM does: `model.llm.family` when set (checked
     against the fields), else 'qwen3' (qk-norm), 'qwen2' (qkv bias) or 'llama' (neither)."""
-    if cfg.qk_norm:
+    olmo2 = (cfg.post_norm, cfg.qk_norm_full)
+    if any(olmo2):
+        if not (all(olmo2) and cfg.qk_norm and not cfg.qkv_bias):
+            raise ValueError("model.llm.post_norm / qk_norm_full are OLMo 2's, which has both with qk_norm and no "
+                             "qkv_bias; no Hugging Face class computes another mix of them")
+        implied = "olmo2"
+    elif cfg.qk_norm:
         if cfg.qkv_bias:
             raise ValueError("model.llm.qk_norm with model.llm.qkv_bias has no Hugging Face counterpart (Qwen3's "
                              "attention_bias also adds an output bias); set one of them to false")
@@ -51,9 +57,9 @@ def text_architecture(cfg: LLMConfig) -> str:
     if cfg.family != implied and not (implied == "llama" and cfg.family in LLAMA_LIKE):
         raise ValueError(f"model.llm.family = '{cfg.family}' does not compute this LM (its qkv_bias / qk_norm "
                          f"make it '{implied}'); set model.llm.family = '{implied}' or ''")
-    if cfg.family == "phi3" and cfg.attention_head_dim * cfg.heads != cfg.hidden:
-        raise ValueError(f"model.llm.family = 'phi3' needs head_dim * heads = hidden (Phi-3 has no head_dim); got "
-                         f"{cfg.attention_head_dim} * {cfg.heads} != {cfg.hidden}: set model.llm.family = 'llama'")
+    if cfg.family in ("phi3", "olmo2") and cfg.attention_head_dim * cfg.heads != cfg.hidden:
+        raise ValueError(f"model.llm.family = '{cfg.family}' needs head_dim * heads = hidden (it has no head_dim); "
+                         f"got {cfg.attention_head_dim} * {cfg.heads} != {cfg.hidden}")
     return cfg.family
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from mimo.config.schema import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
 from mimo.models.layers import LLAMA3_ROPE_KEYS
 
-LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3")
+LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2")
 VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip"}
 HF_TO_MIMO_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                   "silu": "silu", "relu": "relu"}
@@ -52,7 +52,8 @@ def _rope(d: dict[str, Any], where: str) -> tuple[float, dict[str, float]]:
 
 
 def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMConfig | None = None) -> LLMConfig:
-    """A Qwen2/Qwen3/Llama/Mistral/Phi-3 config. `base` supplies the non-architecture fields (init_std, hf_path)."""
+    """A Qwen2/Qwen3/Llama/Mistral/Phi-3/OLMo 2 config. `base` supplies the non-architecture fields (init_std,
+    hf_path)."""
     mt = model_type(d, LLM_TYPES, where)
     _refuse(d, "hidden_act", "silu", where, "mimo's MLP is SwiGLU with SiLU")
     _refuse(d, "mlp_bias", False, where, "mimo's MLP has no biases")
@@ -74,7 +75,8 @@ def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMC
                      qkv_bias=mt == "qwen2", tie_embeddings=bool(d.get("tie_word_embeddings", False)),
                      rope_theta=theta, norm_eps=d.get("rms_norm_eps", 1e-6),
                      max_seq=d.get("max_position_embeddings", base.max_seq), init_std=base.init_std,
-                     qk_norm=mt == "qwen3", head_dim=0 if head_dim * heads == d["hidden_size"] else head_dim,
+                     qk_norm=mt in ("qwen3", "olmo2"), qk_norm_full=mt == "olmo2", post_norm=mt == "olmo2",
+                     head_dim=0 if head_dim * heads == d["hidden_size"] else head_dim,
                      rope_scaling=scaling, family=mt, hf_path=base.hf_path)
 
 

@@ -135,15 +135,19 @@ class SelfAttention(nn.Module):
     """Multi-head attention with optional grouped KV heads, qkv bias and rotary positions."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, qkv_bias: bool, out_bias: bool,
-                 head_dim: int | None = None, qk_norm_eps: float | None = None):
+                 head_dim: int | None = None, qk_norm_eps: float | None = None, qk_norm_full: bool = False):
+        """`qk_norm_eps` adds RMS norms on q and k, per head, or with `qk_norm_full` over all heads at once
+        (OLMo 2: weights `[heads * head_dim]`, applied before the heads are split)."""
         super().__init__()
         self.head_dim = head_dim or hidden // heads
         self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=out_bias)
-        self.q_norm = RMSNorm(self.head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self.k_norm = RMSNorm(self.head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.qk_norm_full = qk_norm_full
+        q_width, k_width = (heads * self.head_dim, kv_heads * self.head_dim) if qk_norm_full else (self.head_dim,) * 2
+        self.q_norm = RMSNorm(q_width, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(k_width, qk_norm_eps) if qk_norm_eps is not None else None
         # The attention kernel, `attention(q, k, v, causal, mask)` by default; parallel/ may replace it from
         # outside (context parallel attends local queries to keys and values gathered over its group).
         self.attention_fn = attention
@@ -160,8 +164,10 @@ class SelfAttention(nn.Module):
         b, s, _ = x.shape
         d = self.head_dim
         q, k, v = self._qkv_in_one_product(x) if self.fused_qkv else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        if self.q_norm is not None and self.qk_norm_full:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.view(b, s, -1, d), k.view(b, s, -1, d), v.view(b, s, -1, d)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:

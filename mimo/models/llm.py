@@ -1,4 +1,5 @@
-"""A Llama/Qwen2/Qwen3-style decoder LM: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""A Llama/Qwen2/Qwen3-style decoder LM: RMSNorm, RoPE, grouped-query attention, SwiGLU (OLMo 2's norm
+placement as an option).
 
 The forward takes input *embeddings*, not token ids: the multimodal seam (MimoModel) builds the
 embedding sequence, and pipeline stages after the first receive hidden states. Layers live in a
@@ -15,20 +16,30 @@ from mimo.models.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, padded_c
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm (Llama/Qwen: `input_layernorm` before attention, `post_attention_layernorm` before the MLP) or,
+    with `post_norm`, OLMo 2's: `post_attention_layernorm` on the attention output and
+    `post_feedforward_layernorm` on the MLP output, each before its residual add."""
+
     def __init__(self, cfg: LLMConfig):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.post_norm = cfg.post_norm
+        self.input_layernorm = None if cfg.post_norm else RMSNorm(cfg.hidden, cfg.norm_eps)
         self.self_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.kv_heads, qkv_bias=cfg.qkv_bias,
                                        out_bias=False, head_dim=cfg.attention_head_dim,
-                                       qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None)
+                                       qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, qk_norm_full=cfg.qk_norm_full)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.hidden, cfg.mlp)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps) if cfg.post_norm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         """`[B, S, H]`, or with `rows` (indices into the flattened `B * S` positions) `[len(rows), H]`:
         attention still reads every position, the rest of the layer runs on those rows only."""
+        if self.post_norm:
+            h = self.self_attn(x, rope=rope, causal=True, mask=mask, cache=cache, layer=layer, rows=rows)
+            x = (x if rows is None else x.flatten(0, 1).index_select(0, rows)) + self.post_attention_layernorm(h)
+            return x + self.post_feedforward_layernorm(self.mlp(x))
         h = self.self_attn(self.input_layernorm(x), rope=rope, causal=True, mask=mask, cache=cache, layer=layer,
                            rows=rows)
         x = (x if rows is None else x.flatten(0, 1).index_select(0, rows)) + h

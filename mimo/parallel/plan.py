@@ -47,6 +47,9 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
     llm = cfg.model.llm
     lm = layout.grids[LANGUAGE]
     check_heads_divisible(LANGUAGE, llm.heads, llm.kv_heads, lm.tp)
+    if llm.qk_norm_full and lm.tp > 1:
+        raise ConfigError(f"model.llm.qk_norm_full = true (OLMo 2) normalises q and k over all heads at once, which "
+                          f"a tensor-parallel rank does not hold; set parallel.modules.language.tp = 1 (got {lm.tp})")
     for what, n in (("vocab", llm.vocab), ("mlp", llm.mlp)):
         if n % lm.tp:
             raise ConfigError(f"model.llm.{what} ({n}) must be divisible by the LM's tp ({lm.tp})")

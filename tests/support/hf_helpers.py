@@ -28,12 +28,12 @@ def tiny_text_config(family: str, **extra):
     common = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.2, max_position_embeddings=128)
     cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
-           "mistral": transformers.MistralConfig, "phi3": transformers.Phi3Config}
+           "mistral": transformers.MistralConfig, "phi3": transformers.Phi3Config, "olmo2": transformers.Olmo2Config}
     if family in ("qwen3", "mistral"):
         common["head_dim"] = 16
     if family == "mistral":
         common["sliding_window"] = None
-    if family == "phi3":
+    if family in ("phi3", "olmo2"):
         common.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)  # its defaults lie outside a tiny vocabulary
     return cls[family](**{**common, **extra})
 

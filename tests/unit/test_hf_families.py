@@ -19,12 +19,13 @@ from tests.support.hf_helpers import (
     tiny_vision_config,
     transformers,
 )
+from tests.unit.test_gate import layout_error
 from tests.unit.test_hf_lm import compare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LM_FAMILIES = {"mistral": ("MistralForCausalLM", {}), "phi3": ("Phi3ForCausalLM", {}),
-               "phi3_tied": ("Phi3ForCausalLM", {"tie_word_embeddings": True})}
+               "phi3_tied": ("Phi3ForCausalLM", {"tie_word_embeddings": True}), "olmo2": ("Olmo2ForCausalLM", {})}
 
 
 @pytest.mark.parametrize("case", list(LM_FAMILIES))
@@ -39,7 +40,7 @@ def test_lm_family_both_ways(case, tmp_path):
     assert max(compare(lm, again.float().eval())) <= TOL
 
 
-@pytest.mark.parametrize("text", ["mistral", "phi3"])
+@pytest.mark.parametrize("text", ["mistral", "phi3", "olmo2"])
 def test_llava_with_family_lm_both_ways(text, tmp_path):
     torch.manual_seed(0)
     config = transformers.LlavaConfig(
@@ -77,3 +78,9 @@ def test_a_shard_function_reads_its_block_of_a_fused_part(tmp_path):
         q, kv = 32, 16  # 4 heads and 2 KV heads of 8
         piece = dim_shard_fn(lambda _: 0, 1, 2)("k", RowsSlice(src.get_slice(name), q, q + kv))
     assert torch.equal(piece, whole[q + kv // 2 : q + kv])
+
+
+def test_olmo2_norms_over_all_heads_refuse_tensor_parallelism():
+    err = layout_error(2, "--model.llm.kv_heads=2", "--model.llm.qk_norm=true", "--model.llm.qk_norm_full=true",
+                       "--model.llm.post_norm=true", "--parallel.modules.language.tp=2")
+    assert "model.llm.qk_norm_full = true (OLMo 2)" in err and "tp = 1" in err
