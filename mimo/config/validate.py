@@ -67,6 +67,11 @@ def validate_model(cfg: Config) -> None:
             raise ConfigError(f"{key}.token_id ({m.token_id}) is already used by '{ids[m.token_id]}'; each "
                               "modality needs its own placeholder id")
         ids[m.token_id] = name
+    trained = [n for n, m in cfg.model.modalities.items()
+               if not (m.freeze_encoder and m.freeze_projector) or m.output_token_id >= 0]
+    if cfg.model.freeze_llm and not trained:
+        raise ConfigError("model.freeze_llm = true and every modality's freeze_encoder and freeze_projector are true: "
+                          "nothing would train; unfreeze a module (e.g. model.modalities.<m>.freeze_projector = false)")
     validate_out_path(cfg)
 
 

@@ -162,9 +162,13 @@ def test_vit_tensor_parallel_sizes_are_checked_at_the_gate(overrides, message):
 @pytest.mark.parametrize("overrides, message", [
     (["--data.name=shape"], r"data.name = 'shape' is not a known data set; use one of shapes, avlm"),
     (["--data.name=avlm"], r"data.name = 'avlm' needs one vision and one audio modality under model.modalities"),
+    (["--model.freeze_llm=true", "--model.modalities.images.freeze_encoder=true",
+      "--model.modalities.images.freeze_projector=true"], r"model.freeze_llm = true and every modality's .* nothing "
+                                                          r"would train; unfreeze a module"),
     (["--data.name=synthetic", "--data.seq_len=8", "--data.images_per_sample=2"],
      r"data.seq_len \(8\) must exceed the 8 image placeholders of a sample"),
 ])
-def test_a_data_set_that_does_not_fit_the_model_is_refused(overrides, message, capsys, tmp_path):
-    """Found in build_demo_data before, after the model was built and laid out."""
+def test_a_model_or_data_set_that_cannot_train_is_refused(overrides, message, capsys, tmp_path):
+    """Found in build_demo_data before, after the model was built and laid out; a model with nothing to train
+    failed at the first backward in torch's words ("element 0 of tensors does not require grad")."""
     assert re.search(message, train_refusal(capsys, tmp_path, *overrides))
