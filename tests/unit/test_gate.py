@@ -14,7 +14,8 @@ from mimo.cli import main
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
 from mimo.parallel.layout import Layout
-from mimo.train.gate import check_layout, check_tokenizer
+from mimo.train.gate import check_layout, check_tokenizer, validate_run
+from tests.support.hf_helpers import tiny_causal_lm
 from tests.support.tiny_run import DEMO, TINY
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -172,3 +173,14 @@ def test_a_model_or_data_set_that_cannot_train_is_refused(overrides, message, ca
     """Found in build_demo_data before, after the model was built and laid out; a model with nothing to train
     failed at the first backward in torch's words ("element 0 of tensors does not require grad")."""
     assert re.search(message, train_refusal(capsys, tmp_path, *overrides))
+
+
+def test_layout_checks_see_the_architecture_of_hf_path(tmp_path):
+    """The LM of model.llm.hf_path has 97 ids; the config file's model.llm.vocab (272) would pass tp 2. On main
+    at 5979b0d parallelize_lm found it, after the process groups were made."""
+    tiny_causal_lm("llama").save_pretrained(tmp_path / "lm")
+    cfg = load_config(DEMO, [*TINY, f"--model.llm.hf_path={tmp_path / 'lm'}", "--parallel.modules.language.tp=2",
+                             "--data.name=synthetic", "--model.modalities.images.token_id=96"])
+    with pytest.raises(ConfigError, match=r"model.llm.vocab \(97\) must be divisible by the LM's tp \(2\)"):
+        validate_run(cfg, 2)
+    assert cfg.model.llm.vocab == 272  # the gate checks a resolved copy; build_model resolves the run's own
