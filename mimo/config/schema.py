@@ -80,6 +80,8 @@ class ViTConfig:
     # LLaVA's "default" feature strategy on a tower without a class token (SigLIP): transformers drops the
     # first output token whatever it is, here the first patch. A class-token tower uses drop_class_token.
     drop_first_patch: bool = False
+    # DINOv2: a learned per-channel scale on each block's attention and MLP outputs (layer_scale1, layer_scale2).
+    layer_scale: bool = False
 
     @property
     def positions(self) -> int:

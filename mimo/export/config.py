@@ -84,20 +84,28 @@ def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] 
 
 
 def vision_family_of(cfg: ViTConfig, field: str) -> str:
-    if cfg.class_token and cfg.pre_norm and not cfg.patch_bias:
-        return "clip"
-    if not cfg.class_token and not cfg.pre_norm and cfg.patch_bias:
-        return "siglip"
-    raise ValueError(f"{field}: class_token={cfg.class_token}, pre_norm={cfg.pre_norm}, patch_bias={cfg.patch_bias} "
-                     "is neither CLIP (true, true, false) nor SigLIP (false, false, true); no Hugging Face vision "
-                     "tower computes it")
+    flags = (cfg.class_token, cfg.pre_norm, cfg.patch_bias, cfg.layer_scale)
+    families = {(True, True, False, False): "clip", (False, False, True, False): "siglip",
+                (True, False, True, True): "dinov2"}
+    if flags not in families:
+        raise ValueError(f"{field}: class_token={cfg.class_token}, pre_norm={cfg.pre_norm}, patch_bias={cfg.patch_bias}"
+                         f", layer_scale={cfg.layer_scale} is neither CLIP (true, true, false, false), SigLIP (false, "
+                         "false, true, false) nor DINOv2 (true, false, true, true); no Hugging Face vision tower "
+                         "computes it")
+    return families[flags]
 
 
 def hf_vision_config(cfg: ViTConfig, field: str, dtype: str) -> Any:
     tf = require_transformers()
-    kw = dict(hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
-              num_attention_heads=cfg.heads, num_channels=cfg.channels, image_size=cfg.image, patch_size=cfg.patch,
+    kw = dict(hidden_size=cfg.hidden, num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
+              num_channels=cfg.channels, image_size=cfg.image, patch_size=cfg.patch,
               hidden_act=hf_act(cfg.act, f"{field}.act"), layer_norm_eps=cfg.norm_eps, dtype=dtype)
-    if vision_family_of(cfg, field) == "clip":
-        return tf.CLIPVisionConfig(**kw)
-    return tf.SiglipVisionConfig(vision_use_head=False, **kw)
+    family = vision_family_of(cfg, field)
+    if family == "dinov2":
+        if cfg.mlp % cfg.hidden:
+            raise ValueError(f"{field}.mlp ({cfg.mlp}) must be a multiple of {field}.hidden ({cfg.hidden}): DINOv2 "
+                             "gives its MLP width as mlp_ratio x hidden")
+        return tf.Dinov2Config(mlp_ratio=cfg.mlp // cfg.hidden, qkv_bias=True, **kw)
+    if family == "clip":
+        return tf.CLIPVisionConfig(intermediate_size=cfg.mlp, **kw)
+    return tf.SiglipVisionConfig(intermediate_size=cfg.mlp, vision_use_head=False, **kw)

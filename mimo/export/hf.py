@@ -145,6 +145,20 @@ def _llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
     return name, vit, projs[0]
 
 
+def _unused_tower_tensors(vit: VisionTransformer, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """What the Hugging Face tower class holds but LLaVA never uses: the final LayerNorm (stored as the identity)
+    and DINOv2's mask token (zeros); DINOv2's cls token and positions get their leading singleton dims back."""
+    h = vit.cfg.hidden
+    if not vit.cfg.layer_scale:
+        return {"vision_tower.post_layernorm.weight": torch.ones(h, dtype=dtype),
+                "vision_tower.post_layernorm.bias": torch.zeros(h, dtype=dtype)}
+    return {"vision_tower.layernorm.weight": torch.ones(h, dtype=dtype),
+            "vision_tower.layernorm.bias": torch.zeros(h, dtype=dtype),
+            "vision_tower.embeddings.mask_token": torch.zeros(1, h, dtype=dtype),
+            "vision_tower.embeddings.cls_token": vit.class_embedding.detach().to(dtype).reshape(1, 1, h),
+            "vision_tower.embeddings.position_embeddings": vit.position_embedding.weight.detach().to(dtype)[None]}
+
+
 def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
                  tokenizer: TokenizerSpec = None) -> Path:
     """Vision tower + projector + LM as a `LlavaForConditionalGeneration` directory. With `tokenizer` (`byte`,
@@ -168,9 +182,7 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
     tensors = _gather(lm, llm_names(lm, "language_model.model.", "language_model."), dtype)
     tensors.update(_gather(vit, with_prefix(vit_names(vit), "vision_tower."), dtype))
     # The tower's final LayerNorm is unused by LLaVA but expected by the class: store it as the identity.
-    like = vit.position_embedding.weight
-    tensors["vision_tower.post_layernorm.weight"] = torch.ones(vcfg.hidden, dtype=dtype or like.dtype)
-    tensors["vision_tower.post_layernorm.bias"] = torch.zeros(vcfg.hidden, dtype=dtype or like.dtype)
+    tensors.update(_unused_tower_tensors(vit, dtype or vit.position_embedding.weight.dtype))
     tensors.update(_gather(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype))
     out = _prepare_dir(directory)
     save_hf_weights(tensors, out)

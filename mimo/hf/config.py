@@ -13,7 +13,8 @@ from mimo.config.schema import AudioConfig, LLMConfig, ProjectorConfig, ViTConfi
 from mimo.models.layers import LLAMA3_ROPE_KEYS
 
 LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2")
-VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip"}
+VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip",
+                "dinov2": "dinov2"}
 HF_TO_MIMO_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                   "silu": "silu", "relu": "relu"}
 
@@ -96,19 +97,25 @@ def layers_for_feature_layer(total: int, feature_layer: int, where: str) -> int:
 
 def vit_config_from_hf(d: dict[str, Any], where: str = "config.json", feature_layer: int = -1,
                        post_norm: bool = False, base: ViTConfig | None = None) -> ViTConfig:
-    """A CLIP or SigLIP vision config; `feature_layer` trims the blocks LLaVA-style. `base` supplies
-    drop_class_token, drop_first_patch (kept for SigLIP only: a CLIP tower drops its class token) and init_std."""
+    """A CLIP, SigLIP or DINOv2 vision config; `feature_layer` trims the blocks LLaVA-style. `base` supplies
+    drop_class_token, drop_first_patch (kept for SigLIP only: the others drop their class token) and init_std."""
     family, v = vision_family(d, where)
-    siglip = family == "siglip"
+    siglip, dino = family == "siglip", family == "dinov2"
     base = base or ViTConfig()
     layers = layers_for_feature_layer(v["num_hidden_layers"], feature_layer, where)
+    if dino:
+        _refuse(v, "use_swiglu_ffn", False, where, "mimo's ViT MLP is two linears (DINOv2 giant's SwiGLU is not)")
+        _refuse(v, "qkv_bias", True, where, "mimo's ViT attention has q/k/v biases")
+        mlp = int(v["hidden_size"] * v.get("mlp_ratio", 4))
+    else:
+        mlp = v["intermediate_size"]
     return ViTConfig(image=v["image_size"], patch=v["patch_size"], channels=v.get("num_channels", 3),
-                     hidden=v["hidden_size"], layers=layers, heads=v["num_attention_heads"],
-                     mlp=v["intermediate_size"], act=_act(v.get("hidden_act", "quick_gelu"), f"{where} hidden_act"),
-                     norm_eps=v.get("layer_norm_eps", 1e-6 if siglip else 1e-5),
+                     hidden=v["hidden_size"], layers=layers, heads=v["num_attention_heads"], mlp=mlp,
+                     act=_act(v.get("hidden_act", "gelu" if dino else "quick_gelu"), f"{where} hidden_act"),
+                     norm_eps=v.get("layer_norm_eps", 1e-5 if family == "clip" else 1e-6),
                      drop_class_token=base.drop_class_token, init_std=base.init_std, class_token=not siglip,
-                     pre_norm=not siglip, patch_bias=siglip, post_norm=post_norm,
-                     drop_first_patch=base.drop_first_patch and siglip)
+                     pre_norm=family == "clip", patch_bias=family != "clip", post_norm=post_norm,
+                     drop_first_patch=base.drop_first_patch and siglip, layer_scale=dino)
 
 
 def audio_config_from_hf(d: dict[str, Any], where: str = "config.json") -> AudioConfig:

@@ -25,7 +25,7 @@ from mimo.hf.config import (
     vit_config_from_hf,
 )
 from mimo.hf.files import RowsSlice, TensorSlice, WeightSource, open_source
-from mimo.hf.names import HFName, audio_names, llm_names, projector_names, vit_names, with_prefix
+from mimo.hf.names import HFName, audio_names, llm_names, projector_names, vit_anchor, vit_names, with_prefix
 from mimo.hf.placement import DeviceSpec, DTypeSpec, empty_module, is_meta, resolve_dtype
 from mimo.models.audio import AudioEncoder
 from mimo.models.llm import DecoderLM
@@ -61,6 +61,8 @@ def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSo
             # Without a shard function a whole tensor goes straight into the parameter (no second copy).
             tensor = shard_fn(name, sl) if shard_fn else (sl[:] if part else sl)
             shape = tuple(tensor.shape) if shard_fn or part else tuple(tensor.get_shape())
+            if shape != tuple(target.shape) and _squeezed(shape) == tuple(target.shape):
+                target = target.view(shape)  # DINOv2's [1, 1, H] cls token and [1, N, H] positions
             if shape != tuple(target.shape):
                 what = f"tensor '{hf_name}'" + (f" rows {part[0]}:{part[1]}" if part else "")
                 raise ValueError(f"{what} in '{src.where(hf_name)}' has shape {shape}, "
@@ -71,6 +73,13 @@ def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSo
                     target.copy_(tensor)
                 else:
                     src.read_into(hf_name, target.data)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """`shape` without its leading singleton dimensions."""
+    while shape and shape[0] == 1 and len(shape) > 1:
+        shape = shape[1:]
+    return shape
 
 
 def dim_shard_fn(dim_of: Callable[[str], int | None], rank: int, world: int) -> ShardFn:
@@ -140,12 +149,9 @@ def import_llm(source: Source, shard_fn: ShardFn | None = None, base: LLMConfig 
     return lm.eval()
 
 
-VIT_ANCHOR = "embeddings.patch_embedding.weight"
-
-
 def load_vit_weights(vit: VisionTransformer, src: WeightSource, shard_fn: ShardFn | None = None) -> None:
     """Stream a CLIP/SigLIP vision tower into `vit`; blocks beyond `vit`'s layer count are not read."""
-    prefix = find_prefix(src, VIT_ANCHOR, "vision tower")
+    prefix = find_prefix(src, vit_anchor(vit.cfg), "vision tower")
     load_hf_weights(vit, src, with_prefix(vit_names(vit), prefix), shard_fn)
 
 
@@ -162,7 +168,7 @@ def import_vision(source: Source, feature_layer: int = -1, post_norm: bool = Fal
         d = src.config()
         d = d["vision_config"] if d.get("model_type") == "llava" else d
         cfg = vit_config_from_hf(d, _where(src), feature_layer, post_norm, ViTConfig(drop_class_token=drop_class_token))
-        anchor = find_prefix(src, VIT_ANCHOR, "vision tower") + VIT_ANCHOR
+        anchor = find_prefix(src, vit_anchor(cfg), "vision tower") + vit_anchor(cfg)
         vit = empty_module(lambda: VisionTransformer(cfg), resolve_dtype(dtype, src, anchor), device)
         if not is_meta(device):
             load_vit_weights(vit, src, shard_fn)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from mimo.config.schema import ViTConfig
 from mimo.models.audio import AudioEncoder
 from mimo.models.llm import DecoderLM
 from mimo.models.vit import VisionTransformer
@@ -44,13 +45,36 @@ def llm_names(lm: DecoderLM, body: str = "model.", head: str = "") -> dict[str, 
 
 
 _VIT_EMBEDDINGS = ("class_embedding", "patch_embedding.", "position_embedding.")
+_DINOV2 = {"class_embedding": "embeddings.cls_token", "position_embedding.weight": "embeddings.position_embeddings",
+           "patch_embedding.": "embeddings.patch_embeddings.projection.", "post_layernorm.": "layernorm.",
+           ".layer_norm1.": ".norm1.", ".layer_norm2.": ".norm2.", ".self_attn.q_proj.": ".attention.attention.query.",
+           ".self_attn.k_proj.": ".attention.attention.key.", ".self_attn.v_proj.": ".attention.attention.value.",
+           ".self_attn.o_proj.": ".attention.output.dense."}
 
 
-def vit_names(vit: VisionTransformer) -> dict[str, str]:
-    """CLIP/SigLIP vision towers: embeddings.* and encoder.layers.*; attention output is `out_proj`."""
-    out = {}
+def vit_anchor(cfg: ViTConfig) -> str:
+    """A tensor every checkpoint of the tower's family has, to find where it keeps the tower."""
+    return "embeddings.patch_embeddings.projection.weight" if cfg.layer_scale else "embeddings.patch_embedding.weight"
+
+
+def vit_names(vit: VisionTransformer) -> dict[str, HFName]:
+    """CLIP/SigLIP vision towers: embeddings.* and encoder.layers.*; attention output is `out_proj`. DINOv2
+    (a tower with layer scale): embeddings.cls_token / position_embeddings / patch_embeddings.projection,
+    encoder.layer.*.{norm1, attention.attention.query/key/value, attention.output.dense, layer_scale1.lambda1},
+    final `layernorm` (its cls token and positions carry leading singleton dims, which loading drops)."""
+    out: dict[str, HFName] = {}
     for n in _names(vit):
-        if n.startswith(_VIT_EMBEDDINGS):
+        if vit.cfg.layer_scale:
+            hf = n
+            for ours, theirs in _DINOV2.items():
+                if ours.startswith("."):
+                    hf = hf.replace(ours, theirs)
+                elif hf.startswith(ours):
+                    hf = theirs + hf[len(ours):]
+            if hf.startswith("layers."):
+                hf = "encoder.layer." + hf[len("layers."):]
+            out[n] = hf + ".lambda1" if hf.endswith(("layer_scale1", "layer_scale2")) else hf
+        elif n.startswith(_VIT_EMBEDDINGS):
             out[n] = "embeddings." + n
         elif n.startswith("layers."):
             out[n] = "encoder." + n.replace(".self_attn.o_proj.", ".self_attn.out_proj.")

@@ -1,7 +1,7 @@
 """A CLIP-style vision transformer: patch conv, class token, learned positions, pre-LN blocks.
 
 Module names follow Hugging Face's CLIP vision tower so weights map one to one. ViTConfig options
-(class_token, pre_norm, patch_bias, post_norm) turn it into a SigLIP tower.
+(class_token, pre_norm, patch_bias, post_norm, layer_scale) turn it into a SigLIP or DINOv2 tower.
 """
 
 from __future__ import annotations
@@ -20,10 +20,15 @@ class ViTBlock(nn.Module):
         self.self_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.heads, qkv_bias=True, out_bias=True)
         self.layer_norm2 = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         self.mlp = MLP(cfg.hidden, cfg.mlp, cfg.hidden, cfg.act)
+        # DINOv2's layer scale: each branch's output times a learned per-channel vector.
+        self.layer_scale1 = nn.Parameter(torch.ones(cfg.hidden)) if cfg.layer_scale else None
+        self.layer_scale2 = nn.Parameter(torch.ones(cfg.hidden)) if cfg.layer_scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.layer_norm1(x), causal=False)
-        return x + self.mlp(self.layer_norm2(x))
+        h = self.self_attn(self.layer_norm1(x), causal=False)
+        x = x + (h if self.layer_scale1 is None else h * self.layer_scale1)
+        h = self.mlp(self.layer_norm2(x))
+        return x + (h if self.layer_scale2 is None else h * self.layer_scale2)
 
 
 class VisionTransformer(nn.Module):
@@ -57,6 +62,10 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(m.bias)
         if self.class_embedding is not None:
             nn.init.normal_(self.class_embedding, std=std)
+        for block in self.layers.values():
+            for scale in (block.layer_scale1, block.layer_scale2):
+                if scale is not None:
+                    nn.init.ones_(scale)
 
     def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
         if pixel_values.dim() != 4:

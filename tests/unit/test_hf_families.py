@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mimo.export import export_causal_lm, export_llava
-from mimo.hf import import_llava, import_llm
+from mimo.hf import import_llava, import_llm, import_vision
 from mimo.hf.files import DirectorySource, RowsSlice
 from mimo.hf.load import dim_shard_fn
 from tests.support.hf_helpers import (
@@ -84,3 +84,38 @@ def test_olmo2_norms_over_all_heads_refuse_tensor_parallelism():
     err = layout_error(2, "--model.llm.kv_heads=2", "--model.llm.qk_norm=true", "--model.llm.qk_norm_full=true",
                        "--model.llm.post_norm=true", "--parallel.modules.language.tp=2")
     assert "model.llm.qk_norm_full = true (OLMo 2)" in err and "tp = 1" in err
+
+
+def test_dinov2_tower_matches_transformers(tmp_path):
+    torch.manual_seed(0)
+    hf = perturb(transformers.Dinov2Model(tiny_vision_config("dinov2")).eval())
+    directory = save(hf, tmp_path / "dinov2")
+    pixels = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        ref = hf(pixel_values=pixels, output_hidden_states=True)
+        last = import_vision(directory, post_norm=True)(pixels)
+        penultimate = import_vision(directory, feature_layer=-2)(pixels)
+    assert rel_diff(last, ref.last_hidden_state) <= TOL and rel_diff(penultimate, ref.hidden_states[-2]) <= TOL
+
+
+@pytest.mark.parametrize("tower", ["dinov2"])
+def test_llava_with_family_tower_both_ways(tower, tmp_path):
+    torch.manual_seed(0)
+    config = transformers.LlavaConfig(
+        vision_config=tiny_vision_config(tower).to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
+        image_token_index=96, vision_feature_layer=-1, vision_feature_select_strategy="default")
+    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
+    _, model = import_llava(save(hf, tmp_path / "hf"))
+    n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
+    ids = torch.tensor([[1] + [96] * n + [5, 6, 7], [2] + [96] * n + [8, 9, 10]])
+    pixels = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, pixel_values=pixels).logits
+        ours = model(ids, modality_inputs={"images": {"vit": {"pixel_values": pixels}}}).logits
+    assert rel_diff(ours, ref) <= TOL
+    again, info = transformers.LlavaForConditionalGeneration.from_pretrained(export_llava(model, tmp_path / "out"),
+                                                                             output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert again.config.vision_config.model_type == tower
+    with torch.no_grad():
+        assert rel_diff(again.float().eval()(input_ids=ids, pixel_values=pixels).logits, ours) <= TOL
