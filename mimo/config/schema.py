@@ -82,6 +82,8 @@ class ViTConfig:
     drop_first_patch: bool = False
     # DINOv2: a learned per-channel scale on each block's attention and MLP outputs (layer_scale1, layer_scale2).
     layer_scale: bool = False
+    # SigLIP2: the patch embedding is a linear over each patch's pixels flattened (row, column, channel).
+    patch_linear: bool = False
 
     @property
     def positions(self) -> int:

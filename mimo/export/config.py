@@ -83,29 +83,41 @@ def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] 
     return out
 
 
+VISION_FAMILIES = {(True, True, False, False, False): "clip", (False, False, True, False, False): "siglip",
+                   (False, False, True, False, True): "siglip2", (True, False, True, True, False): "dinov2"}
+# Where each tower class keeps its weights in its own directory.
+VISION_PREFIXES = {"clip": "vision_model.", "siglip": "vision_model.", "siglip2": "vision_model.", "dinov2": ""}
+VISION_CLASSES = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel", "siglip2": "Siglip2VisionModel",
+                  "dinov2": "Dinov2Model"}
+
+
 def vision_family_of(cfg: ViTConfig, field: str) -> str:
-    flags = (cfg.class_token, cfg.pre_norm, cfg.patch_bias, cfg.layer_scale)
-    families = {(True, True, False, False): "clip", (False, False, True, False): "siglip",
-                (True, False, True, True): "dinov2"}
-    if flags not in families:
-        raise ValueError(f"{field}: class_token={cfg.class_token}, pre_norm={cfg.pre_norm}, patch_bias={cfg.patch_bias}"
-                         f", layer_scale={cfg.layer_scale} is neither CLIP (true, true, false, false), SigLIP (false, "
-                         "false, true, false) nor DINOv2 (true, false, true, true); no Hugging Face vision tower "
-                         "computes it")
-    return families[flags]
+    flags = (cfg.class_token, cfg.pre_norm, cfg.patch_bias, cfg.layer_scale, cfg.patch_linear)
+    if flags not in VISION_FAMILIES:
+        raise ValueError(f"{field}: (class_token, pre_norm, patch_bias, layer_scale, patch_linear) = {flags} is "
+                         "none of CLIP (true, true, false, false, false), SigLIP (false, false, true, false, false), "
+                         "SigLIP2 (false, false, true, false, true) or DINOv2 (true, false, true, true, false); no "
+                         "Hugging Face vision tower computes it")
+    return VISION_FAMILIES[flags]
 
 
 def hf_vision_config(cfg: ViTConfig, field: str, dtype: str) -> Any:
     tf = require_transformers()
     kw = dict(hidden_size=cfg.hidden, num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
-              num_channels=cfg.channels, image_size=cfg.image, patch_size=cfg.patch,
-              hidden_act=hf_act(cfg.act, f"{field}.act"), layer_norm_eps=cfg.norm_eps, dtype=dtype)
+              num_channels=cfg.channels, patch_size=cfg.patch, hidden_act=hf_act(cfg.act, f"{field}.act"),
+              layer_norm_eps=cfg.norm_eps, dtype=dtype)
     family = vision_family_of(cfg, field)
     if family == "dinov2":
         if cfg.mlp % cfg.hidden:
             raise ValueError(f"{field}.mlp ({cfg.mlp}) must be a multiple of {field}.hidden ({cfg.hidden}): DINOv2 "
                              "gives its MLP width as mlp_ratio x hidden")
-        return tf.Dinov2Config(mlp_ratio=cfg.mlp // cfg.hidden, qkv_bias=True, **kw)
-    if family == "clip":
-        return tf.CLIPVisionConfig(intermediate_size=cfg.mlp, **kw)
-    return tf.SiglipVisionConfig(intermediate_size=cfg.mlp, vision_use_head=False, **kw)
+        out = tf.Dinov2Config(mlp_ratio=cfg.mlp // cfg.hidden, qkv_bias=True, image_size=cfg.image, **kw)
+    elif family == "siglip2":
+        out = tf.Siglip2VisionConfig(intermediate_size=cfg.mlp, num_patches=(cfg.image // cfg.patch) ** 2,
+                                     vision_use_head=False, **kw)
+    elif family == "clip":
+        out = tf.CLIPVisionConfig(intermediate_size=cfg.mlp, image_size=cfg.image, **kw)
+    else:
+        out = tf.SiglipVisionConfig(intermediate_size=cfg.mlp, image_size=cfg.image, vision_use_head=False, **kw)
+    out.architectures = [VISION_CLASSES[family]]
+    return out

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from mimo.data.tokenizer import require_transformers
-from mimo.export.config import hf_act, hf_text_config, hf_vision_config
+from mimo.export.config import VISION_PREFIXES, hf_act, hf_text_config, hf_vision_config, vision_family_of
 from mimo.export.tokens import (
     make_readable,
     run_tokenizer,
@@ -139,24 +139,44 @@ def _llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
         raise ValueError(f"modality '{name}' must be one VisionTransformer encoder plus one MLP projector (no "
                          f"output path) to become LLaVA; {fix}")
     vit = encoders[0]
+    if vit.cfg.patch_linear:
+        raise ValueError(f"model.modalities.{name}.vit.patch_linear = true (SigLIP2) takes patchified pixels, which "
+                         "LlavaForConditionalGeneration does not hand its tower; export the tower alone "
+                         "(export_vision_tower) and the LM (--lm-only)")
     if vit.post_layernorm is not None:
         raise ValueError(f"model.modalities.{name}.vit.post_norm = true: LLaVA feeds the projector hidden states "
                          "without the tower's final LayerNorm; train with post_norm = false or use --lm-only")
     return name, vit, projs[0]
 
 
-def _unused_tower_tensors(vit: VisionTransformer, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """What the Hugging Face tower class holds but LLaVA never uses: the final LayerNorm (stored as the identity)
-    and DINOv2's mask token (zeros); DINOv2's cls token and positions get their leading singleton dims back."""
+def _unused_tower_tensors(vit: VisionTransformer, dtype: torch.dtype, prefix: str) -> dict[str, torch.Tensor]:
+    """What the Hugging Face tower class holds but mimo's tower does not use: the final LayerNorm without
+    post_norm (stored as the identity) and DINOv2's mask token (zeros); DINOv2's cls token and positions get
+    their leading singleton dims back."""
     h = vit.cfg.hidden
-    if not vit.cfg.layer_scale:
-        return {"vision_tower.post_layernorm.weight": torch.ones(h, dtype=dtype),
-                "vision_tower.post_layernorm.bias": torch.zeros(h, dtype=dtype)}
-    return {"vision_tower.layernorm.weight": torch.ones(h, dtype=dtype),
-            "vision_tower.layernorm.bias": torch.zeros(h, dtype=dtype),
-            "vision_tower.embeddings.mask_token": torch.zeros(1, h, dtype=dtype),
-            "vision_tower.embeddings.cls_token": vit.class_embedding.detach().to(dtype).reshape(1, 1, h),
-            "vision_tower.embeddings.position_embeddings": vit.position_embedding.weight.detach().to(dtype)[None]}
+    norm = "layernorm." if vit.cfg.layer_scale else "post_layernorm."
+    out = {}
+    if vit.post_layernorm is None:
+        out = {f"{prefix}{norm}weight": torch.ones(h, dtype=dtype), f"{prefix}{norm}bias": torch.zeros(h, dtype=dtype)}
+    if vit.cfg.layer_scale:
+        out.update({f"{prefix}embeddings.mask_token": torch.zeros(1, h, dtype=dtype),
+                    f"{prefix}embeddings.cls_token": vit.class_embedding.detach().to(dtype).reshape(1, 1, h),
+                    f"{prefix}embeddings.position_embeddings": vit.position_embedding.weight.detach().to(dtype)[None]})
+    return out
+
+
+def export_vision_tower(vit: VisionTransformer, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """The tower alone as a CLIPVisionModel, SiglipVisionModel, Siglip2VisionModel or Dinov2Model directory
+    (its `last_hidden_state` is mimo's output with post_norm, its `hidden_states[-1]` without)."""
+    config = hf_vision_config(vit.cfg, "the vision tower", _dtype_name(vit, dtype))
+    prefix = VISION_PREFIXES[vision_family_of(vit.cfg, "the vision tower")]
+    tensors = _gather(vit, with_prefix(vit_names(vit), prefix), dtype)
+    tensors.update(_unused_tower_tensors(vit, dtype or vit.position_embedding.weight.dtype, prefix))
+    out = _prepare_dir(directory)
+    save_hf_weights(tensors, out)
+    config.save_pretrained(out)
+    make_readable(out)
+    return out
 
 
 def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
@@ -182,7 +202,7 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
     tensors = _gather(lm, llm_names(lm, "language_model.model.", "language_model."), dtype)
     tensors.update(_gather(vit, with_prefix(vit_names(vit), "vision_tower."), dtype))
     # The tower's final LayerNorm is unused by LLaVA but expected by the class: store it as the identity.
-    tensors.update(_unused_tower_tensors(vit, dtype or vit.position_embedding.weight.dtype))
+    tensors.update(_unused_tower_tensors(vit, dtype or vit.position_embedding.weight.dtype, "vision_tower."))
     tensors.update(_gather(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype))
     out = _prepare_dir(directory)
     save_hf_weights(tensors, out)

@@ -14,7 +14,7 @@ from mimo.models.layers import LLAMA3_ROPE_KEYS
 
 LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2")
 VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip",
-                "dinov2": "dinov2"}
+                "dinov2": "dinov2", "siglip2_vision_model": "siglip2", "siglip2": "siglip2"}
 HF_TO_MIMO_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                   "silu": "silu", "relu": "relu"}
 
@@ -82,9 +82,9 @@ def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMC
 
 
 def vision_family(d: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
-    """("clip" | "siglip", the vision sub-config) of a vision-tower or full CLIP/SigLIP config."""
+    """("clip" | "siglip" | "siglip2" | "dinov2", the vision sub-config) of a vision-tower or full model config."""
     mt = model_type(d, VISION_TYPES, where)
-    return VISION_TYPES[mt], (d["vision_config"] if mt in ("clip", "siglip") else d)
+    return VISION_TYPES[mt], (d["vision_config"] if mt in ("clip", "siglip", "siglip2") else d)
 
 
 def layers_for_feature_layer(total: int, feature_layer: int, where: str) -> int:
@@ -100,7 +100,12 @@ def vit_config_from_hf(d: dict[str, Any], where: str = "config.json", feature_la
     """A CLIP, SigLIP or DINOv2 vision config; `feature_layer` trims the blocks LLaVA-style. `base` supplies
     drop_class_token, drop_first_patch (kept for SigLIP only: the others drop their class token) and init_std."""
     family, v = vision_family(d, where)
-    siglip, dino = family == "siglip", family == "dinov2"
+    siglip, dino = family in ("siglip", "siglip2"), family == "dinov2"
+    if family == "siglip2":
+        side = int(v["num_patches"] ** 0.5)
+        if side * side != v["num_patches"]:
+            raise ValueError(f"{where}: num_patches = {v['num_patches']} is not a square grid")
+        v = {**v, "image_size": side * v["patch_size"]}  # its native grid: positions used as they are
     base = base or ViTConfig()
     layers = layers_for_feature_layer(v["num_hidden_layers"], feature_layer, where)
     if dino:
@@ -115,7 +120,8 @@ def vit_config_from_hf(d: dict[str, Any], where: str = "config.json", feature_la
                      norm_eps=v.get("layer_norm_eps", 1e-5 if family == "clip" else 1e-6),
                      drop_class_token=base.drop_class_token, init_std=base.init_std, class_token=not siglip,
                      pre_norm=family == "clip", patch_bias=family != "clip", post_norm=post_norm,
-                     drop_first_patch=base.drop_first_patch and siglip, layer_scale=dino)
+                     drop_first_patch=base.drop_first_patch and siglip, layer_scale=dino,
+                     patch_linear=family == "siglip2")
 
 
 def audio_config_from_hf(d: dict[str, Any], where: str = "config.json") -> AudioConfig:

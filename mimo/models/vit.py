@@ -1,7 +1,8 @@
 """A CLIP-style vision transformer: patch conv, class token, learned positions, pre-LN blocks.
 
 Module names follow Hugging Face's CLIP vision tower so weights map one to one. ViTConfig options
-(class_token, pre_norm, patch_bias, post_norm, layer_scale) turn it into a SigLIP or DINOv2 tower.
+(class_token, pre_norm, patch_bias, post_norm, layer_scale, patch_linear) turn it into a SigLIP, SigLIP2 or
+DINOv2 tower.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ from torch import nn
 
 from mimo.config.schema import ViTConfig
 from mimo.models.layers import MLP, SelfAttention
+
+
+def patchify(pixel_values: torch.Tensor, patch: int) -> torch.Tensor:
+    """`[B, C, H, W]` -> `[B, (H / patch) * (W / patch), patch * patch * C]`: patches in row-major order, each
+    flattened (row, column, channel) as SigLIP2's processor flattens them."""
+    b, c, h, w = pixel_values.shape
+    x = pixel_values.reshape(b, c, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(b, (h // patch) * (w // patch), patch * patch * c)
 
 
 class ViTBlock(nn.Module):
@@ -37,7 +46,11 @@ class VisionTransformer(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
-        self.patch_embedding = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch, bias=cfg.patch_bias)
+        if cfg.patch_linear:
+            self.patch_embedding = nn.Linear(cfg.patch * cfg.patch * cfg.channels, cfg.hidden, bias=cfg.patch_bias)
+        else:
+            self.patch_embedding = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch,
+                                             bias=cfg.patch_bias)
         self.class_embedding = nn.Parameter(torch.zeros(cfg.hidden)) if cfg.class_token else None
         self.position_embedding = nn.Embedding(cfg.positions, cfg.hidden)
         self.pre_layrnorm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
@@ -70,7 +83,11 @@ class VisionTransformer(nn.Module):
     def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
         if pixel_values.dim() != 4:
             raise ValueError(f"pixel_values must be [B, C, H, W], got shape {tuple(pixel_values.shape)}")
-        x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
+        pixels = pixel_values.to(self.patch_embedding.weight.dtype)
+        if self.cfg.patch_linear:
+            x = self.patch_embedding(patchify(pixels, self.cfg.patch))
+        else:
+            x = self.patch_embedding(pixels).flatten(2).transpose(1, 2)
         if self.class_embedding is not None:
             cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
             x = torch.cat([cls, x], dim=1)

@@ -49,6 +49,9 @@ def tiny_vision_config(family: str, **extra):
                   patch_size=4, initializer_range=0.2)
     if family == "clip":
         return transformers.CLIPVisionConfig(**{**common, **extra})
+    if family == "siglip2":
+        side = common.pop("image_size") // common["patch_size"]
+        return transformers.Siglip2VisionConfig(**{**common, "num_patches": side * side, **extra})
     if family == "dinov2":
         common.pop("intermediate_size")
         return transformers.Dinov2Config(**{**common, "mlp_ratio": 2, **extra})

@@ -5,10 +5,14 @@ the same family's class with the same logits."""
 import pytest
 import torch
 
-from mimo.export import export_causal_lm, export_llava
+from mimo.config.schema import ProjectorConfig
+from mimo.export import export_causal_lm, export_llava, export_vision_tower
 from mimo.hf import import_llava, import_llm, import_vision
 from mimo.hf.files import DirectorySource, RowsSlice
 from mimo.hf.load import dim_shard_fn
+from mimo.models.multimodal import MimoModel, ModalitySubmodules
+from mimo.models.projector import MLPProjector
+from mimo.models.vit import patchify
 from tests.support.hf_helpers import (
     TOL,
     perturb,
@@ -86,16 +90,39 @@ def test_olmo2_norms_over_all_heads_refuse_tensor_parallelism():
     assert "model.llm.qk_norm_full = true (OLMo 2)" in err and "tp = 1" in err
 
 
-def test_dinov2_tower_matches_transformers(tmp_path):
+TOWERS = {"dinov2": "Dinov2Model", "siglip2": "Siglip2VisionModel", "clip": "CLIPVisionModel",
+          "siglip": "SiglipVisionModel"}
+
+
+def tower_outputs(hf, family: str, pixels: torch.Tensor):
+    """The tower's outputs; SigLIP2 takes its patches flattened (row, column, channel) with their grid."""
+    if family != "siglip2":
+        return hf(pixel_values=pixels, output_hidden_states=True)
+    patches = patchify(pixels, hf.config.patch_size)
+    side = pixels.shape[-1] // hf.config.patch_size
+    return hf(pixel_values=patches, pixel_attention_mask=torch.ones(patches.shape[:2], dtype=torch.long),
+              spatial_shapes=torch.tensor([[side, side]] * len(pixels)), output_hidden_states=True)
+
+
+@pytest.mark.parametrize("family", list(TOWERS))
+def test_tower_both_ways(family, tmp_path):
+    """last_hidden_state (with the final norm, except CLIP's) and hidden_states[-2] (LLaVA's feature layer -2)
+    on import; the exported tower loads as its class with the same outputs."""
     torch.manual_seed(0)
-    hf = perturb(transformers.Dinov2Model(tiny_vision_config("dinov2")).eval())
-    directory = save(hf, tmp_path / "dinov2")
+    config = tiny_vision_config(family)
+    hf = perturb(getattr(transformers, TOWERS[family])(config).eval())
+    directory = save(hf, tmp_path / family)
     pixels = torch.randn(2, 3, 16, 16)
+    last = import_vision(directory, post_norm=family != "clip")
+    penultimate = import_vision(directory, feature_layer=-2)
     with torch.no_grad():
-        ref = hf(pixel_values=pixels, output_hidden_states=True)
-        last = import_vision(directory, post_norm=True)(pixels)
-        penultimate = import_vision(directory, feature_layer=-2)(pixels)
-    assert rel_diff(last, ref.last_hidden_state) <= TOL and rel_diff(penultimate, ref.hidden_states[-2]) <= TOL
+        ref = tower_outputs(hf, family, pixels)
+        assert rel_diff(last(pixels), ref.last_hidden_state) <= TOL
+        assert rel_diff(penultimate(pixels), ref.hidden_states[-2]) <= TOL
+        again, info = getattr(transformers, TOWERS[family]).from_pretrained(
+            export_vision_tower(last, tmp_path / "out"), output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+        assert rel_diff(tower_outputs(again.float().eval(), family, pixels).last_hidden_state, last(pixels)) <= TOL
 
 
 @pytest.mark.parametrize("tower", ["dinov2"])
@@ -119,3 +146,14 @@ def test_llava_with_family_tower_both_ways(tower, tmp_path):
     assert again.config.vision_config.model_type == tower
     with torch.no_grad():
         assert rel_diff(again.float().eval()(input_ids=ids, pixel_values=pixels).logits, ours) <= TOL
+
+
+def test_siglip2_tower_in_llava_export_is_refused(tmp_path):
+    hf = perturb(transformers.Siglip2VisionModel(tiny_vision_config("siglip2")).eval())
+    vit = import_vision(save(hf, tmp_path / "siglip2"))
+    lm = import_llm(save(tiny_causal_lm("qwen2"), tmp_path / "lm"))
+    proj = MLPProjector(vit.cfg.hidden, lm.cfg.hidden, ProjectorConfig())
+    model = MimoModel(lm, {"images": ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])},
+                      {"images": 96})
+    with pytest.raises(ValueError, match="patch_linear = true .SigLIP2. takes patchified pixels"):
+        export_llava(model, tmp_path / "out")
