@@ -68,7 +68,7 @@ def test_a_torch_save_payload_is_refused_and_the_run_folder_untouched(tmp_path, 
         with shard.open("wb") as f:
             torch.save({"x": _Boom()}, f, pickle_protocol=pickle.HIGHEST_PROTOCOL)
     _reseal(ckpt)
-    _refused(tmp_path, ckpt, r"cannot be loaded: it failed to load")
+    _refused(tmp_path, ckpt, r"cannot be loaded: its tensors in \['__0_0.distcp'\] failed to load \(rank 0: \w+Error: ")
     assert not (tmp_path / "pwned.txt").exists()
 
 

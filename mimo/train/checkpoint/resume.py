@@ -68,6 +68,13 @@ def _same_everywhere(text: str) -> bool:
     return torch.equal(lo, hi)
 
 
+def _why(e: CheckpointException) -> str:
+    """The first failing rank's exception of a DCP load, in one line (DCP's own text holds every traceback)."""
+    rank, (exc, _) = min(e.failures.items())
+    text = str(exc).strip().splitlines()
+    return f"rank {rank}: {type(exc).__name__}: {text[0] if text else ''}"
+
+
 def trim_metrics(path: Path, next_step: int) -> None:
     """Keep only the records of steps before `next_step` (a resumed run rewrites the later ones)."""
     if not path.is_file():
@@ -252,8 +259,10 @@ class RunCheckpointer:
             return (f"rank {rank}: {problem}" if dist.is_initialized() else problem), -1
         try:
             self._load(path, state, rng)
-        except (CorruptCheckpointError, CheckpointException) as e:
+        except CorruptCheckpointError as e:
             return f"it failed to load ({e})", -1
+        except CheckpointException as e:
+            return f"its tensors in {sorted(f.name for f in path.glob('*.distcp'))} failed to load ({_why(e)})", -1
         return "", state["next_step"]
 
     def _load(self, path: Path, state: dict, rng: dict | None) -> None:
