@@ -59,10 +59,12 @@ def collective_failed(e: RuntimeError) -> bool:
 
 def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
     from mimo.train.checkpoint.weights import load_run
+    from mimo.train.threads import set_threads
 
     if overrides:
         raise ConfigError(f"generate takes no config overrides, got {overrides}")
     cfg, model = load_run(args.run)
+    set_threads(cfg.train.threads)
     if args.out:
         if not model.output_token_ids:
             raise ConfigError(f"--out writes an image, but the run '{args.run}' has no Out path; train one with "
@@ -141,10 +143,12 @@ def write_image(model, prompt: str, path: str, scale: int = 4) -> str:
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
     from mimo.tasks import build_demo_data, evaluate_demo
     from mimo.train.checkpoint.weights import load_run
+    from mimo.train.threads import set_threads
 
     if overrides:
         raise ConfigError(f"eval takes no config overrides, got {overrides}")
     cfg, model = load_run(args.run)
+    set_threads(cfg.train.threads)
     if args.grid and cfg.data.name != "text_to_image":
         raise ConfigError(f"--grid draws the text-to-image showcase; the run '{args.run}' has data.name = "
                           f"'{cfg.data.name}', not 'text_to_image'")

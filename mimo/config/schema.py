@@ -252,6 +252,8 @@ class TrainConfig:
     # modules by name, e.g. {images = "float32"} keeps the vision encoder in fp32 beside a bf16 LM.
     dtype: str = "float32"
     module_dtype: dict[str, str] = field(default_factory=dict)
+    # Intra-op CPU threads per process; 0 = OMP_NUM_THREADS if set, else the usable cores shared among the
+    # node's processes, less those the load average says are busy, at most 16 (mimo/train/threads.py).
     threads: int = 0
     # GPU fast paths of mimo.perf (benchmarks/ measures them), on every layout: torch.compile each transformer
     # block, the output head + cross-entropy over row chunks without full fp32 logits (vocab-parallel under

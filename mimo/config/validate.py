@@ -126,7 +126,7 @@ def validate_train(cfg: Config) -> None:
     require_at_least("train", t, ("steps", "log_every"), 1)
     require_at_least("train", t, ("save_every", "max_bad_steps", "throughput_warmup", "eval_every"), 0,
                      " (0 turns it off)")
-    require_at_least("train", t, ("threads",), 0, " (0 = torch's default)")
+    require_at_least("train", t, ("threads",), 0, " (0 = automatic, mimo/train/threads.py)")
     require_at_least("train", t, ("keep_checkpoints",), 1)
     if t.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"train.dtype = '{t.dtype}'; choose float32 or bfloat16")

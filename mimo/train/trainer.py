@@ -3,6 +3,8 @@ per-token loss -> one gradient finalisation -> optimizer -> metrics -> checkpoin
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve
 from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.run_folder import RunFolder
+from mimo.train.threads import set_threads
 from mimo.train.throughput import Throughput
 from mimo.train.wandb_mirror import require_wandb
 
@@ -49,8 +52,9 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path | None = None):
         self.cfg = cfg
         validate_run(cfg, launch_world_size())
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
+        note = set_threads(cfg.train.threads)
+        if note and int(os.environ.get("RANK", "0")) == 0:
+            print(note, file=sys.stderr)
         if cfg.run.wandb:
             require_wandb()
         self.rank, self.world = init_distributed(torch.device(cfg.train.device).type, cfg.parallel.timeout_s)
