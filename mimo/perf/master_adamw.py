@@ -70,6 +70,25 @@ def _into_view(p: torch.Tensor, view: torch.Tensor) -> None:
         p.grad = view
 
 
+def _refuse_options(params: list[nn.Parameter], early: set[int], ranks: int, fresh_grads: bool,
+                    grad_table: bool) -> None:
+    """MasterAdamW's refusals of arguments that cannot work together, before anything is allocated."""
+    if not params:
+        raise ValueError("MasterAdamW got no trainable parameters")
+    if not early <= {id(p) for p in params}:
+        raise ValueError("MasterAdamW(first=...) got parameters that are not among those it updates")
+    if early and (ranks > 1 or not fresh_grads):
+        raise ValueError("MasterAdamW(first=...) updates those parameters inside backward, which needs "
+                         "fresh_grads=True and no process group (data parallelism reduces the whole buffer "
+                         "in step()): drop first")
+    if grad_table:
+        why = ("a process group" if ranks > 1 else "fresh_grads=False" if not fresh_grads
+               else unavailable(params[0].device))
+        if why:
+            raise ValueError(f"MasterAdamW(grad_table=True) cannot run with {why}: use grad_table=False (a flat "
+                             f"gradient buffer)")
+
+
 class MasterAdamW:
     """Turns the given parameters into bf16 (their current values become the fp32 master weights).
 
@@ -100,33 +119,46 @@ class MasterAdamW:
                  compile: bool = False, chunk: int = 1 << 28, group: ProcessGroup | None = None,
                  fresh_grads: bool = True, first: Iterable[nn.Parameter] = (), grad_table: bool = False):
         params = [p for p in params if p.requires_grad]
-        if not params:
-            raise ValueError("MasterAdamW got no trainable parameters")
         early = {id(p) for p in first if p.requires_grad}
-        if not early <= {id(p) for p in params}:
-            raise ValueError("MasterAdamW(first=...) got parameters that are not among those it updates")
+        ranks = dist.get_world_size(group) if group is not None else 1
+        _refuse_options(params, early, ranks, fresh_grads, grad_table)
         self.params = [p for p in params if id(p) in early] + [p for p in params if id(p) not in early]
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay = eps, weight_decay
-        ranks = dist.get_world_size(group) if group is not None else 1
-        if early and (ranks > 1 or not fresh_grads):
-            raise ValueError("MasterAdamW(first=...) updates those parameters inside backward, which needs "
-                             "fresh_grads=True and no process group (data parallelism reduces the whole buffer "
-                             "in step()): drop first")
         self.group = group if ranks > 1 else None
         device = self.params[0].device
-        if grad_table:
-            why = "a process group" if ranks > 1 else "fresh_grads=False" if not fresh_grads else unavailable(device)
-            if why:
-                raise ValueError(f"MasterAdamW(grad_table=True) cannot run with {why}: use grad_table=False (a flat "
-                                 f"gradient buffer)")
+        offsets, size = self._flatten(dtype, ranks, grad_table)
+        self.table = TableUpdate([p.numel() for p in self.params], offsets, device) if grad_table else None
+        self.grad_views = [None if grad_table else self.grad[off:off + p.numel()].view_as(p)
+                           for p, off in zip(self.params, offsets)]
+        self.held: dict[int, torch.Tensor] = {}  # with grad_table: the first parameters' gradients, until step()
+        self.fresh_grads = fresh_grads
+        self.n_first = len(early)
+        self.arrived: set[int] = set()  # indices of the first parameters whose gradient is in this step
+        self.launched = False  # whether their update has started this step
+        # the lowest priority: the kernels of a stream of higher priority (e.g. a captured step's) get SMs first
+        self.stream = torch.cuda.Stream(device, priority=0) if early and device.type == "cuda" else None
+        self._hook_grads(grad_table, fresh_grads)
+        self.grad_scale = 1.0 / ranks
+        self.step_count = torch.zeros((), dtype=torch.float32, device=device)
+        self.lr = torch.full((), lr, dtype=torch.float32, device=device)
+        split = offsets[self.n_first] if self.n_first < len(self.params) else size  # where the others begin
+        self.first_slices = [slice(s, min(s + chunk, split)) for s in range(0, split, chunk)]
+        self.rest_slices = [slice(s, min(s + chunk, size)) for s in range(split, size, chunk)]
+        self.update = torch.compile(adamw_update) if compile else adamw_update
+
+    def _flatten(self, dtype: torch.dtype, ranks: int, grad_table: bool) -> tuple[list[int], int]:
+        """Allocate the flat buffers (equal aligned shards over `ranks`), copy this rank's shard of every
+        parameter into the fp32 master weights and make each parameter a view of the flat weights. Returns
+        (each parameter's offset, the shard size)."""
+        device = self.params[0].device
         offsets, total = [], 0
         for p in self.params:
             offsets.append(total)
             total += -(-p.numel() // _ALIGN) * _ALIGN
         total = -(-total // (ranks * _ALIGN)) * ranks * _ALIGN  # equal shards, each starting aligned
         size = total // ranks
-        start = (dist.get_rank(group) if self.group is not None else 0) * size
+        start = (dist.get_rank(self.group) if self.group is not None else 0) * size
         self.grad = None if grad_table else torch.zeros(total, dtype=dtype, device=device)
         self.weight = torch.zeros(total, dtype=dtype, device=device)
         # this rank's shard: fp32 state of its elements; their summed gradients land in grad_shard
@@ -144,16 +176,11 @@ class MasterAdamW:
                 weight.copy_(p)
                 p.data = weight
                 p.grad = None
-        self.table = TableUpdate([p.numel() for p in self.params], offsets, device) if grad_table else None
-        self.grad_views = [None if grad_table else self.grad[off:off + p.numel()].view_as(p)
-                           for p, off in zip(self.params, offsets)]
-        self.held: dict[int, torch.Tensor] = {}  # with grad_table: the first parameters' gradients, until step()
-        self.fresh_grads = fresh_grads
-        self.n_first = len(early)
-        self.arrived: set[int] = set()  # indices of the first parameters whose gradient is in this step
-        self.launched = False  # whether their update has started this step
-        # the lowest priority: the kernels of a stream of higher priority (e.g. a captured step's) get SMs first
-        self.stream = torch.cuda.Stream(device, priority=0) if early and device.type == "cuda" else None
+        return offsets, size
+
+    def _hook_grads(self, grad_table: bool, fresh_grads: bool) -> None:
+        """Where each gradient goes: the first parameters' to `_first_grad`, the others' into their view of
+        the flat buffer (copied by a hook, or accumulated there directly), or nowhere with the table."""
         for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
             if i < self.n_first:
                 p.register_post_accumulate_grad_hook(functools.partial(self._first_grad, i))
@@ -163,13 +190,6 @@ class MasterAdamW:
                 p.register_post_accumulate_grad_hook(functools.partial(_into_view, view=view))
             else:
                 p.grad = view
-        self.grad_scale = 1.0 / ranks
-        self.step_count = torch.zeros((), dtype=torch.float32, device=device)
-        self.lr = torch.full((), lr, dtype=torch.float32, device=device)
-        split = offsets[self.n_first] if self.n_first < len(self.params) else size  # where the others begin
-        self.first_slices = [slice(s, min(s + chunk, split)) for s in range(0, split, chunk)]
-        self.rest_slices = [slice(s, min(s + chunk, size)) for s in range(split, size, chunk)]
-        self.update = torch.compile(adamw_update) if compile else adamw_update
 
     def _update(self, first: bool, grads: list[torch.Tensor | None]) -> None:
         """Update the `first` parameters, or the others: through the gradient table (`grads[i]` is parameter
