@@ -292,9 +292,9 @@ class RunConfig:
     out_dir: str = "runs"
     tensorboard: bool = True
     progress: bool = True
-    # Mirror the logged scalars and the final summary to Weights & Biases from rank 0 (pip install
-    # 'mimo[wandb]'). W&B's environment variables apply, e.g. WANDB_MODE=offline; a resumed run continues
-    # its W&B run.
+    # Mirror the logged scalars and the final summary to Weights & Biases from rank 0 (pip install wandb,
+    # or pip install -e '.[wandb]' in the checkout). W&B's environment variables apply, e.g.
+    # WANDB_MODE=offline; a resumed run continues its W&B run.
     wandb: bool = False
     wandb_project: str = "mimo"
     # A run folder that holds another run is refused unless train.resume continues it; overwrite = true

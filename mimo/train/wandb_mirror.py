@@ -23,7 +23,8 @@ def require_wandb() -> None:
     try:
         importlib.import_module("wandb")
     except ImportError as e:
-        raise ConfigError("run.wandb = true needs the wandb package: pip install 'mimo[wandb]' "
+        raise ConfigError("run.wandb = true needs the wandb package: pip install wandb (pip install -e '.[wandb]' in "
+                          "the mimo checkout) "
                           "(or set run.wandb = false)") from e
 
 
