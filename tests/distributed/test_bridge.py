@@ -31,11 +31,12 @@ def test_peer_groups_match_the_lane_arithmetic():
 
 
 def test_invalid_bridges_are_rejected_before_any_collective():
-    with pytest.raises(ValueError, match="must divide one another"):
+    """The gate refuses these layouts (tests/unit/test_gate.py); the bridge asserts them."""
+    with pytest.raises(AssertionError, match="divide one another"):
         ColocatedBridge(Grid(tp=2, dp=3), Grid(tp=3, dp=2))
-    with pytest.raises(ValueError, match="same ranks"):
+    with pytest.raises(AssertionError, match="same ranks"):
         ColocatedBridge(Grid(tp=2, dp=2), Grid(offset=4, tp=2, dp=2))
-    with pytest.raises(ValueError, match="pp=1"):
+    with pytest.raises(AssertionError, match="pp=1"):
         ColocatedBridge(Grid(tp=2, dp=2), Grid(tp=2, pp=2))
 
 

@@ -79,19 +79,11 @@ class ColocatedBridge:
     """
 
     def __init__(self, encoder: Grid, language: Grid):
-        if (encoder.offset, encoder.size) != (language.offset, language.size):
-            raise ValueError(f"a colocated bridge needs grids on the same ranks; encoder spans "
-                             f"{encoder.offset}..{encoder.end - 1}, LM spans {language.offset}..{language.end - 1}")
-        for name, g in (("encoder", encoder), ("language", language)):
-            if g.pp != 1:
-                raise ValueError(f"colocated layouts need pp=1 on every module; {name} has pp={g.pp}. Put modules "
-                                 "on disjoint ranks to pipeline them")
-        if encoder.cp != 1:
-            raise ValueError(f"encoders do not support context parallelism; encoder has cp={encoder.cp}")
+        # The gate (mimo.train.gate.check_layout) refused every layout that breaks these.
         e_dp, l_dp = encoder.dp, language.dp
-        if max(e_dp, l_dp) % min(e_dp, l_dp):
-            raise ValueError(f"encoder dp ({e_dp}) and LM dp ({l_dp}) must divide one another for a colocated "
-                             "bridge; change the tp/cp degrees so the DP ratio is whole")
+        assert (encoder.offset, encoder.size) == (language.offset, language.size), "grids on the same ranks"
+        assert encoder.pp == language.pp == 1 and encoder.cp == 1, "pp=1 on both sides, cp=1 on the encoder's"
+        assert max(e_dp, l_dp) % min(e_dp, l_dp) == 0, "dp degrees that divide one another"
         self.encoder, self.language = encoder, language
         self.direction = "equal" if e_dp == l_dp else ("fan_in" if e_dp > l_dp else "fan_out")
         self.scale = max(e_dp, l_dp) // min(e_dp, l_dp)
