@@ -40,7 +40,8 @@ def build_demo_data(cfg: Config, model: MimoModel) -> Any:
     (name, mcfg), = cfg.model.modalities.items()
     vit = model.modality_submodules[name].encoders["vit"]
     return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, vit.tokens_per_image,
-                       mcfg.token_id, modality=name)
+                       mcfg.token_id, modality=name, images=cfg.data.images_range)
+
 
 
 def evaluate_demo(cfg: Config, model: MimoModel, data: Any, device: str | torch.device) -> dict:

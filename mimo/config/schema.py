@@ -222,9 +222,17 @@ class DataConfig:
     # sample attending only to itself with positions restarting; pack_length must hold the longest sample.
     packing: bool = False
     pack_length: int = 0
-    # For name = "synthetic" (random tokens and images, for benchmarks): images per sample, whose placeholders
-    # open each seq_len-token sequence.
+    # For name = "synthetic" (random tokens and images, for benchmarks) and "shapes": images per sample. With
+    # min_images_per_sample >= 0 each sample draws its count uniformly from min_images_per_sample..images_per_sample
+    # (0 = text-only samples); -1 = exactly images_per_sample. Synthetic placeholders open each seq_len-token row.
     images_per_sample: int = 1
+    min_images_per_sample: int = -1
+
+    @property
+    def images_range(self) -> tuple[int, int]:
+        """(fewest, most) images per sample of the shapes and synthetic sets."""
+        low = self.images_per_sample if self.min_images_per_sample < 0 else self.min_images_per_sample
+        return low, self.images_per_sample
 
 
 @dataclass

@@ -167,9 +167,15 @@ def validate_data(cfg: Config) -> None:
         raise ConfigError(f"data.seq_len ({d.seq_len}) must be a positive multiple of 8")
     if d.images_per_sample < 1:
         raise ConfigError(f"data.images_per_sample ({d.images_per_sample}) must be >= 1")
-    if d.images_per_sample != 1 and d.name != "synthetic":
-        raise ConfigError(f"data.images_per_sample = {d.images_per_sample} is read by data.name = 'synthetic' "
-                          f"only; data.name = '{d.name}' fixes its own images per sample, so leave it at 1")
+    if not -1 <= d.min_images_per_sample <= d.images_per_sample:
+        raise ConfigError(f"data.min_images_per_sample ({d.min_images_per_sample}) must lie in "
+                          f"0..data.images_per_sample ({d.images_per_sample}), or be -1 for exactly "
+                          "data.images_per_sample images per sample")
+    drawn = (d.images_per_sample, d.min_images_per_sample) != (1, -1)
+    if drawn and d.name not in ("synthetic", "shapes"):
+        raise ConfigError(f"data.images_per_sample / data.min_images_per_sample are read by data.name = 'synthetic' "
+                          f"and 'shapes' only; data.name = '{d.name}' fixes its own images per sample, so leave them "
+                          "at 1 and -1")
     if d.packing and d.name == "synthetic":
         raise ConfigError("data.packing = true with data.name = 'synthetic': synthetic rows are full, with no padding "
                           "to pack away; set data.packing = false")

@@ -1,4 +1,5 @@
-"""The demo vision-language task as token sequences: `<bos> <image>*N question answer <eos> <pad>...`.
+"""The demo vision-language task as token sequences: `<bos> <image>*N question answer <eos> <pad>...`
+(N = the image's tokens x the sample's images; `modality_counts` says how many when the count varies).
 
 Labels are shifted here (position t holds the id of token t+1) and cover only the answer and its
 end token, so the loss trains answering, not the question text. Every sequence is padded to one
@@ -10,8 +11,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mimo.data.batching import COUNTS as MODALITY_COUNTS
 from mimo.data.seeded_batches import SeededBatches
-from mimo.data.shapes import COLORS, COUNTS, QUESTIONS, SHAPES, Sample, image_tensor_values, make_samples
+from mimo.data.shapes import (
+    COLORS,
+    COUNTS,
+    IMAGE_SIZE,
+    NO_IMAGE,
+    QUESTIONS,
+    SHAPES,
+    Sample,
+    image_tensor_values,
+    make_samples,
+)
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.models.loss import IGNORE_INDEX
 
@@ -34,34 +46,43 @@ def demo_row_length(image_tokens: int) -> int:
     """Tokens of every row of the shapes task for an image of `image_tokens` rows: the longest prompt and
     answer, padded to a multiple of 8 (so sequence- and context-parallel splits of up to 8 divide it)."""
     longest_q = max(len(q) for q in QUESTIONS.values())
-    longest_a = max(len(a) for a in (*COLORS, *SHAPES, *COUNTS))
+    longest_a = max(len(a) for a in (*COLORS, *SHAPES, *COUNTS, NO_IMAGE))
     return -(-(1 + image_tokens + longest_q + longest_a + 1) // 8) * 8
 
 
 class DemoVLMData(SeededBatches):
-    """Train and held-out sets of the shapes task, tokenised, with a deterministic global order."""
+    """Train and held-out sets of the shapes task, tokenised, with a deterministic global order; each sample
+    holds `images[0]..images[1]` images (one by default)."""
 
     def __init__(self, train_samples: int, eval_samples: int, seed: int, image_tokens: int,
-                 image_token_id: int, modality: str = "images", encoder: str = "vit"):
+                 image_token_id: int, modality: str = "images", encoder: str = "vit",
+                 images: tuple[int, int] = (1, 1)):
         self.tok = ByteTokenizer()
         self.image_tokens = image_tokens
         self.image_token_id = image_token_id
         self.modality, self.encoder = modality, encoder
-        self.train = make_samples(train_samples, seed)
-        self.eval = make_samples(eval_samples, seed + 1_000_003)
-        self.seq_len = demo_row_length(image_tokens)
+        self.images = images
+        self.train = make_samples(train_samples, seed, images)
+        self.eval = make_samples(eval_samples, seed + 1_000_003, images)
+        self.seq_len = demo_row_length(image_tokens * images[1])
 
     def prompt_ids(self, s: Sample) -> list[int]:
-        return [self.tok.BOS] + [self.image_token_id] * self.image_tokens + self.tok.encode(s.question)
+        placeholders = [self.image_token_id] * (self.image_tokens * len(s.images))
+        return [self.tok.BOS] + placeholders + self.tok.encode(s.question)
 
     def collate(self, samples: list[Sample]) -> dict:
-        """Samples -> a batch dict of tensors, the keyword arguments of MimoModel.forward."""
+        """Samples -> a batch dict of tensors, the keyword arguments of MimoModel.forward (plus
+        `modality_counts` unless every sample holds exactly one image)."""
         b, s = len(samples), self.seq_len
         ids, labels = question_answer_rows([(self.prompt_ids(x), x.answer) for x in samples], s, self.tok)
-        pixels = torch.from_numpy(np.stack([image_tensor_values(x.image) for x in samples]))
-        return {
+        images = [image_tensor_values(image) for x in samples for image in x.images]
+        pixels = torch.from_numpy(np.stack(images)) if images else torch.zeros(0, 3, IMAGE_SIZE, IMAGE_SIZE)
+        batch = {
             "input_ids": ids,
             "labels": labels,
             "position_ids": torch.arange(s).expand(b, s).contiguous(),
             "modality_inputs": {self.modality: {self.encoder: {"pixel_values": pixels}}},
         }
+        if self.images != (1, 1):
+            batch[MODALITY_COUNTS] = {self.modality: torch.tensor([len(x.images) for x in samples])}
+        return batch

@@ -4,6 +4,10 @@ Each image holds one to three copies of one shape in one colour. A sample asks f
 shape or the count. Answering needs the image (the question alone says nothing), and no single
 answer covers more than about 11% of the questions. Generated deterministically from a seed, so
 nothing is downloaded and every rank can build the same set.
+
+A sample may hold several images (`images=(lo, hi)`: each sample draws its count from lo..hi): all of
+them renderings of the same shapes (own jitter and shade), so a question has one answer; a sample with
+no image answers every question with "none".
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ COLORS = {"red": (220, 40, 40), "green": (40, 190, 60), "blue": (50, 80, 230), "
 SHAPES = ("circle", "square", "triangle", "cross")
 COUNTS = ("one", "two", "three")
 QUESTIONS = {"color": "what color?", "shape": "what shape?", "count": "how many?"}
+NO_IMAGE = "none"
+"""The answer of a sample without an image."""
 IMAGE_SIZE = 32
 
 
 @dataclass
 class Sample:
-    image: np.ndarray  # uint8 [H, W, 3]
+    images: list[np.ndarray]  # uint8 [H, W, 3] each; none for a text-only sample
     question: str
     answer: str
 
@@ -56,19 +62,22 @@ def render(shape: str, color: str, count: int, rng: np.random.Generator, size: i
     return np.asarray(img, dtype=np.uint8)
 
 
-def make_samples(n: int, seed: int) -> list[Sample]:
-    """`n` samples; question kinds cycle so the three kinds are balanced."""
+def make_samples(n: int, seed: int, images: tuple[int, int] = (1, 1)) -> list[Sample]:
+    """`n` samples of `images[0]..images[1]` images each; question kinds cycle so the three kinds are
+    balanced. One image each (the default) draws exactly what it always drew."""
     rng = np.random.default_rng(seed)
     kinds = list(QUESTIONS)
+    lo, hi = images
     out = []
     for i in range(n):
+        k = int(rng.integers(lo, hi + 1)) if lo != hi else lo
         shape = SHAPES[rng.integers(len(SHAPES))]
         color = list(COLORS)[rng.integers(len(COLORS))]
         count = int(rng.integers(1, 4))
-        image = render(shape, color, count, rng)
+        drawn = [render(shape, color, count, rng) for _ in range(k)]
         kind = kinds[i % len(kinds)]
-        answer = {"color": color, "shape": shape, "count": COUNTS[count - 1]}[kind]
-        out.append(Sample(image, QUESTIONS[kind], answer))
+        answer = {"color": color, "shape": shape, "count": COUNTS[count - 1]}[kind] if k else NO_IMAGE
+        out.append(Sample(drawn, QUESTIONS[kind], answer))
     return out
 
 

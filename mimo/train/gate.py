@@ -89,7 +89,7 @@ def row_length(cfg: Config, model: ModelConfig) -> int | None:
     if cfg.data.packing or (name in ("shapes", "avlm") and not vision) or (name == "text_to_image" and not outs):
         return None
     if name == "shapes":
-        return demo_row_length(vision[0])
+        return demo_row_length(vision[0] * cfg.data.images_per_sample)
     if name == "avlm":
         return avlm_row_length(vision[0])
     return text_to_image_row_length(outs[0]) if name == "text_to_image" else cfg.data.seq_len

@@ -35,7 +35,7 @@ def make_folder(root: Path, corrupt: set[int] = CORRUPT) -> Path:
     for i, s in enumerate(make_samples(N, 7)):
         folder = src / "sub" if i % 2 else src
         img = folder / f"img.{i:03d}.png"
-        Image.fromarray(s.image).save(img)
+        Image.fromarray(s.images[0]).save(img)
         if i in corrupt:
             img.write_bytes(img.read_bytes()[:40] if i % 2 else b"not an image at all")
         if i % 3 == 0:
@@ -43,7 +43,7 @@ def make_folder(root: Path, corrupt: set[int] = CORRUPT) -> Path:
                 {"from": "human", "value": f"<image>\n{s.question}"}, {"from": "gpt", "value": s.answer}]}))
         else:
             img.with_suffix(".txt").write_text(s.answer)
-    Image.fromarray(make_samples(1, 1)[0].image).save(src / "no_caption.png")
+    Image.fromarray(make_samples(1, 1)[0].images[0]).save(src / "no_caption.png")
     return src
 
 

@@ -41,11 +41,30 @@ def test_batch_layout_and_determinism(tmp_path):
     assert not torch.equal(data.global_batch(3, 4, 8)["input_ids"], ids)
 
 
+def test_images_per_sample_drawn_from_a_range(tmp_path):
+    """data.min_images_per_sample = 0: each sample holds 0..3 images, their placeholders first, then text."""
+    cfg = tiny_config(tmp_path, *SYNTHETIC, "--data.min_images_per_sample=0")
+    model = build_model(cfg.model)
+    b = build_synthetic_data(cfg, model).global_batch(0, 16, 7)
+    counts, ids, labels = b["modality_counts"]["images"], b["input_ids"], b["labels"]
+    assert sorted(set(counts.tolist())) == [0, 1, 2, 3]
+    assert b["modality_inputs"]["images"]["vit"]["pixel_values"].shape[0] == int(counts.sum())
+    token = cfg.model.modalities["images"].token_id
+    for row, k in enumerate(counts.tolist()):
+        p = 4 * k
+        assert (ids[row, :p] == token).all() and not (ids[row, p:] == token).any()
+        assert torch.equal(labels[row, max(p - 1, 0) : -1], ids[row, max(p, 1) :])
+        assert (labels[row, : max(p - 1, 0)] == IGNORE_INDEX).all()
+    check_batch(model, b)
+
+
 def test_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match=r"data.images_per_sample \(0\) must be >= 1"):
         tiny_config(tmp_path, *SYNTHETIC, "--data.images_per_sample=0")
-    with pytest.raises(ConfigError, match="data.images_per_sample = 3 is read by data.name = 'synthetic' only"):
-        tiny_config(tmp_path, *SYNTHETIC, "--data.name=shapes")
+    with pytest.raises(ConfigError, match="are read by data.name = 'synthetic' and 'shapes' only"):
+        tiny_config(tmp_path, *SYNTHETIC, "--data.name=avlm")
+    with pytest.raises(ConfigError, match=r"data.min_images_per_sample \(4\) must lie in 0..data.images_per_sample"):
+        tiny_config(tmp_path, *SYNTHETIC, "--data.min_images_per_sample=4")
     with pytest.raises(ConfigError, match="data.packing = true with data.name = 'synthetic'"):
         tiny_config(tmp_path, *SYNTHETIC, "--data.packing=true", "--data.pack_length=512")
     cfg = tiny_config(tmp_path, *SYNTHETIC, "--data.seq_len=8")

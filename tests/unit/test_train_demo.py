@@ -35,7 +35,7 @@ def test_short_run_learns_and_writes_outputs(tmp_path):
 
     from mimo.data.shapes import make_samples
 
-    Image.fromarray(make_samples(1, 5)[0].image).save(img)
+    Image.fromarray(make_samples(1, 5)[0].images[0]).save(img)
     out = subprocess.run([sys.executable, "-m", "mimo", "generate", "--run", str(run), "--image", str(img),
                           "--prompt", "what color?"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
