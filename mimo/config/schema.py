@@ -38,6 +38,18 @@ class LLMConfig:
     qk_norm_full: bool = False
     # OLMo 2: each block normalises its attention and MLP outputs before the residual add, not their inputs.
     post_norm: bool = False
+    # Gemma 3: norms before and after both attention and MLP; RMSNorm scales by (1 + weight); embeddings times
+    # sqrt(hidden); the MLP gate's activation; attention scores times query_scale (0 = 1 / sqrt(head_dim)).
+    sandwich_norm: bool = False
+    norm_offset: bool = False
+    embed_scale: bool = False
+    mlp_act: str = "silu"
+    query_scale: float = 0.0
+    # Sliding-window attention (Gemma 3): layers marked "sliding" in layer_types (one entry per layer; empty = all
+    # "full") see the sliding_window most recent positions, with RoPE theta rope_local_theta (0 = rope_theta).
+    sliding_window: int = 0
+    layer_types: list[str] = field(default_factory=list)
+    rope_local_theta: float = 0.0
     # 0 = hidden // heads; Qwen3 checkpoints set it explicitly.
     head_dim: int = 0
     # Llama 3 RoPE scaling, keys as in HF's rope_scaling (factor, low_freq_factor, high_freq_factor,

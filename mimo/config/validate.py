@@ -30,6 +30,11 @@ def validate_model(cfg: Config) -> None:
     llm = cfg.model.llm
     require_at_least("model.llm", llm, SIZE_FIELDS["model.llm"], 1)
     require_at_least("model.llm", llm, ("head_dim",), 0, " (0 = hidden / heads)")
+    if llm.layer_types and (len(llm.layer_types) != llm.layers or set(llm.layer_types) - {"sliding", "full"}):
+        raise ConfigError(f"model.llm.layer_types must name each of the {llm.layers} layers 'sliding' or 'full', got "
+                          f"{llm.layer_types}")
+    if "sliding" in llm.layer_types and llm.sliding_window <= 0:
+        raise ConfigError("model.llm.layer_types has sliding layers but model.llm.sliding_window is not set (> 0)")
     if llm.qk_norm_full and not llm.qk_norm:
         raise ConfigError("model.llm.qk_norm_full = true needs model.llm.qk_norm = true (it says how wide the q/k "
                           "norms are)")

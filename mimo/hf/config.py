@@ -12,7 +12,7 @@ from typing import Any
 from mimo.config.schema import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
 from mimo.models.layers import LLAMA3_ROPE_KEYS
 
-LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2")
+LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "gemma3_text")
 VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip",
                 "dinov2": "dinov2", "siglip2_vision_model": "siglip2", "siglip2": "siglip2"}
 HF_TO_MIMO_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
@@ -53,8 +53,8 @@ def _rope(d: dict[str, Any], where: str) -> tuple[float, dict[str, float]]:
 
 
 def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMConfig | None = None) -> LLMConfig:
-    """A Qwen2/Qwen3/Llama/Mistral/Phi-3/OLMo 2 config. `base` supplies the non-architecture fields (init_std,
-    hf_path)."""
+    """A Qwen2/Qwen3/Llama/Mistral/Phi-3/OLMo 2/Gemma 3 (text) config. `base` supplies the non-architecture
+    fields (init_std, hf_path)."""
     mt = model_type(d, LLM_TYPES, where)
     _refuse(d, "hidden_act", "silu", where, "mimo's MLP is SwiGLU with SiLU")
     _refuse(d, "mlp_bias", False, where, "mimo's MLP has no biases")
@@ -69,16 +69,45 @@ def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMC
         _refuse(d, "attention_bias", False, where, "an output-projection bias mimo's attention does not have")
     heads = d["num_attention_heads"]
     head_dim = d.get("head_dim") or d["hidden_size"] // heads
-    theta, scaling = _rope(d, where)
+    gemma = _gemma3(d, where) if mt == "gemma3_text" else {}
+    theta, scaling = (gemma.pop("rope_theta"), {}) if gemma else _rope(d, where)
     base = base or LLMConfig()
-    return LLMConfig(vocab=d["vocab_size"], hidden=d["hidden_size"], layers=d["num_hidden_layers"], heads=heads,
-                     kv_heads=d.get("num_key_value_heads") or heads, mlp=d["intermediate_size"],
+    return LLMConfig(**gemma, vocab=d["vocab_size"], hidden=d["hidden_size"], layers=d["num_hidden_layers"],
+                     heads=heads, kv_heads=d.get("num_key_value_heads") or heads, mlp=d["intermediate_size"],
                      qkv_bias=mt == "qwen2", tie_embeddings=bool(d.get("tie_word_embeddings", False)),
                      rope_theta=theta, norm_eps=d.get("rms_norm_eps", 1e-6),
                      max_seq=d.get("max_position_embeddings", base.max_seq), init_std=base.init_std,
-                     qk_norm=mt in ("qwen3", "olmo2"), qk_norm_full=mt == "olmo2", post_norm=mt == "olmo2",
+                     qk_norm=mt in ("qwen3", "olmo2", "gemma3_text"), qk_norm_full=mt == "olmo2",
+                     post_norm=mt == "olmo2",
                      head_dim=0 if head_dim * heads == d["hidden_size"] else head_dim,
                      rope_scaling=scaling, family=mt, hf_path=base.hf_path)
+
+
+GEMMA3_LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "full"}
+
+
+def _gemma3(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """The LLMConfig fields particular to Gemma 3's text model (rope_theta included: it has one per layer type)."""
+    _refuse(d, "attn_logit_softcapping", None, where, "mimo's attention has no logit soft-capping")
+    _refuse(d, "final_logit_softcapping", None, where, "mimo's LM head has no logit soft-capping")
+    _refuse(d, "use_bidirectional_attention", False, where, "mimo's LM is causal")
+    _refuse(d, "hidden_activation", "gelu_pytorch_tanh", where, "mimo's Gemma MLP gates with tanh-approximated GELU")
+    params = d.get("rope_parameters") or {}
+    thetas = {}
+    for kind, default in (("full_attention", d.get("rope_theta", 1e6)),
+                          ("sliding_attention", d.get("rope_local_base_freq", 1e4))):
+        p = params.get(kind, {})
+        if p.get("rope_type", "default") != "default":
+            raise ValueError(f"{where}: rope_parameters.{kind}.rope_type = '{p['rope_type']}' is not supported; "
+                             "mimo's Gemma 3 has plain RoPE (the 1B text model's)")
+        thetas[kind] = float(p.get("rope_theta", default))
+    types = [GEMMA3_LAYER_TYPES.get(t) for t in d["layer_types"]]
+    if None in types:
+        raise ValueError(f"{where}: layer_types {d['layer_types']} has a type mimo does not know; expected "
+                         f"{list(GEMMA3_LAYER_TYPES)}")
+    return dict(sandwich_norm=True, norm_offset=True, embed_scale=True, mlp_act="gelu_tanh",
+                query_scale=float(d["query_pre_attn_scalar"]) ** -0.5, sliding_window=int(d["sliding_window"] or 0),
+                layer_types=types, rope_theta=thetas["full_attention"], rope_local_theta=thetas["sliding_attention"])
 
 
 def vision_family(d: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:

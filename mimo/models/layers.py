@@ -28,17 +28,21 @@ def activation(name: str):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in fp32 like the reference implementations."""
+    """Root-mean-square norm, computed in fp32 like the reference implementations; with `offset` (Gemma) the
+    scale is 1 + weight, so a zero weight is the identity."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, offset: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.offset = offset
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return ((1.0 + self.weight.float()) * x).to(dtype)
         return self.weight * x.to(dtype)
 
 
@@ -135,9 +139,12 @@ class SelfAttention(nn.Module):
     """Multi-head attention with optional grouped KV heads, qkv bias and rotary positions."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, qkv_bias: bool, out_bias: bool,
-                 head_dim: int | None = None, qk_norm_eps: float | None = None, qk_norm_full: bool = False):
+                 head_dim: int | None = None, qk_norm_eps: float | None = None, qk_norm_full: bool = False,
+                 norm_offset: bool = False, query_scale: float = 0.0):
         """`qk_norm_eps` adds RMS norms on q and k, per head, or with `qk_norm_full` over all heads at once
-        (OLMo 2: weights `[heads * head_dim]`, applied before the heads are split)."""
+        (OLMo 2: weights `[heads * head_dim]`, applied before the heads are split); `norm_offset` makes them
+        Gemma's (1 + weight). `query_scale` (0 = 1 / sqrt(head_dim)) is the factor on the attention scores:
+        the queries are pre-multiplied so that the kernel's own 1 / sqrt(head_dim) gives it."""
         super().__init__()
         self.head_dim = head_dim or hidden // heads
         self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=qkv_bias)
@@ -146,8 +153,9 @@ class SelfAttention(nn.Module):
         self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=out_bias)
         self.qk_norm_full = qk_norm_full
         q_width, k_width = (heads * self.head_dim, kv_heads * self.head_dim) if qk_norm_full else (self.head_dim,) * 2
-        self.q_norm = RMSNorm(q_width, qk_norm_eps) if qk_norm_eps is not None else None
-        self.k_norm = RMSNorm(k_width, qk_norm_eps) if qk_norm_eps is not None else None
+        self.q_norm = RMSNorm(q_width, qk_norm_eps, norm_offset) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(k_width, qk_norm_eps, norm_offset) if qk_norm_eps is not None else None
+        self.query_factor = query_scale * math.sqrt(self.head_dim) if query_scale else 1.0
         # The attention kernel, `attention(q, k, v, causal, mask)` by default; parallel/ may replace it from
         # outside (context parallel attends local queries to keys and values gathered over its group).
         self.attention_fn = attention
@@ -172,6 +180,8 @@ class SelfAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.query_factor != 1.0:
+            q = q * self.query_factor
         if cache is not None:
             k, v = cache.append(layer, k, v)
         out = self.attention_fn(q, k, v, causal=causal, mask=mask).transpose(1, 2).reshape(b, s, -1)
@@ -189,16 +199,17 @@ class SelfAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Gated SiLU MLP of Llama/Qwen."""
+    """Gated MLP of Llama/Qwen (SiLU gate; Gemma's gate is `act` = "gelu_tanh")."""
 
-    def __init__(self, hidden: int, inner: int):
+    def __init__(self, hidden: int, inner: int, act: str = "silu"):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MLP(nn.Module):
@@ -223,6 +234,16 @@ def padding_causal_mask(key_mask: torch.Tensor, query_pos: torch.Tensor, key_pos
     causal = key_pos[None, :] <= query_pos[:, None]
     itself = key_pos[None, :] == query_pos[:, None]
     return ((causal[None] & key_mask.bool()[:, None, :]) | itself[None])[:, None]
+
+
+def sliding_window_mask(mask: torch.Tensor | None, window: int, queries: int, keys: int,
+                        device: torch.device) -> torch.Tensor:
+    """`mask` (bool `[B or 1, 1, queries, keys]`, None = causal) also hiding keys `window` or more positions
+    behind their query; the queries are the last `queries` of the `keys` row positions (a KV cache's new ones)."""
+    q_pos = torch.arange(keys - queries, keys, device=device)[:, None]
+    k_pos = torch.arange(keys, device=device)[None, :]
+    near = (q_pos - k_pos < window) & (k_pos <= q_pos)
+    return near[None, None] if mask is None else mask & near
 
 
 def padded_causal_mask(attention_mask: torch.Tensor, past: int = 0) -> torch.Tensor:

@@ -12,37 +12,53 @@ import torch
 from torch import nn
 
 from mimo.config.schema import LLMConfig
-from mimo.models.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, padded_causal_mask, rope_cos_sin
+from mimo.models.layers import (
+    KVCache,
+    RMSNorm,
+    SelfAttention,
+    SwiGLU,
+    padded_causal_mask,
+    rope_cos_sin,
+    sliding_window_mask,
+)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm (Llama/Qwen: `input_layernorm` before attention, `post_attention_layernorm` before the MLP) or,
+    """Pre-norm (Llama/Qwen: `input_layernorm` before attention, `post_attention_layernorm` before the MLP);
     with `post_norm`, OLMo 2's: `post_attention_layernorm` on the attention output and
-    `post_feedforward_layernorm` on the MLP output, each before its residual add."""
+    `post_feedforward_layernorm` on the MLP output, each before its residual add; with `sandwich_norm`,
+    Gemma's: both, plus `pre_feedforward_layernorm` before the MLP."""
 
     def __init__(self, cfg: LLMConfig):
         super().__init__()
-        self.post_norm = cfg.post_norm
-        self.input_layernorm = None if cfg.post_norm else RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.post_norm, self.sandwich = cfg.post_norm, cfg.sandwich_norm
+
+        def norm() -> RMSNorm:
+            return RMSNorm(cfg.hidden, cfg.norm_eps, cfg.norm_offset)
+
+        self.input_layernorm = None if cfg.post_norm else norm()
         self.self_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.kv_heads, qkv_bias=cfg.qkv_bias,
                                        out_bias=False, head_dim=cfg.attention_head_dim,
-                                       qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, qk_norm_full=cfg.qk_norm_full)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.hidden, cfg.mlp)
-        self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps) if cfg.post_norm else None
+                                       qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, qk_norm_full=cfg.qk_norm_full,
+                                       norm_offset=cfg.norm_offset, query_scale=cfg.query_scale)
+        self.post_attention_layernorm = norm()
+        self.pre_feedforward_layernorm = norm() if cfg.sandwich_norm else None
+        self.mlp = SwiGLU(cfg.hidden, cfg.mlp, cfg.mlp_act)
+        self.post_feedforward_layernorm = norm() if cfg.post_norm or cfg.sandwich_norm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         """`[B, S, H]`, or with `rows` (indices into the flattened `B * S` positions) `[len(rows), H]`:
         attention still reads every position, the rest of the layer runs on those rows only."""
-        if self.post_norm:
-            h = self.self_attn(x, rope=rope, causal=True, mask=mask, cache=cache, layer=layer, rows=rows)
-            x = (x if rows is None else x.flatten(0, 1).index_select(0, rows)) + self.post_attention_layernorm(h)
-            return x + self.post_feedforward_layernorm(self.mlp(x))
-        h = self.self_attn(self.input_layernorm(x), rope=rope, causal=True, mask=mask, cache=cache, layer=layer,
-                           rows=rows)
-        x = (x if rows is None else x.flatten(0, 1).index_select(0, rows)) + h
+        inp = x if self.input_layernorm is None else self.input_layernorm(x)
+        h = self.self_attn(inp, rope=rope, causal=True, mask=mask, cache=cache, layer=layer, rows=rows)
+        x = x if rows is None else x.flatten(0, 1).index_select(0, rows)
+        if self.post_norm or self.sandwich:
+            x = x + self.post_attention_layernorm(h)
+            inner = x if self.pre_feedforward_layernorm is None else self.pre_feedforward_layernorm(x)
+            return x + self.post_feedforward_layernorm(self.mlp(inner))
+        x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -54,7 +70,7 @@ class DecoderLM(nn.Module):
         self.cfg = cfg
         self.embed_tokens: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.hidden)
         self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(cfg.layers)})
-        self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps, cfg.norm_offset)
         self.lm_head: nn.Linear | None = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab,
                                                                                     bias=False)
         self.init_weights()
@@ -71,10 +87,11 @@ class DecoderLM(nn.Module):
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, RMSNorm):
-                nn.init.ones_(m.weight)
+                (nn.init.zeros_ if m.offset else nn.init.ones_)(m.weight)  # the identity either way
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids)
+        return x * torch.tensor(self.cfg.hidden**0.5, dtype=x.dtype) if self.cfg.embed_scale else x
 
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None,
@@ -103,13 +120,25 @@ class DecoderLM(nn.Module):
             s = hidden.shape[1]
             q_pos = torch.arange(s, device=hidden.device) + past
             mask = torch.arange(past + s, device=hidden.device)[None, :] <= q_pos[:, None]
+        local_rope, local_mask = self._sliding_window(position_ids, mask, hidden.shape[1], past, hidden.device)
         last = next(reversed(self.layers.keys()), None)
         for key, layer in self.layers.items():
-            hidden = layer(hidden, rope, mask=mask, cache=cache, layer=int(key),
-                           rows=output_rows if key == last else None)
+            sliding = bool(self.cfg.layer_types) and self.cfg.layer_types[int(key)] == "sliding"
+            hidden = layer(hidden, local_rope if sliding else rope, mask=local_mask if sliding else mask, cache=cache,
+                           layer=int(key), rows=output_rows if key == last else None)
         if self.norm is not None:
             hidden = self.norm(hidden)
         return hidden
+
+    def _sliding_window(self, position_ids: torch.Tensor, mask: torch.Tensor | None, s: int, past: int,
+                        device: torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+        """RoPE and mask of the sliding-window layers (None when there are none): keys within
+        `sliding_window` row positions of their query, and RoPE at `rope_local_theta`."""
+        if "sliding" not in self.cfg.layer_types:
+            return None, None
+        theta = self.cfg.rope_local_theta or self.cfg.rope_theta
+        rope = rope_cos_sin(position_ids, self.head_dim, theta, self.cfg.rope_scaling)
+        return rope, sliding_window_mask(mask, self.cfg.sliding_window, s, past + s, device)
 
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

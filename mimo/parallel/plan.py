@@ -50,6 +50,11 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
     if llm.qk_norm_full and lm.tp > 1:
         raise ConfigError(f"model.llm.qk_norm_full = true (OLMo 2) normalises q and k over all heads at once, which "
                           f"a tensor-parallel rank does not hold; set parallel.modules.language.tp = 1 (got {lm.tp})")
+    module = cfg.parallel.modules.get(LANGUAGE)
+    if llm.sliding_window and (lm.cp > 1 or (module is not None and module.sequence_parallel and lm.tp > 1)):
+        raise ConfigError(f"model.llm.sliding_window = {llm.sliding_window} masks by row position, which context "
+                          "or sequence parallelism hands each rank only part of; set parallel.modules.language.cp = 1 "
+                          "and sequence_parallel = false")
     for what, n in (("vocab", llm.vocab), ("mlp", llm.mlp)):
         if n % lm.tp:
             raise ConfigError(f"model.llm.{what} ({n}) must be divisible by the LM's tp ({lm.tp})")

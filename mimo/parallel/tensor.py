@@ -261,8 +261,9 @@ def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: boo
         _parallelize_block(layer.self_attn, layer.mlp, ("gate_proj", "up_proj"), ("down_proj",), tp_group,
                            sequence_parallel)
         if sequence_parallel:
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm, layer.post_feedforward_layernorm):
-                if norm is not None:  # OLMo 2's post-norm blocks have no input norm but a feed-forward one
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                         layer.post_feedforward_layernorm):
+                if norm is not None:  # OLMo 2 has no input norm, OLMo 2 and Gemma feed-forward ones
                     _mark_partial(norm)
     if sequence_parallel and lm.norm is not None:
         _mark_partial(lm.norm)

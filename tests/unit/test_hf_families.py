@@ -5,11 +5,13 @@ the same family's class with the same logits."""
 import pytest
 import torch
 
-from mimo.config.schema import ProjectorConfig
+from mimo.config.load import load_config
+from mimo.config.schema import ConfigError, ProjectorConfig
 from mimo.export import export_causal_lm, export_llava, export_vision_tower
 from mimo.hf import import_llava, import_llm, import_vision
 from mimo.hf.files import DirectorySource, RowsSlice
 from mimo.hf.load import dim_shard_fn
+from mimo.models.generate import greedy_generate, left_pad
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
 from mimo.models.projector import MLPProjector
 from mimo.models.vit import patchify
@@ -23,13 +25,16 @@ from tests.support.hf_helpers import (
     tiny_vision_config,
     transformers,
 )
+from tests.support.tiny_run import DEMO, TINY
 from tests.unit.test_gate import layout_error
 from tests.unit.test_hf_lm import compare
+from tests.unit.test_hf_padding import EOS, PAD, hf_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LM_FAMILIES = {"mistral": ("MistralForCausalLM", {}), "phi3": ("Phi3ForCausalLM", {}),
-               "phi3_tied": ("Phi3ForCausalLM", {"tie_word_embeddings": True}), "olmo2": ("Olmo2ForCausalLM", {})}
+               "phi3_tied": ("Phi3ForCausalLM", {"tie_word_embeddings": True}), "olmo2": ("Olmo2ForCausalLM", {}),
+               "gemma3_text": ("Gemma3ForCausalLM", {})}
 
 
 @pytest.mark.parametrize("case", list(LM_FAMILIES))
@@ -44,7 +49,7 @@ def test_lm_family_both_ways(case, tmp_path):
     assert max(compare(lm, again.float().eval())) <= TOL
 
 
-@pytest.mark.parametrize("text", ["mistral", "phi3", "olmo2"])
+@pytest.mark.parametrize("text", ["mistral", "phi3", "olmo2", "gemma3_text"])
 def test_llava_with_family_lm_both_ways(text, tmp_path):
     torch.manual_seed(0)
     config = transformers.LlavaConfig(
@@ -157,3 +162,20 @@ def test_siglip2_tower_in_llava_export_is_refused(tmp_path):
                       {"images": 96})
     with pytest.raises(ValueError, match="patch_linear = true .SigLIP2. takes patchified pixels"):
         export_llava(model, tmp_path / "out")
+
+
+def test_gemma3_generates_like_transformers_past_its_window(tmp_path):
+    """Left-padded prompts longer than the sliding window, decoded with a KV cache, give generate's tokens."""
+    hf = perturb(tiny_causal_lm("gemma3_text"), scale=0.3)
+    model = MimoModel(import_llm(save(hf, tmp_path / "hf")), {}, {}).eval()
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11, 20, 21], [12, 13], [15, 16, 17, 18, 19, 22, 23]], PAD)
+    assert greedy_generate(model, ids, None, 10, eos_id=EOS, attention_mask=mask) == hf_greedy(hf, ids, mask, 10)
+
+
+def test_sliding_window_configs_are_checked():
+    with pytest.raises(ConfigError, match="layer_types must name each of the 2 layers"):
+        load_config(DEMO, [*TINY, "--model.llm.layers=2", "--model.llm.sliding_window=4",
+                           "--model.llm.layer_types=['sliding']"])
+    err = layout_error(2, "--model.llm.kv_heads=2", "--model.llm.sliding_window=4",
+                       "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
+    assert "model.llm.sliding_window = 4 masks by row position" in err
