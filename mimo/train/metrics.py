@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -106,6 +107,15 @@ class MetricsLogger:
             self.bar.update(n)
             if postfix:
                 self.bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+
+    def note(self, message: str) -> None:
+        """One line on stderr (rank 0 only), above the progress bar when there is one."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            tqdm.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
     def write_summary(self, summary: dict) -> None:
         if self.enabled:

@@ -32,7 +32,7 @@ from mimo.train.held_out import evaluate_held_out, read_batch
 from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
-from mimo.train.plot import plot_curve
+from mimo.train.plot import plot_curve, run_curve
 from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.run_folder import RunFolder
 from mimo.train.threads import set_threads
@@ -165,6 +165,9 @@ class Trainer:
         over, train, evaluate and write the outputs; the summary."""
         with self.run_folder.claim():
             start = self.checkpointer.resume()
+            if self.is_main:
+                where = f"resuming at step {start}" if start else "starting at step 0"
+                print(f"mimo: run folder {self.run_dir} ({where})", file=sys.stderr, flush=True)
             if start == 0:
                 self.run_folder.start_over()
             self.checkpointer.set_aside_damaged()
@@ -179,6 +182,7 @@ class Trainer:
                                start_step=start, wandb=wandb)
         self.model.train()
         t0 = time.perf_counter()
+        self.checkpointer.start_clock()
         throughput = Throughput(self.world, cfg.train.peak_tflops, self.device, t0, cfg.train.throughput_warmup)
         losses: list[tuple[int, float]] = []
         skipped = 0
@@ -195,26 +199,41 @@ class Trainer:
                 logger.progress(1, loss=rec["loss"], **throughput.running())
                 if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                     began = time.perf_counter()
-                    logger.log_eval(step, evaluate_held_out(cfg, self.model, self.data, self.plan, self.device,
-                                                            self.local_microbatches))
+                    held_out = evaluate_held_out(cfg, self.model, self.data, self.plan, self.device,
+                                                 self.local_microbatches)
+                    logger.log_eval(step, held_out)
                     throughput.exclude(time.perf_counter() - began)
+                    logger.note(f"mimo: step {step}: held-out loss {held_out['loss']:.4f} "
+                                f"({time.perf_counter() - began:.1f} s)")
                 if self.checkpointer.after_step(step):
                     logger.close()
                     return {"steps": step + 1, "stopped": "SIGTERM", "final_loss": rec["loss"],
                             "checkpoint": str(self.checkpointer.store.path(step + 1))}
         wall = time.perf_counter() - t0
+        summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
+                   "wall_s": round(self.checkpointer.run_wall_s(), 2), **throughput.summary(wall),
+                   "world_size": self.world}
+        if start:
+            summary.update(resumed_at_step=start, segment_wall_s=round(wall, 2))
+        return self.finish(summary, losses, start, logger)
+
+    def finish(self, summary: dict, losses: list[tuple[int, float]], start: int, logger: MetricsLogger) -> dict:
+        """Collective: the final evaluation (rank 0, said on stderr as it starts and ends), then on rank 0 the
+        weights, loss.png (the whole run, earlier segments and eval points included) and summary.json."""
         full = self.full_model()
+        began = time.perf_counter()
+        logger.note(f"mimo: evaluating the trained model on the held-out set (data.name = '{self.cfg.data.name}')")
         # Greedy decoding changes shapes every token: compiled blocks would recompile, so evaluate eagerly.
         with torch.compiler.set_stance("force_eager"):
-            evaluation = evaluate_demo(cfg, full, self.data, self.device) if self.is_main else {}
-        summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
-                   "eval": evaluation, "wall_s": round(wall, 2), **throughput.summary(wall),
-                   "world_size": self.world}
+            evaluation = evaluate_demo(self.cfg, full, self.data, self.device) if self.is_main else {}
+        logger.note(f"mimo: evaluation done in {time.perf_counter() - began:.1f} s; writing {self.run_dir}")
+        summary = {**summary, "eval": evaluation}
         if isinstance(self.data, PackedBatches):
             summary["padding"] = self.data.padding_report()
         if self.is_main:
             save_weights(full, self.run_dir / "checkpoint")
-            plot_curve([s for s, _ in losses], [v for _, v in losses], self.run_dir / "loss.png")
+            train_points, eval_points = run_curve(self.run_dir / "metrics.jsonl", start, losses)
+            plot_curve(train_points, self.run_dir / "loss.png", eval_points, resumed_at=start)
             logger.write_summary(summary)
         logger.close()
         if self.is_main:

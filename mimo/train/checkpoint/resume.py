@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,19 @@ class RunCheckpointer:
                               if plan.layout.grids[n].tp > 1 and plan.groups[n].member}
         self.shapes = full_shapes(cfg.model) if self.tp_meshes else {}
         self.resumed_from: str | None = None
+        self.wall_before = 0.0
+        """Seconds the run's earlier segments trained (state.json's wall_s of the checkpoint loaded)."""
+        self.clock_start = time.perf_counter()
         self.ignored: list[str] = []
         self.damaged: list[Path] = []
+
+    def start_clock(self) -> None:
+        """This segment's training starts now (run_wall_s counts from here)."""
+        self.clock_start = time.perf_counter()
+
+    def run_wall_s(self) -> float:
+        """The whole run's training time so far: earlier segments' plus this one's since start_clock."""
+        return self.wall_before + time.perf_counter() - self.clock_start
 
     def report(self, message: str) -> None:
         if self.rank == 0:
@@ -143,6 +155,7 @@ class RunCheckpointer:
         return {
             "next_step": next_step,
             "reason": reason,
+            "wall_s": round(self.run_wall_s(), 3),
             "schedule": {"step": next_step, "total_steps": self.optimizer.total_steps},
             "data": {"name": d.name, "next_step": next_step, "consumed_samples": next_step * d.global_batch,
                      "global_batch": d.global_batch, "seed": d.seed,
@@ -278,6 +291,7 @@ class RunCheckpointer:
                         "rank's seeded state")
         else:
             restore_rng(rng)
+        self.wall_before = float(state.get("wall_s", 0.0))
         bad = state.get("bad_steps", {})
         self.guard.consecutive_bad, self.guard.total_bad = int(bad.get("consecutive", 0)), int(bad.get("total", 0))
         if hasattr(self.data, "load_state_dict"):
