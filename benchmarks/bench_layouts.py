@@ -66,9 +66,10 @@ from mimo.config.schema import (
 )
 from mimo.config.validate import validate
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import batch_multiple, validate_plan
+from mimo.parallel.plan import batch_multiple
 from mimo.parallel.runtime import leave_distributed, torchrun_cmd
 from mimo.planner.candidates import label
+from mimo.train.gate import check_layout
 from mimo.train.trainer import Trainer
 
 HOMOGENEOUS, COLOCATED, PIPELINED = "homogeneous", "colocated", "pipelined"
@@ -322,7 +323,7 @@ def plan_runs(args: argparse.Namespace) -> tuple[list[BenchLayout], int]:
             continue
         try:
             cfg, grids = bench_config(args, layout, global_batch), layout.grids(args.nproc)
-            validate_plan(cfg, grids)
+            check_layout(cfg, grids)
         except ValueError as e:
             problems.append(f"--layout {layout.name}: {e}")
     if problems:
