@@ -58,35 +58,40 @@ def collective_failed(e: RuntimeError) -> bool:
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
+    from mimo.data.prompts import pair_inputs, read_prompt_file
     from mimo.train.checkpoint.weights import load_run
     from mimo.train.threads import set_threads
 
     if overrides:
         raise ConfigError(f"generate takes no config overrides, got {overrides}")
+    if bool(args.prompt) == bool(args.prompts):
+        raise ConfigError("give the prompts with --prompt TEXT (repeat it for a batch) or --prompts FILE, one of them")
+    texts, requests = read_prompt_file(args.prompts) if args.prompts else (args.prompt, [])
+    if requests and (args.image or args.audio):
+        raise ConfigError(f"--prompts '{args.prompts}' is JSONL: name each prompt's \"image\" and \"audio\" "
+                          "there, not with --image/--audio")
+    requests = requests or pair_inputs(texts, args.image or [], args.audio or [])
     cfg, model = load_run(args.run)
     set_threads(cfg.train.threads)
     if args.out:
         if not model.output_token_ids:
             raise ConfigError(f"--out writes an image, but the run '{args.run}' has no Out path; train one with "
                               "model.modalities.<m>.output_token_id set, e.g. configs/demo_text_to_image.toml")
-        if len(args.prompt) != 1:
-            raise ConfigError(f"--out draws one prompt; got {len(args.prompt)} --prompt flags")
-        print(write_image(model, args.prompt[0], args.out))
+        if len(requests) != 1:
+            raise ConfigError(f"--out draws one prompt; got {len(requests)} prompts")
+        print(write_image(model, requests[0].text, args.out))
         return 0
-    for text in generate_text(cfg, model, args.prompt, args.image or [], args.max_new_tokens, args.run):
+    for text in generate_text(cfg, model, requests, args.max_new_tokens, args.run):
         print(text)
     return 0
 
 
-def generate_text(cfg, model, prompts: list[str], images: list[str], max_new_tokens: int, run: str) -> list[str]:
-    """`mimo generate`: each prompt (after its image, if any) decoded greedily, all in one left-padded batch.
-    The run's tokenizer (the one `mimo export` ships) encodes it as training did: BOS, placeholders, text."""
-    import numpy as np
-    import torch
-    from PIL import Image
-
+def generate_text(cfg, model, requests: list, max_new_tokens: int, run: str) -> list[str]:
+    """`mimo generate`: each prompt (after its image and clip, if any) decoded greedily, all in one left-padded
+    batch. The run's tokenizer (the one `mimo export` ships) encodes it as training did: BOS, placeholders,
+    text. A prompt that asks about an input it lacks gets a warning on stderr first."""
+    from mimo.data.prompts import missing_input_warnings, prompt_batch
     from mimo.data.samples import special_ids
-    from mimo.data.shapes import image_tensor_values
     from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
     from mimo.export.hf import run_tokenizer_spec
     from mimo.models.generate import greedy_generate, left_pad
@@ -94,24 +99,12 @@ def generate_text(cfg, model, prompts: list[str], images: list[str], max_new_tok
     spec = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
     tok = ByteTokenizer() if spec == "byte" else load_tokenizer(spec)
     bos, eos, pad = special_ids(tok)
-    if images and len(images) not in (1, len(prompts)):
-        raise ConfigError(f"give one --image for every --prompt, or one for all; got {len(images)} images for "
-                          f"{len(prompts)} prompts")
-    placeholders: list[int] = []
-    modality_inputs = None
-    if images:
-        vision = [(n, m) for n, m in cfg.model.modalities.items() if m.kind == "vision"]
-        if len(vision) != 1:
-            raise ConfigError(f"--image needs a run with exactly one vision modality; '{run}' has {len(vision)}")
-        (name, mcfg), = vision
-        size = mcfg.vit.image
-        pixels = [image_tensor_values(np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BICUBIC)))
-                  for p in (images if len(images) > 1 else images * len(prompts))]
-        placeholders = [mcfg.token_id] * model.modality_submodules[name].encoders["vit"].tokens_per_image
-        modality_inputs = {name: {"vit": {"pixel_values": torch.from_numpy(np.stack(pixels))}}}
     encode = tok.encode if spec == "byte" else (lambda text: tok.encode(text, add_special_tokens=False))
-    ids, mask = left_pad([([bos] if bos is not None else []) + placeholders + encode(p) for p in prompts], pad)
-    outs = greedy_generate(model, ids, modality_inputs, max_new_tokens, eos, attention_mask=mask)
+    prompts, modality_inputs, notes = prompt_batch(cfg, model, requests, run, encode, bos)
+    for line in [*missing_input_warnings(cfg, requests), *notes]:
+        print(line, file=sys.stderr)
+    ids, mask = left_pad(prompts, pad)
+    outs = greedy_generate(model, ids, modality_inputs or None, max_new_tokens, eos, attention_mask=mask)
     if spec == "byte":
         return [tok.decode(o) for o in outs]
     return [tok.decode([i for i in o if i != eos], skip_special_tokens=True) for o in outs]
@@ -217,12 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nproc", type=int, default=1, help="local processes (ranks) to launch (default 1)")
     t.set_defaults(func=cmd_train)
     g = sub.add_parser("generate", help="greedy decoding from a trained run",
-                       description="Answer a prompt about an image with a trained run (greedy, KV cache).")
+                       description="Answer prompts about an image and/or a sound with a trained run (greedy, KV "
+                       "cache), one line out per prompt.")
     g.add_argument("--run", required=True, help="run folder written by `mimo train`, e.g. runs/demo_vlm")
     g.add_argument("--image", action="append", help="image file (any size; resized to the encoder's input); "
                    "repeat it, one per --prompt, or give one for all")
-    g.add_argument("--prompt", action="append", required=True,
-                   help="text after the image, e.g. 'what color?'; repeat it for a batch (one line out per prompt)")
+    g.add_argument("--audio", action="append", help="audio file (wav; flac, ogg, ... with soundfile: pip install "
+                   "-e '.[audio]'), resampled to 16 kHz; repeat it, one per prompt, or give one for all")
+    g.add_argument("--prompt", action="append",
+                   help="text after the image or clip, e.g. 'what color?'; repeat it for a batch")
+    g.add_argument("--prompts", help="a file of prompts: one per line, or .jsonl lines of {\"prompt\": ..., \"image\": "
+                   "..., \"audio\": ...} (paths relative to the file)")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--out", help="write an image here instead of text (a run with an Out path, e.g. "
                    "runs/demo_text_to_image; the prompt says what to draw)")

@@ -1,0 +1,137 @@
+"""Prompts for `mimo generate`: each a text with an optional image and clip, read from flags or a file, laid
+out as training laid out its samples (`<bos> [<image>*N] [<audio>*k] text`), and checked for a question
+about an input it was not given."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mimo.config.schema import Config, ConfigError
+from mimo.data.audio_demo import AUDIO_QUESTIONS, CLIP_SAMPLES
+from mimo.data.audio_files import AudioDecodeError, decode_audio
+from mimo.data.image_text import IMAGE_TEXT_SETS
+from mimo.data.shapes import QUESTIONS, image_tensor_values
+from mimo.models.audio import AudioEncoder
+from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_mel_spectrogram
+from mimo.models.multimodal import MimoModel
+from mimo.models.sample_rows import OUTPUT_LENGTHS
+
+IMAGE_MARK, AUDIO_MARK = "<image>", "<audio>"
+ALWAYS_IMAGE_SETS = ("shapes", *IMAGE_TEXT_SETS)
+"""Data sets whose every training sample holds an image: a prompt without one is unlike all of them."""
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    text: str
+    image: str | None = None
+    audio: str | None = None
+
+
+def pair_inputs(texts: list[str], images: list[str], clips: list[str]) -> list[PromptRequest]:
+    """One request per text; `images` and `clips` give one per text or one for all (or none)."""
+    for flag, given in (("--image", images), ("--audio", clips)):
+        if given and len(given) not in (1, len(texts)):
+            raise ConfigError(f"give one {flag} for every prompt, or one for all; got {len(given)} for "
+                              f"{len(texts)} prompts")
+    pick = lambda xs, i: (xs[i] if len(xs) > 1 else xs[0]) if xs else None
+    return [PromptRequest(t, pick(images, i), pick(clips, i)) for i, t in enumerate(texts)]
+
+
+def read_prompt_file(path: str | Path) -> tuple[list[str], list[PromptRequest]]:
+    """`--prompts FILE`: (texts, []) for a text file of one prompt per non-empty line, or ([], requests) for a
+    .jsonl file of {"prompt": ..., "image": ..., "audio": ...} objects (paths relative to the file)."""
+    p = Path(path)
+    lines = [(i + 1, line.strip()) for i, line in enumerate(p.read_text().splitlines()) if line.strip()]
+    if not lines:
+        raise ConfigError(f"--prompts file '{p}' holds no prompt")
+    if p.suffix != ".jsonl":
+        return [line for _, line in lines], []
+    requests = []
+    for number, line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(f"--prompts '{p}' line {number} is not JSON ({e})") from e
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ConfigError(f"--prompts '{p}' line {number} needs a \"prompt\" string, e.g. "
+                              '{"prompt": "what color?", "image": "a.png"}')
+        media = {k: str(p.parent / row[k]) if row.get(k) else None for k in ("image", "audio")}
+        requests.append(PromptRequest(row["prompt"], **media))
+    return [], requests
+
+
+def missing_input_warnings(cfg: Config, requests: list[PromptRequest]) -> list[str]:
+    """A `mimo: warning:` line for each prompt that asks about an image or a sound it was not given: a demo
+    question about one, a literal <image> / <audio>, or (vision) a data set whose every sample held an image."""
+    kinds = {m.kind for m in cfg.model.modalities.values()}
+    out = []
+    for r in requests:
+        if "vision" in kinds and r.image is None and (
+                r.text in QUESTIONS.values() or IMAGE_MARK in r.text or cfg.data.name in ALWAYS_IMAGE_SETS):
+            out.append(f"mimo: warning: the prompt {r.text!r} asks about an image but has none; give it with "
+                       "--image (the answer below is a guess)")
+        if "audio" in kinds and r.audio is None and (r.text in AUDIO_QUESTIONS.values() or AUDIO_MARK in r.text):
+            out.append(f"mimo: warning: the prompt {r.text!r} asks about a sound but has none; give it with "
+                       "--audio (the answer below is a guess)")
+    return out
+
+
+def clip_length(cfg: Config, encoder: AudioEncoder) -> int:
+    """Samples every clip is padded to, as in training: the audio demo's fixed length, else the longest
+    clip the encoder takes (2 * max_positions frames)."""
+    if cfg.data.name == "avlm":
+        return CLIP_SAMPLES
+    return 2 * encoder.cfg.max_positions * WHISPER_HOP
+
+
+def only_modality(cfg: Config, kind: str, flag: str, run: str) -> str:
+    names = [n for n, m in cfg.model.modalities.items() if m.kind == kind]
+    if len(names) != 1:
+        raise ConfigError(f"{flag} needs a run with exactly one {kind} modality; '{run}' has {len(names)}")
+    return names[0]
+
+
+def prompt_batch(cfg: Config, model: MimoModel, requests: list[PromptRequest], run: str,
+                 encode: Any, bos: int | None) -> tuple[list[list[int]], dict, list[str]]:
+    """(each prompt's ids, modality_inputs with one row per image and clip given in prompt order, warnings
+    for clips longer than the run hears)."""
+    placeholders: list[list[int]] = [[] for _ in requests]
+    notes: list[str] = []
+    inputs: dict = {}
+    if any(r.image for r in requests):
+        name = only_modality(cfg, "vision", "--image", run)
+        vit = model.modality_submodules[name].encoders["vit"]
+        size = cfg.model.modalities[name].vit.image
+        pixels = [image_tensor_values(np.asarray(Image.open(r.image).convert("RGB").resize((size, size),
+                                                                                           Image.BICUBIC)))
+                  for r in requests if r.image]
+        inputs[name] = {"vit": {"pixel_values": torch.from_numpy(np.stack(pixels))}}
+        for ids, r in zip(placeholders, requests):
+            ids += [cfg.model.modalities[name].token_id] * vit.tokens_per_image if r.image else []
+    if any(r.audio for r in requests):
+        name = only_modality(cfg, "audio", "--audio", run)
+        mcfg, encoder = cfg.model.modalities[name], model.modality_submodules[name].encoders["whisper"]
+        length = clip_length(cfg, encoder)
+        try:
+            clips = [decode_audio(r.audio) for r in requests if r.audio]
+        except AudioDecodeError as e:
+            raise ConfigError(f"--audio: {e}") from e
+        notes += [f"mimo: warning: --audio '{r.audio}' is {c.shape[0] / WHISPER_SAMPLING_RATE:.2f} s; this run "
+                  f"hears the first {length / WHISPER_SAMPLING_RATE:.2f} s of a clip"
+                  for r, c in zip([r for r in requests if r.audio], clips) if c.shape[0] > length]
+        features, frames = log_mel_spectrogram(clips, n_mels=mcfg.audio.n_mels, num_samples=length)
+        rows = [AudioEncoder.output_frames(int(f)) for f in frames]
+        inputs[name] = {"whisper": {"input_features": features, OUTPUT_LENGTHS: torch.tensor(rows)}}
+        it = iter(rows)
+        for ids, r in zip(placeholders, requests):
+            ids += [mcfg.token_id] * next(it) if r.audio else []
+    start = [bos] if bos is not None else []
+    return [start + p + encode(r.text) for p, r in zip(placeholders, requests)], inputs, notes
