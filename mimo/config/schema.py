@@ -50,6 +50,9 @@ class LLMConfig:
     sliding_window: int = 0
     layer_types: list[str] = field(default_factory=list)
     rope_local_theta: float = 0.0
+    # Gemma 2: attention scores and output logits soft-capped, cap * tanh(x / cap) (0 = none).
+    attn_softcap: float = 0.0
+    logit_softcap: float = 0.0
     # 0 = hidden // heads; Qwen3 checkpoints set it explicitly.
     head_dim: int = 0
     # Llama 3 RoPE scaling, keys as in HF's rope_scaling (factor, low_freq_factor, high_freq_factor,

@@ -31,6 +31,7 @@ NO_TOKEN_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None
 FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                   "llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
                   "phi3": ("Phi3Config", "Phi3ForCausalLM"), "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+                  "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
                   "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
 
 
@@ -39,13 +40,17 @@ def text_architecture(cfg: LLMConfig) -> str:
     against the fields), else 'qwen3' (qk-norm), 'qwen2' (qkv bias) or 'llama' (neither)."""
     olmo2 = (cfg.post_norm, cfg.qk_norm_full)
     gemma = (cfg.sandwich_norm, cfg.norm_offset, cfg.embed_scale, cfg.mlp_act != "silu", bool(cfg.query_scale),
-             bool(cfg.sliding_window or cfg.layer_types or cfg.rope_local_theta))
+             bool(cfg.sliding_window or cfg.layer_types or cfg.rope_local_theta),
+             bool(cfg.attn_softcap or cfg.logit_softcap))
     if any(gemma):
-        if not (all(gemma[:3]) and cfg.mlp_act == "gelu_tanh" and cfg.qk_norm and not cfg.qkv_bias and not any(olmo2)):
+        gemma2 = not cfg.qk_norm and not cfg.rope_local_theta
+        if not (all(gemma[:3]) and cfg.mlp_act == "gelu_tanh" and not cfg.qkv_bias and not any(olmo2)
+                and (gemma2 or not (cfg.attn_softcap or cfg.logit_softcap))):
             raise ValueError("model.llm.sandwich_norm / norm_offset / embed_scale / mlp_act / query_scale / "
-                             "sliding_window are Gemma 3's, which has the first three with mlp_act = 'gelu_tanh', "
-                             "qk_norm and no qkv_bias; no Hugging Face class computes another mix of them")
-        implied = "gemma3_text"
+                             "sliding_window / softcaps are Gemma's: the first three with mlp_act = 'gelu_tanh' and "
+                             "no qkv_bias; Gemma 3 adds qk_norm (and rope_local_theta), Gemma 2 the softcaps; no "
+                             "Hugging Face class computes another mix of them")
+        implied = "gemma2" if gemma2 else "gemma3_text"
     elif any(olmo2):
         if not (all(olmo2) and cfg.qk_norm and not cfg.qkv_bias):
             raise ValueError("model.llm.post_norm / qk_norm_full are OLMo 2's, which has both with qk_norm and no "
@@ -83,8 +88,8 @@ def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] 
                 "original_max_position_embeddings": int(cfg.rope_scaling["original_max_position_embeddings"])}
     config_class, model_class = FAMILY_CLASSES[arch]
     extra = {"sliding_window": None} if arch in ("mistral", "phi3") else {}
-    if arch == "gemma3_text":
-        extra, rope = gemma3_fields(cfg), None
+    if arch.startswith("gemma"):
+        extra, rope = gemma_fields(cfg, arch), None
     out = getattr(tf, config_class)(
         vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.attention_head_dim,
@@ -102,17 +107,20 @@ VISION_CLASSES = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel", "sig
                   "dinov2": "Dinov2Model"}
 
 
-def gemma3_fields(cfg: LLMConfig) -> dict[str, Any]:
-    """Gemma3TextConfig's own fields: activation, query scale, the layer types with their window and RoPE."""
+def gemma_fields(cfg: LLMConfig, arch: str) -> dict[str, Any]:
+    """Gemma2Config's / Gemma3TextConfig's own fields: activation, query scale, the layer types with their window
+    and RoPE, Gemma 2's softcaps."""
     scalar = 1.0 / cfg.query_scale**2 if cfg.query_scale else float(cfg.attention_head_dim)
     types = cfg.layer_types or ["full"] * cfg.layers
+    out = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": round(scalar) if
+           abs(scalar - round(scalar)) < 1e-6 else scalar, "sliding_window": cfg.sliding_window or None,
+           "layer_types": [f"{t}_attention" for t in types], "attn_logit_softcapping": cfg.attn_softcap or None,
+           "final_logit_softcapping": cfg.logit_softcap or None}
+    if arch == "gemma2":
+        return {**out, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
     local = cfg.rope_local_theta or cfg.rope_theta
-    return {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": round(scalar) if
-            abs(scalar - round(scalar)) < 1e-6 else scalar, "sliding_window": cfg.sliding_window or None,
-            "layer_types": [f"{t}_attention" for t in types], "attn_logit_softcapping": None,
-            "final_logit_softcapping": None,
-            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-                                "sliding_attention": {"rope_type": "default", "rope_theta": local}}}
+    return {**out, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": local}}}
 
 
 def vision_family_of(cfg: ViTConfig, field: str) -> str:

@@ -139,6 +139,9 @@ def _llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
         raise ValueError(f"modality '{name}' must be one VisionTransformer encoder plus one MLP projector (no "
                          f"output path) to become LLaVA; {fix}")
     vit = encoders[0]
+    if model.language_model.cfg.logit_softcap:
+        raise ValueError("model.llm.logit_softcap (Gemma 2): LlavaForConditionalGeneration never soft-caps its "
+                         f"logits, so it would not compute this model; {fix}")
     if vit.cfg.patch_linear:
         raise ValueError(f"model.modalities.{name}.vit.patch_linear = true (SigLIP2) takes patchified pixels, which "
                          "LlavaForConditionalGeneration does not hand its tower; export the tower alone "

@@ -12,7 +12,7 @@ from typing import Any
 from mimo.config.schema import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
 from mimo.models.layers import LLAMA3_ROPE_KEYS
 
-LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "gemma3_text")
+LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "gemma2", "gemma3_text")
 VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip",
                 "dinov2": "dinov2", "siglip2_vision_model": "siglip2", "siglip2": "siglip2"}
 HF_TO_MIMO_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
@@ -53,7 +53,7 @@ def _rope(d: dict[str, Any], where: str) -> tuple[float, dict[str, float]]:
 
 
 def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMConfig | None = None) -> LLMConfig:
-    """A Qwen2/Qwen3/Llama/Mistral/Phi-3/OLMo 2/Gemma 3 (text) config. `base` supplies the non-architecture
+    """A Qwen2/Qwen3/Llama/Mistral/Phi-3/OLMo 2/Gemma 2/Gemma 3 (text) config. `base` supplies the non-architecture
     fields (init_std, hf_path)."""
     mt = model_type(d, LLM_TYPES, where)
     _refuse(d, "hidden_act", "silu", where, "mimo's MLP is SwiGLU with SiLU")
@@ -69,7 +69,7 @@ def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMC
         _refuse(d, "attention_bias", False, where, "an output-projection bias mimo's attention does not have")
     heads = d["num_attention_heads"]
     head_dim = d.get("head_dim") or d["hidden_size"] // heads
-    gemma = _gemma3(d, where) if mt == "gemma3_text" else {}
+    gemma = _gemma(d, where, mt) if mt.startswith("gemma") else {}
     theta, scaling = (gemma.pop("rope_theta"), {}) if gemma else _rope(d, where)
     base = base or LLMConfig()
     return LLMConfig(**gemma, vocab=d["vocab_size"], hidden=d["hidden_size"], layers=d["num_hidden_layers"],
@@ -86,20 +86,23 @@ def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMC
 GEMMA3_LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "full"}
 
 
-def _gemma3(d: dict[str, Any], where: str) -> dict[str, Any]:
-    """The LLMConfig fields particular to Gemma 3's text model (rope_theta included: it has one per layer type)."""
-    _refuse(d, "attn_logit_softcapping", None, where, "mimo's attention has no logit soft-capping")
-    _refuse(d, "final_logit_softcapping", None, where, "mimo's LM head has no logit soft-capping")
+def _gemma(d: dict[str, Any], where: str, mt: str) -> dict[str, Any]:
+    """The LLMConfig fields particular to Gemma 2 and Gemma 3's text model (rope_theta included: Gemma 3 has
+    one per layer type)."""
+    if mt == "gemma3_text":
+        _refuse(d, "attn_logit_softcapping", None, where, "Gemma 3's attention has no logit soft-capping")
+        _refuse(d, "final_logit_softcapping", None, where, "Gemma 3's LM head has no logit soft-capping")
     _refuse(d, "use_bidirectional_attention", False, where, "mimo's LM is causal")
     _refuse(d, "hidden_activation", "gelu_pytorch_tanh", where, "mimo's Gemma MLP gates with tanh-approximated GELU")
     params = d.get("rope_parameters") or {}
+    per_type = "full_attention" in params or "sliding_attention" in params
     thetas = {}
-    for kind, default in (("full_attention", d.get("rope_theta", 1e6)),
+    for kind, default in (("full_attention", d.get("rope_theta", 1e6 if per_type else 1e4)),
                           ("sliding_attention", d.get("rope_local_base_freq", 1e4))):
-        p = params.get(kind, {})
+        p = params.get(kind, {}) if per_type else params
         if p.get("rope_type", "default") != "default":
-            raise ValueError(f"{where}: rope_parameters.{kind}.rope_type = '{p['rope_type']}' is not supported; "
-                             "mimo's Gemma 3 has plain RoPE (the 1B text model's)")
+            raise ValueError(f"{where}: rope type '{p['rope_type']}' is not supported; mimo's Gemma has plain RoPE "
+                             "(Gemma 2's, the Gemma 3 1B text model's)")
         thetas[kind] = float(p.get("rope_theta", default))
     types = [GEMMA3_LAYER_TYPES.get(t) for t in d["layer_types"]]
     if None in types:
@@ -107,7 +110,10 @@ def _gemma3(d: dict[str, Any], where: str) -> dict[str, Any]:
                          f"{list(GEMMA3_LAYER_TYPES)}")
     return dict(sandwich_norm=True, norm_offset=True, embed_scale=True, mlp_act="gelu_tanh",
                 query_scale=float(d["query_pre_attn_scalar"]) ** -0.5, sliding_window=int(d["sliding_window"] or 0),
-                layer_types=types, rope_theta=thetas["full_attention"], rope_local_theta=thetas["sliding_attention"])
+                layer_types=types, rope_theta=thetas["full_attention"],
+                rope_local_theta=thetas["sliding_attention"] if per_type else 0.0,
+                attn_softcap=float(d.get("attn_logit_softcapping") or 0.0),
+                logit_softcap=float(d.get("final_logit_softcapping") or 0.0))
 
 
 def vision_family(d: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:

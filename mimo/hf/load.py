@@ -202,6 +202,9 @@ def llava_model_config(d: dict, where: str) -> ModelConfig:
     drop = strategy == "default"
     vit = vit_config_from_hf(d["vision_config"], where, layer, base=ViTConfig(drop_class_token=drop,
                                                                                drop_first_patch=drop))
+    if d["text_config"].get("model_type") == "gemma2":
+        raise ValueError(f"{where}: a Gemma 2 text model inside LLaVA: LlavaForConditionalGeneration never applies its "
+                         "final_logit_softcapping, so no mimo LM computes what it does; import the LM alone")
     token = d.get("image_token_id", d.get("image_token_index", 32000))
     images = ModalityConfig(kind="vision", token_id=token, vit=vit, projector=projector_config_from_hf(d, where))
     return ModelConfig(llm=llm_config_from_hf(d["text_config"], where), modalities={IMAGES: images})

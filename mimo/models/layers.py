@@ -6,6 +6,7 @@ so tensor parallelism can shard the projections from outside without touching th
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -135,16 +136,32 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
 
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                         mask: torch.Tensor | None, cap: float) -> torch.Tensor:
+    """`attention` with Gemma 2's soft-capped scores, cap * tanh(scores / cap), before the mask and an fp32
+    softmax (no fused kernel does this)."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(2, 3)) / math.sqrt(q.shape[-1])
+    scores = cap * torch.tanh(scores / cap)
+    if mask is None and causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
 class SelfAttention(nn.Module):
     """Multi-head attention with optional grouped KV heads, qkv bias and rotary positions."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, qkv_bias: bool, out_bias: bool,
                  head_dim: int | None = None, qk_norm_eps: float | None = None, qk_norm_full: bool = False,
-                 norm_offset: bool = False, query_scale: float = 0.0):
+                 norm_offset: bool = False, query_scale: float = 0.0, softcap: float = 0.0):
         """`qk_norm_eps` adds RMS norms on q and k, per head, or with `qk_norm_full` over all heads at once
         (OLMo 2: weights `[heads * head_dim]`, applied before the heads are split); `norm_offset` makes them
         Gemma's (1 + weight). `query_scale` (0 = 1 / sqrt(head_dim)) is the factor on the attention scores:
-        the queries are pre-multiplied so that the kernel's own 1 / sqrt(head_dim) gives it."""
+        the queries are pre-multiplied so that the kernel's own 1 / sqrt(head_dim) gives it. `softcap` (Gemma 2)
+        soft-caps the scores (`softcapped_attention`)."""
         super().__init__()
         self.head_dim = head_dim or hidden // heads
         self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=qkv_bias)
@@ -158,7 +175,7 @@ class SelfAttention(nn.Module):
         self.query_factor = query_scale * math.sqrt(self.head_dim) if query_scale else 1.0
         # The attention kernel, `attention(q, k, v, causal, mask)` by default; parallel/ may replace it from
         # outside (context parallel attends local queries to keys and values gathered over its group).
-        self.attention_fn = attention
+        self.attention_fn = attention if not softcap else functools.partial(softcapped_attention, cap=softcap)
         # Set from outside (mimo.perf.fuse_qkv): q, k and v from one product over their weights concatenated
         # at each call; the parameters stay three linears.
         self.fused_qkv = False

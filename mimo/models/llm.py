@@ -40,7 +40,8 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(cfg.hidden, cfg.heads, cfg.kv_heads, qkv_bias=cfg.qkv_bias,
                                        out_bias=False, head_dim=cfg.attention_head_dim,
                                        qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, qk_norm_full=cfg.qk_norm_full,
-                                       norm_offset=cfg.norm_offset, query_scale=cfg.query_scale)
+                                       norm_offset=cfg.norm_offset, query_scale=cfg.query_scale,
+                                       softcap=cfg.attn_softcap)
         self.post_attention_layernorm = norm()
         self.pre_feedforward_layernorm = norm() if cfg.sandwich_norm else None
         self.mlp = SwiGLU(cfg.hidden, cfg.mlp, cfg.mlp_act)
@@ -144,4 +145,7 @@ class DecoderLM(nn.Module):
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.output_weight().t()
+        """`hidden @ W^T`, soft-capped with `logit_softcap` (Gemma 2)."""
+        out = hidden @ self.output_weight().t()
+        cap = self.cfg.logit_softcap
+        return cap * torch.tanh(out / cap) if cap else out

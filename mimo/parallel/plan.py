@@ -38,6 +38,25 @@ from mimo.parallel.tensor import (
 )
 
 
+def check_lm_features(cfg: Config, lm: Grid) -> None:
+    """LM features (of imported families) that a layout or fast path would silently drop (pure)."""
+    llm = cfg.model.llm
+    if llm.qk_norm_full and lm.tp > 1:
+        raise ConfigError(f"model.llm.qk_norm_full = true (OLMo 2) normalises q and k over all heads at once, which "
+                          f"a tensor-parallel rank does not hold; set parallel.modules.language.tp = 1 (got {lm.tp})")
+    module = cfg.parallel.modules.get(LANGUAGE)
+    if llm.sliding_window and (lm.cp > 1 or (module is not None and module.sequence_parallel and lm.tp > 1)):
+        raise ConfigError(f"model.llm.sliding_window = {llm.sliding_window} masks by row position, which context "
+                          "or sequence parallelism hands each rank only part of; set parallel.modules.language.cp = 1 "
+                          "and sequence_parallel = false")
+    if llm.attn_softcap and lm.cp > 1:
+        raise ConfigError(f"model.llm.attn_softcap = {llm.attn_softcap} (Gemma 2) needs its soft-capped attention, "
+                          "which context parallel's replaces; set parallel.modules.language.cp = 1")
+    if llm.logit_softcap and cfg.train.chunked_loss:
+        raise ConfigError(f"model.llm.logit_softcap = {llm.logit_softcap} (Gemma 2) caps the logits, which "
+                          "train.chunked_loss never forms; set train.chunked_loss = false")
+
+
 def validate_plan(cfg: Config, layout: Layout) -> None:
     """Every config/layout mismatch that would otherwise surface inside a collective (pure). The fast
     paths' layout checks (mimo.perf) run beside it, in the trainer and the planner."""
@@ -47,14 +66,7 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
     llm = cfg.model.llm
     lm = layout.grids[LANGUAGE]
     check_heads_divisible(LANGUAGE, llm.heads, llm.kv_heads, lm.tp)
-    if llm.qk_norm_full and lm.tp > 1:
-        raise ConfigError(f"model.llm.qk_norm_full = true (OLMo 2) normalises q and k over all heads at once, which "
-                          f"a tensor-parallel rank does not hold; set parallel.modules.language.tp = 1 (got {lm.tp})")
-    module = cfg.parallel.modules.get(LANGUAGE)
-    if llm.sliding_window and (lm.cp > 1 or (module is not None and module.sequence_parallel and lm.tp > 1)):
-        raise ConfigError(f"model.llm.sliding_window = {llm.sliding_window} masks by row position, which context "
-                          "or sequence parallelism hands each rank only part of; set parallel.modules.language.cp = 1 "
-                          "and sequence_parallel = false")
+    check_lm_features(cfg, lm)
     for what, n in (("vocab", llm.vocab), ("mlp", llm.mlp)):
         if n % lm.tp:
             raise ConfigError(f"model.llm.{what} ({n}) must be divisible by the LM's tp ({lm.tp})")

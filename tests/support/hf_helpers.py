@@ -29,8 +29,8 @@ def tiny_text_config(family: str, **extra):
                   num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.2, max_position_embeddings=128)
     cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
            "mistral": transformers.MistralConfig, "phi3": transformers.Phi3Config, "olmo2": transformers.Olmo2Config,
-           "gemma3_text": transformers.Gemma3TextConfig}
-    if family in ("qwen3", "mistral", "gemma3_text"):
+           "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig}
+    if family in ("qwen3", "mistral", "gemma2", "gemma3_text"):
         common["head_dim"] = 16
     if family == "mistral":
         common["sliding_window"] = None
@@ -38,7 +38,10 @@ def tiny_text_config(family: str, **extra):
         common.update(sliding_window=5, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
                       rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
-    if family in ("phi3", "olmo2", "gemma3_text"):
+    if family == "gemma2":  # soft caps low enough to bite on random weights
+        common.update(sliding_window=5, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                      final_logit_softcapping=3.0)
+    if family in ("phi3", "olmo2", "gemma2", "gemma3_text"):
         common.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)  # its defaults lie outside a tiny vocabulary
     return cls[family](**{**common, **extra})
 

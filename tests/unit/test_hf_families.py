@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 LM_FAMILIES = {"mistral": ("MistralForCausalLM", {}), "phi3": ("Phi3ForCausalLM", {}),
                "phi3_tied": ("Phi3ForCausalLM", {"tie_word_embeddings": True}), "olmo2": ("Olmo2ForCausalLM", {}),
-               "gemma3_text": ("Gemma3ForCausalLM", {})}
+               "gemma2": ("Gemma2ForCausalLM", {}), "gemma3_text": ("Gemma3ForCausalLM", {})}
 
 
 @pytest.mark.parametrize("case", list(LM_FAMILIES))
@@ -164,18 +164,37 @@ def test_siglip2_tower_in_llava_export_is_refused(tmp_path):
         export_llava(model, tmp_path / "out")
 
 
-def test_gemma3_generates_like_transformers_past_its_window(tmp_path):
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_gemma_generates_like_transformers_past_its_window(family, tmp_path):
     """Left-padded prompts longer than the sliding window, decoded with a KV cache, give generate's tokens."""
-    hf = perturb(tiny_causal_lm("gemma3_text"), scale=0.3)
+    hf = perturb(tiny_causal_lm(family), scale=0.3)
     model = MimoModel(import_llm(save(hf, tmp_path / "hf")), {}, {}).eval()
     ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11, 20, 21], [12, 13], [15, 16, 17, 18, 19, 22, 23]], PAD)
     assert greedy_generate(model, ids, None, 10, eos_id=EOS, attention_mask=mask) == hf_greedy(hf, ids, mask, 10)
 
 
-def test_sliding_window_configs_are_checked():
+def test_sliding_window_and_softcap_configs_are_checked():
     with pytest.raises(ConfigError, match="layer_types must name each of the 2 layers"):
         load_config(DEMO, [*TINY, "--model.llm.layers=2", "--model.llm.sliding_window=4",
                            "--model.llm.layer_types=['sliding']"])
     err = layout_error(2, "--model.llm.kv_heads=2", "--model.llm.sliding_window=4",
                        "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
     assert "model.llm.sliding_window = 4 masks by row position" in err
+    err = layout_error(1, "--model.llm.logit_softcap=3.0", "--train.chunked_loss=true")
+    assert "model.llm.logit_softcap = 3.0 (Gemma 2) caps the logits, which train.chunked_loss never forms" in err
+
+
+def test_gemma2_inside_llava_is_refused(tmp_path):
+    """LlavaForConditionalGeneration never soft-caps a Gemma 2 LM's logits: both ways refused, naming why."""
+    config = transformers.LlavaConfig(vision_config=tiny_vision_config("clip").to_dict(),
+                                      text_config=tiny_text_config("gemma2").to_dict(), image_token_index=96)
+    directory = save(transformers.LlavaForConditionalGeneration(config).eval(), tmp_path / "hf")
+    with pytest.raises(ValueError, match="never applies its final_logit_softcapping"):
+        import_llava(directory)
+    vit = import_vision(directory)
+    lm = import_llm(directory)
+    proj = MLPProjector(vit.cfg.hidden, lm.cfg.hidden, ProjectorConfig())
+    model = MimoModel(lm, {"images": ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])},
+                      {"images": 96})
+    with pytest.raises(ValueError, match="never soft-caps its logits"):
+        export_llava(model, tmp_path / "out")
