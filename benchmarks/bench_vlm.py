@@ -1,21 +1,24 @@
-"""Train mimo's VLM on a preset of presets.json and run the Hugging Face baseline in the same invocation.
+"""Train mimo's VLM on a preset of presets.json with `mimo train`'s Trainer, and run the Hugging Face baseline
+in the same invocation.
 
-    python -m benchmarks.bench_vlm --preset small [--mimo SPEC]... [--baseline FLAGS]... [--nproc N]... [--out DIR]
+    python -m benchmarks.bench_vlm --preset small [--mimo OVERRIDES]... [--baseline FLAGS]... [--nproc N]... [--out DIR]
 
-Every system runs in its own subprocess (clean peak-memory figures; an out-of-memory run is a table row,
-not a crash). `--mimo` takes Options fields, e.g. `--mimo ""` (all optimisations), `--mimo
-"sdpa=flash,ckpt_layers=12"`, or fallbacks `--mimo "|ckpt_layers=12"` (the second only if the first
-failed); `--baseline` takes the baseline's switches, e.g. `--baseline ""` (eager) or `--baseline
-"grad-ckpt,compile"`. The table goes to stdout (last) and to DIR/<preset>.md, one JSON line per run to
-DIR/<preset>.jsonl, every run's output to DIR/<preset>.log.
+The mimo side is `Trainer` built from the TOML preset shipped beside this file (benchmarks/presets/<preset>.toml,
+one per workload of presets.json), each of its steps `Trainer.train_step`, timed as the baseline times its
+steps (synchronise around each, median after warm-up); tokens/s, model TFLOP/s and MFU use the baseline's own
+FLOPs formula. Every system runs in its own subprocess (clean peak-memory figures; an out-of-memory run is a
+table row, not a crash). `--mimo` takes comma-separated dotted overrides of the preset, e.g. `--mimo ""` (the
+preset as shipped: every fast path), `--mimo "train.step_graph=false,train.lm_update_early=false"`, or fallbacks
+`--mimo '|train.activation_checkpointing=["language"]'` (the second only if the first failed); `--baseline`
+takes the baseline's switches, e.g. `--baseline ""` (eager) or `--baseline "grad-ckpt,compile"`. The table goes
+to stdout (last) and to DIR/<preset>.md, one JSON line per run to DIR/<preset>.jsonl, every run's output to
+DIR/<preset>.log.
 
-`--nproc N` runs mimo data-parallel on N GPUs through torchrun (repeat it for a scaling table, e.g.
-`--nproc 1 --nproc 2`): every rank trains the same model on micro-batches of its own, and MasterAdamW
-shards its fp32 state over the ranks (ZeRO-1). Its collectives are not captured in a CUDA graph, so such
-an invocation replays each compiled region as CUDA graphs instead of the whole step (`step_graph=0`), on
-one GPU too. Such a row's tokens/s is the global throughput, its MFU and model TFLOP/s are per GPU, and
-its ratio to a baseline (which always runs on one GPU) is per GPU: tokens/s per GPU over the baseline's
-tokens/s.
+Off CUDA the CUDA-only keys are turned off (`CPU_OFF`). `--nproc N` runs mimo data-parallel on N GPUs through
+torchrun (repeat it for a scaling table): the one-process keys (mimo.perf.apply.ONE_PROCESS_ONLY) are turned off
+on every row of such an invocation, bf16 autocast over fp32 weights in their place, so that the rows run the same
+step. Such a row's tokens/s is the global throughput, its MFU and model TFLOP/s are per GPU, and its ratio to a
+baseline (which always runs on one GPU) is per GPU: tokens/s per GPU over the baseline's tokens/s.
 """
 
 from __future__ import annotations
@@ -23,20 +26,78 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from benchmarks.launch import run_row
-from benchmarks.runner import Options, Run
-from benchmarks.workload import BASELINE_SCRIPT, load_preset, make_batches, train_flops_per_sample
+from benchmarks.workload import BASELINE_SCRIPT, load_preset, train_flops_per_sample
+from mimo.config.load import load_config
 from mimo.config.schema import TrainConfig
-from mimo.parallel.runtime import init_distributed, leave_distributed, torchrun_cmd
+from mimo.parallel.runtime import leave_distributed, torchrun_cmd
+from mimo.perf.apply import ONE_PROCESS_ONLY
+from mimo.train.trainer import Trainer
 
+PRESETS = Path(__file__).resolve().parent / "presets"
 DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}
+CPU_OFF = ("train.device=cpu", "train.grad_table=false", "train.step_graph=false", "train.compile=false")
+"""Overrides of every row off CUDA: the keys that need a GPU (and compilation, minutes on a CPU)."""
+DATA_PARALLEL_OFF = tuple(f"train.{key}=false" for key in ONE_PROCESS_ONLY)
+
+
+def preset_overrides(spec: str) -> list[str]:
+    """`"a.b=1,c.d=x"` as `mimo train` overrides; a value may hold commas inside brackets (`["language"]`)."""
+    items, depth, cur = [], 0, ""
+    for ch in spec:
+        depth += (ch in "[{") - (ch in "]}")
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    return [f"--{item.strip()}" for item in items if item.strip()]
+
+
+def build_trainer(preset: str, spec: str, out: Path, steps: int, data_parallel: bool = False) -> Trainer:
+    """`Trainer` on benchmarks/presets/<preset>.toml with `spec`'s overrides, for `steps` steps, writing under
+    `out`; CPU_OFF where there is no GPU, DATA_PARALLEL_OFF (before `spec`) under data parallelism."""
+    forced = [*(DATA_PARALLEL_OFF if data_parallel else ()), *(() if torch.cuda.is_available() else CPU_OFF)]
+    cfg = load_config(PRESETS / f"{preset}.toml", [*preset_overrides(",".join(forced)), *preset_overrides(spec),
+                                                   f"--train.steps={steps}", f"--run.out_dir={out}"])
+    return Trainer(cfg)
+
+
+def timed_steps(trainer: Trainer, warmup: int, steps: int) -> dict:
+    """`Trainer.train_step` timed as the baseline times its steps; the first step's time (compilation) too."""
+    times, first, rec = [], 0.0, {}
+    sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
+    for i in range(warmup + steps):
+        sync()
+        t0 = time.perf_counter()
+        rec = trainer.train_step(i)
+        sync()
+        if i == 0:
+            first = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return {"step_s_median": statistics.median(times), "first_step_s": first, "final_loss": rec["loss"]}
+
+
+def profile_step(trainer: Trainer, step: int, trace: Path, rows: int = 30) -> str:
+    """The kernels of one more step, most device time first; its Chrome trace is written to `trace`."""
+    cuda = trainer.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        trainer.train_step(step)
+        if cuda:
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
 
 
 def worker(args: argparse.Namespace) -> dict | None:
@@ -44,29 +105,21 @@ def worker(args: argparse.Namespace) -> dict | None:
     it; on rank 0 return the baseline's JSON fields plus a few more (throughput global, FLOP/s per GPU),
     elsewhere None (one row per run)."""
     p = load_preset(args.preset)
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    rank, ranks = init_distributed(device_type)
-    device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    # Data-parallel ranks replay their compiled regions as CUDA graphs instead of capturing the whole step
-    # (collectives are not captured); so does every row of a scaling table, to compare like with like.
-    graphs = {"step_graph": False, "vit_compile": "graphs", "lm_compile": "graphs", "lm_update_early": False,
-              "grad_table": False} \
-        if ranks > 1 or args.region_graphs else {}
-    opts = Options.parse(args.options, compile=device.type == "cuda", **graphs)
-    run = Run(p, opts, device, group=dist.group.WORLD if ranks > 1 else None)
-    batches = make_batches(p, device, seed=1 + rank)
-    timing = run.measure(batches, args.warmup, args.steps)
+    out = Path(args.out) / "runs"
+    trainer = build_trainer(args.preset, args.options, out, args.warmup + args.steps + 1, args.data_parallel)
+    ranks, device = trainer.world, trainer.device
+    timing = timed_steps(trainer, args.warmup, args.steps)
     if args.profile:  # every rank profiles (the step is collective); each writes its own trace
-        name = (re.sub(r"[^A-Za-z0-9=]+", "_", args.options) or "default") + (f"_rank{rank}" if ranks > 1 else "")
-        trace = Path(args.trace_dir) / f"{args.preset}_{name}.json"
+        name = "".join(c if c.isalnum() or c == "=" else "_" for c in args.options) or "default"
+        trace = Path(args.trace_dir) / f"{args.preset}_{name}_rank{trainer.rank}.json"
         trace.parent.mkdir(parents=True, exist_ok=True)
-        text = run.profile(batches[0], trace)
-        if rank == 0:
+        text = profile_step(trainer, args.warmup + args.steps, trace)
+        if trainer.is_main:
             print(f"profile of mimo [{args.options}] (trace: {trace})\n{text}", file=sys.stderr, flush=True)
-    syncs = run.host_syncs(batches[0])
     tflops = train_flops_per_sample(p) * p["micro_batch"] / timing["step_s_median"] / 1e12
     tokens_per_gpu = p["micro_batch"] * p["seq_len"] / timing["step_s_median"]
-    out = {
+    t = trainer.cfg.train
+    result = {
         "system": "mimo" + (f" [{args.options}]" if args.options else ""),
         "preset": args.preset,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -78,27 +131,28 @@ def worker(args: argparse.Namespace) -> dict | None:
         "model_tflops": round(tflops, 2),
         "mfu": round(tflops / args.peak_tflops, 4),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
-        "params_m": round(sum(t.numel() for t in run.model.parameters()) / 1e6, 1),
+        "params_m": round(sum(x.numel() for x in trainer.model.parameters()) / 1e6, 1),
         "final_loss": round(timing["final_loss"], 4),
-        "issue_s_median": round(timing["issue_s_median"], 5),
         "first_step_s": round(timing["first_step_s"], 2),
-        "host_syncs": syncs,
-        "options": {**vars(opts), "step_graph": run.graphed},  # whether the step was captured, in effect
+        "train": {k: getattr(t, k) for k in ("device", "dtype", "compile", "encoder_compile", "chunked_loss",
+                                             "loss_rows_only", "fuse_qkv", "attention_backend", "master_weights",
+                                             "grad_table", "lm_update_early", "step_graph",
+                                             "activation_checkpointing")},
     }
-    if not math.isfinite(out["final_loss"]):
-        raise RuntimeError(f"loss is not finite: {out['final_loss']}")
+    if not math.isfinite(result["final_loss"]):
+        raise RuntimeError(f"loss is not finite: {result['final_loss']}")
     leave_distributed()
-    return out if rank == 0 else None
+    return result if trainer.is_main else None
 
 
 def mimo_cmd(args: argparse.Namespace, spec: str, nproc: int) -> list[str]:
     """The worker's command line; through torchrun for more than one GPU. When any run of the invocation is
-    data-parallel, every run compiles its regions as CUDA graphs (`--region-graphs`), as data parallelism
-    must, so that the one-GPU row of a scaling table runs the same step."""
+    data-parallel, every run turns the one-process keys off (`--data-parallel`), so that the one-GPU row of a
+    scaling table runs the same step."""
     launch = torchrun_cmd(nproc) if nproc > 1 else [sys.executable]
     return [*launch, "-m", "benchmarks.bench_vlm", "--worker", "--preset", args.preset, "--options",
             spec, "--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops),
-            *(["--region-graphs"] if max(args.nproc or [1]) > 1 else []),
+            "--out", args.out, *(["--data-parallel"] if max(args.nproc or [1]) > 1 else []),
             *(["--profile", "--trace-dir", args.trace_dir or str(Path(args.out) / "traces")] if args.profile else [])]
 
 
@@ -175,8 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops, help="dense bf16 peak, for MFU")
-    ap.add_argument("--mimo", action="append", metavar="SPEC",
-                    help="mimo Options to run (repeatable); default: one run with all optimisations")
+    ap.add_argument("--mimo", action="append", metavar="OVERRIDES",
+                    help="dotted overrides of the preset's TOML to run (repeatable); default: the preset as shipped")
     ap.add_argument("--baseline", action="append", metavar="FLAGS",
                     help="baseline switches to run (repeatable); '' = eager; default per preset: "
                          + "; ".join(f"{k}: {v}" for k, v in DEFAULT_BASELINES.items()) + "; others: ['']")
@@ -192,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace-dir", help="where --profile writes Chrome traces (default: OUT/traces)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--options", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--region-graphs", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--data-parallel", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.no_baseline:
         args.baseline = []

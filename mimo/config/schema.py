@@ -290,6 +290,28 @@ class TrainConfig:
     # Modules ("language" and/or modality names) whose transformer blocks keep only their input for the
     # backward and recompute the rest there: less activation memory for about one more forward of them.
     activation_checkpointing: list[str] = field(default_factory=list)
+    # The encoders' compilation under train.compile: "blocks" (each transformer block) or "whole" (each encoder
+    # as one graph: a ViT block is less GPU work than the host needs to launch it).
+    encoder_compile: str = "blocks"
+    # The head and the loss (with chunked_loss) on the rows that carry a label only, and the LM's last layer's
+    # output projection, MLP and final norm on those rows too (positions precomputed on the host with the batch).
+    loss_rows_only: bool = False
+    # The only scaled-dot-product-attention backend allowed on CUDA: "default" (PyTorch picks), "cudnn", "flash",
+    # "efficient" or "math".
+    attention_backend: str = "default"
+    # bf16 weights with fp32 master weights and fp32 AdamW moments (mimo.perf.master_adamw.MasterAdamW, one
+    # fused update pass; needs train.dtype = "bfloat16"), in place of fp32 weights under bf16 autocast.
+    master_weights: bool = False
+    # With master_weights, on CUDA, one process: the update reads each gradient where autograd left it
+    # (one Triton kernel over a table of their addresses) instead of copying it into a flat buffer.
+    grad_table: bool = False
+    # With master_weights, one process: the language model's update starts on a low-priority side stream as
+    # soon as its last gradient is in, under the encoders' backward (needs optim.clip = 0: the global norm is
+    # not known yet).
+    lm_update_early: bool = False
+    # On CUDA, one process, with master_weights: after two eager steps, the whole step (forward, backward,
+    # optimizer) is captured as one CUDA graph on a high-priority stream and replayed on every batch.
+    step_graph: bool = False
     # Checkpoints (runs/<name>/checkpoints/step_*): every `save_every` steps (0 = only on a stop), newest
     # `keep_checkpoints` kept. resume: false/"never", true/"auto" (newest complete one, if any), or a path.
     save_every: int = 0

@@ -147,6 +147,7 @@ def validate_train(cfg: Config) -> None:
                               f"choose from {modules}")
     if t.compile_backend not in COMPILE_BACKENDS:
         raise ConfigError(f"train.compile_backend = '{t.compile_backend}'; choose one of {', '.join(COMPILE_BACKENDS)}")
+    validate_fast_path_keys(cfg)
     if t.peak_tflops <= 0:
         raise ConfigError(f"train.peak_tflops ({t.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
     if t.resume == "":
@@ -217,3 +218,51 @@ def validate_held_out(cfg: Config) -> None:
     if cfg.train.eval_every and cfg.data.eval_samples < 1:
         raise ConfigError(f"train.eval_every needs held-out samples; set data.eval_samples >= 1 "
                           f"(got {cfg.data.eval_samples})")
+
+
+ENCODER_COMPILE = ("blocks", "whole")
+ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
+
+
+def validate_fast_path_keys(cfg: Config) -> None:
+    """The fast paths' keys against each other and the device (the layout's checks: mimo.perf.apply)."""
+    t = cfg.train
+    if t.encoder_compile not in ENCODER_COMPILE:
+        raise ConfigError(f"train.encoder_compile = '{t.encoder_compile}'; choose one of {', '.join(ENCODER_COMPILE)}")
+    if t.attention_backend not in ATTENTION_BACKENDS:
+        raise ConfigError(f"train.attention_backend = '{t.attention_backend}'; choose one of "
+                          f"{', '.join(ATTENTION_BACKENDS)}")
+    if t.master_weights:
+        if t.dtype != "bfloat16":
+            raise ConfigError(f"train.master_weights = true turns the weights bf16, so it needs train.dtype = "
+                              f"\"bfloat16\" (got \"{t.dtype}\"); set it, or master_weights = false")
+        odd = [n for n, d in t.module_dtype.items() if d != "bfloat16"]
+        if odd:
+            raise ConfigError(f"train.module_dtype.{odd[0]} = \"{t.module_dtype[odd[0]]}\" with train.master_weights = "
+                              "true, which turns every module's weights bf16; drop the entry or master_weights")
+    if t.master_weights and (t.save_every or t.resume not in (False, "never")):
+        raise ConfigError("train.master_weights = true keeps its fp32 master weights and moments out of checkpoints "
+                          "(not saved yet), so it cannot resume: set train.save_every = 0 and train.resume = false, "
+                          "or master_weights = false")
+    needs_master = {"grad_table": t.grad_table, "lm_update_early": t.lm_update_early, "step_graph": t.step_graph}
+    for key, on in needs_master.items():
+        if on and not t.master_weights:
+            raise ConfigError(f"train.{key} = true works on MasterAdamW's update: set train.master_weights = true")
+    cuda = t.device.startswith("cuda")
+    for key in ("grad_table", "step_graph"):
+        if getattr(t, key) and not cuda:
+            raise ConfigError(f"train.{key} = true needs a GPU (train.device = \"cuda\", got \"{t.device}\"); set "
+                              f"train.{key} = false on a CPU")
+    inside = [k for k in ("lm_update_early", "step_graph") if getattr(t, k)]
+    if inside and cfg.optim.clip > 0:
+        raise ConfigError(f"train.{inside[0]} = true updates the weights inside the step, before the host knows the "
+                          f"global gradient norm, so it cannot clip by it: set optim.clip = 0 (got {cfg.optim.clip}), "
+                          f"or train.{inside[0]} = false")
+    if t.lm_update_early and cfg.parallel.microbatches != 1:
+        raise ConfigError(f"train.lm_update_early = true updates the language model after its one backward of the "
+                          f"step, so it takes parallel.microbatches = 1 (got {cfg.parallel.microbatches}); raise "
+                          "data.global_batch instead, or set lm_update_early = false")
+    outs = [n for n, m in cfg.model.modalities.items() if m.output_token_id >= 0]
+    if t.loss_rows_only and outs:
+        raise ConfigError(f"train.loss_rows_only = true keeps the LM's states at the labelled rows only, but the Out "
+                          f"path of {outs} decodes its generation tokens' states; set train.loss_rows_only = false")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 
 from mimo.config.schema import LANGUAGE
+from mimo.models.loss import loss_weights
+from mimo.models.multimodal import token_indices
 
 COUNTS = "modality_counts"
 
@@ -94,3 +96,20 @@ def split_microbatches(batch: dict, microbatches: int, lanes: dict[str, tuple[in
             local["modality_inputs"][name] = slice_batch(inputs, a, b)
         out.append(local)
     return out
+
+
+def with_precomputed_rows(mb: dict, token_ids: dict[str, int], loss_rows: bool) -> dict:
+    """A microbatch on the host with the flat positions its forward would otherwise find on the device (a
+    host sync each): `modality_token_indices` of text and of each modality it has inputs of, and with
+    `loss_rows` the positions that carry a label (`MimoModel.forward(loss_rows=)`)."""
+    present = {n: t for n, t in token_ids.items() if n in mb.get("modality_inputs", {})}
+    out = {**mb, "modality_token_indices": token_indices(mb["input_ids"], present)}
+    if loss_rows:
+        out["loss_rows"] = (loss_weights(mb["labels"], mb.get("loss_mask")).reshape(-1) > 0).nonzero().squeeze(1)
+    return out
+
+
+def pinned(tree: dict) -> dict:
+    """Every tensor of a nested dict in pinned host memory, so that its copy to the GPU is asynchronous."""
+    return {k: pinned(v) if isinstance(v, dict) else v.pin_memory() if isinstance(v, torch.Tensor) else v
+            for k, v in tree.items()}

@@ -264,7 +264,7 @@ class MimoModel(nn.Module):
                 modality_token_indices: dict[str, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None,
                 modality_targets: dict[str, torch.Tensor] | None = None,
-                document_ids: torch.Tensor | None = None) -> MimoOutput:
+                document_ids: torch.Tensor | None = None, loss_rows: torch.Tensor | None = None) -> MimoOutput:
         """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean).
 
         With `modality_targets` (`{modality: [B, K, D]}`, sample-aligned, see `output_losses`) the Out
@@ -272,7 +272,10 @@ class MimoModel(nn.Module):
         (packed rows, mimo.data.packing) builds the block-diagonal causal mask on the ids' device, in place
         of an explicit `attention_mask`. `attention_mask` is a bool `[B, 1, S, S]` (True = may attend) or
         Hugging Face's `[B, S]` 0/1 padding mask (1 = real token), made causal here; as in transformers'
-        forward, `position_ids` default to 0..S-1 either way (pass them for left-padded rows)."""
+        forward, `position_ids` default to 0..S-1 either way (pass them for left-padded rows). `loss_rows`
+        `[N]` (with labels: the flat positions, row-major over `[B, S]`, that carry a label, computed with
+        the batch so that no step waits for the device) runs the LM's last layer after attention, its final
+        norm and the loss on those rows only (`hidden` is then `[N, H]`); the loss is the same."""
         if document_ids is not None:
             if attention_mask is not None:
                 raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
@@ -290,7 +293,10 @@ class MimoModel(nn.Module):
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         if self.shard_sequence is not None:
             embeds = self.shard_sequence(embeds)
-        hidden = self.language_model(embeds, position_ids, mask=attention_mask)
+        hidden = self.language_model(embeds, position_ids, mask=attention_mask, output_rows=loss_rows)
+        if loss_rows is not None:
+            labels = labels.reshape(-1).index_select(0, loss_rows)
+            loss_mask = None if loss_mask is None else loss_mask.reshape(-1).index_select(0, loss_rows)
         if labels is None:
             out = MimoOutput(hidden=hidden, logits=self.logits_fn(hidden, self.language_model))
         else:

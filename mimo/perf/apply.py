@@ -1,11 +1,15 @@
-"""The benchmark's fast paths for `mimo train`: per-block compilation, the chunked head + loss, one
-product for each attention's q, k and v, and activation checkpointing of chosen modules' blocks.
+"""The benchmark's fast paths for `mimo train`: the attention backend, the chunked head + loss, one
+product for each attention's q, k and v, activation checkpointing of chosen modules' blocks, and
+per-block (or, for encoders, whole-module) compilation.
 
-Switched on by `train.compile`, `train.chunked_loss`, `train.fuse_qkv` and `train.activation_checkpointing`,
-on every layout, installed where torchtitan installs them: after the parallel plan's tensor, context and
-pipeline parallelism, before its data parallelism (`ParallelPlan.parallelize(model, compute_paths=...)`), so
-FSDP2 wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not
-notice.
+Switched on by `train.attention_backend`, `train.chunked_loss`, `train.fuse_qkv`,
+`train.activation_checkpointing`, `train.compile` and `train.encoder_compile`, on every layout, installed
+in that order where torchtitan installs them: after the parallel plan's tensor, context and pipeline
+parallelism, before its data parallelism (`ParallelPlan.parallelize(model, compute_paths=...)`), so FSDP2
+wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not notice.
+The step's own fast paths (`train.loss_rows_only`, `train.master_weights` with `grad_table`,
+`lm_update_early` and `step_graph`) belong to the trainer's step and optimizer; `check_fast_path_layout`
+holds all of them to the layout, before any collective.
 """
 
 from __future__ import annotations
@@ -17,15 +21,21 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from mimo.config.schema import Config
+from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.data import FSDP_ENTRY_METHODS
+from mimo.parallel.layout import Layout
+from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.tensor import enter_head
 from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
-from mimo.perf.regional import checkpoint_blocks, compile_blocks
+from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backend
+
+ONE_PROCESS_ONLY = ("master_weights", "grad_table", "lm_update_early", "step_graph")
+"""Keys of the step's fast paths that run on one process only: MasterAdamW has no per-module data-parallel
+gradient path yet, and NCCL collectives in a captured step are not wired up (README, "Fast paths")."""
 
 
 def chunked_head_loss(lm: DecoderLM, hidden: torch.Tensor, labels: torch.Tensor,
@@ -79,6 +89,8 @@ def apply_fast_paths(cfg: Config, model: MimoModel, lm_tp: tuple[ProcessGroup, b
     q/k/v, then checkpointing before compiling, so that the checkpoint is traced into each compiled block.
     `lm_tp` = (TP group, sequence parallel) of a tensor-parallel LM (`ParallelPlan.lm_tensor_parallel`)
     makes the chunked loss vocab-parallel."""
+    if torch.device(cfg.train.device).type == "cuda":
+        use_sdpa_backend(cfg.train.attention_backend)
     if cfg.train.chunked_loss:
         install_chunked_loss(model, lm_tp)
     if cfg.train.fuse_qkv:
@@ -86,5 +98,31 @@ def apply_fast_paths(cfg: Config, model: MimoModel, lm_tp: tuple[ProcessGroup, b
     for name in cfg.train.activation_checkpointing:
         checkpoint_blocks(transformer_blocks(model, name))
     if cfg.train.compile:
-        for name in ("language", *model.modality_submodules):
-            compile_blocks(transformer_blocks(model, name), backend=cfg.train.compile_backend)
+        compile_blocks(transformer_blocks(model, LANGUAGE), backend=cfg.train.compile_backend)
+        for name, sub in model.modality_submodules.items():
+            if cfg.train.encoder_compile == "whole":
+                compile_blocks(sub.encoders.values(), backend=cfg.train.compile_backend)
+            else:
+                compile_blocks(transformer_blocks(model, name), backend=cfg.train.compile_backend)
+
+
+def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
+    """The step's fast paths against a layout of more than one rank (pure: the same error on every rank,
+    before any process group exists)."""
+    for key in ONE_PROCESS_ONLY:
+        if getattr(cfg.train, key):
+            raise ConfigError(f"train.{key} = true runs on one process only: MasterAdamW's fp32 state is not yet "
+                              f"sharded over a module's data lanes beside its gradient reduction, and a captured "
+                              f"step holds no collectives; set train.{key} = false for a layout of {layout.world_size} "
+                              "ranks")
+    lm = layout.grids[LANGUAGE]
+    module = cfg.parallel.modules.get(LANGUAGE)
+    sharded = lm.cp > 1 or (lm.tp > 1 and module is not None and module.sequence_parallel)
+    if cfg.train.loss_rows_only and (sharded or is_pipelined(layout)):
+        why = "a pipelined layout" if is_pipelined(layout) else \
+            "the LM's sequence sharded (cp > 1 or sequence_parallel)"
+        raise ConfigError(f"train.loss_rows_only = true picks rows of the whole sequence, which {why} does not hold "
+                          "on one rank; set train.loss_rows_only = false")
+    if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
+        raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
+                          "vocab-parallel chunked loss: set train.chunked_loss = true")

@@ -21,7 +21,8 @@ from mimo.config.schema import COMPILE_BACKENDS
 
 SDPA_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-SDPA_BACKENDS = tuple(SDPA_KERNELS)
+SDPA_BACKENDS = (*SDPA_KERNELS, "default")
+"""What `use_sdpa_backend` takes: one kernel, or "default" (every kernel allowed, PyTorch picks)."""
 
 
 def compile_blocks(blocks: Iterable[nn.Module], mode: str | None = None, backend: str = "inductor") -> None:
@@ -71,7 +72,7 @@ def checkpoint_blocks(blocks: Iterable[nn.Module]) -> None:
 
 
 def use_sdpa_backend(name: str) -> None:
-    """Allow exactly one scaled-dot-product-attention backend, process-wide.
+    """Allow exactly one scaled-dot-product-attention backend, process-wide ("default": all of them again).
 
     Set before the first compiled call: a compiled graph picks its kernel when it is traced. With one
     backend allowed, an input it cannot take fails loudly instead of silently falling back to math.
@@ -89,8 +90,9 @@ def use_sdpa_backend(name: str) -> None:
     if os.path.basename(root) in {f"sdpa-{b}" for b in SDPA_BACKENDS}:  # an earlier call's folder
         root = os.path.dirname(root)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, f"sdpa-{name}")
-    torch.backends.cuda.enable_flash_sdp(name == "flash")
-    torch.backends.cuda.enable_cudnn_sdp(name == "cudnn")
-    torch.backends.cuda.enable_mem_efficient_sdp(name == "efficient")
-    torch.backends.cuda.enable_math_sdp(name == "math")
+    every = name == "default"
+    torch.backends.cuda.enable_flash_sdp(every or name == "flash")
+    torch.backends.cuda.enable_cudnn_sdp(every or name == "cudnn")
+    torch.backends.cuda.enable_mem_efficient_sdp(every or name == "efficient")
+    torch.backends.cuda.enable_math_sdp(every or name == "math")
 

@@ -5,8 +5,9 @@ first collective, as a `ConfigError` that names the field and the fix (`mimo: er
 architecture read from every `hf_path`, the data set against the model (its modalities, its row length, its
 tokenizer), then, on more than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on
 every candidate. Not collective and pure (it reads only the files the config names), so every rank reaches
-the same verdict. The fast paths run on every layout and refuse none. Lower layers keep asserts for their
-own invariants and never repeat these checks.
+the same verdict. The blocks' fast paths run on every layout; the step's one-process keys and
+`train.loss_rows_only` on a sharded sequence are refused (`check_fast_path_layout`). Lower layers keep
+asserts for their own invariants and never repeat these checks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer
 from mimo.hf.build import resolve_hf_architecture
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
+from mimo.perf.apply import check_fast_path_layout
 from mimo.tasks import DEMO_SETS
 
 BYTE_TEXT_IDS = ByteTokenizer.PAD + 1
@@ -175,6 +177,7 @@ def check_layout(cfg: Config, layout: Layout) -> None:
     plan's rules (validate_plan), then sequence splits that must divide the rows and data lanes the colocated
     bridge can map. Pure, not collective."""
     validate_plan(cfg, layout)
+    check_fast_path_layout(cfg, layout)
     lm = layout.grids[LANGUAGE]
     lm_flags = cfg.parallel.modules.get(LANGUAGE)
     sp_tp = lm.tp if lm_flags is not None and lm_flags.sequence_parallel else 1

@@ -82,6 +82,9 @@ class MimoOptimizer:
                               for name, opt in self.optimizers.items()}
         self.params = [p for ps in self.module_params.values() for p in ps]
 
+    def begin(self, step: int) -> None:
+        """Nothing before a step's forward: the learning rate is set in `step` (MasterOptimizer's hook)."""
+
     def grad_norm(self) -> torch.Tensor:
         """Global L2 norm of all gradients of all modules (a collective when a reducer is set)."""
         parts = {name: local_grad_sq(ps) for name, ps in self.module_params.items()}

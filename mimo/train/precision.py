@@ -21,8 +21,10 @@ from mimo.models.multimodal import MimoModel
 
 
 def step_autocast(cfg: Config, device: torch.device) -> torch.autocast:
-    """The autocast context of a training step: bf16 when the language model computes in bf16."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.train.dtype_of("language") == "bfloat16")
+    """The autocast context of a training step: bf16 when the language model computes in bf16 over fp32
+    weights (none under train.master_weights, whose weights are bf16 themselves)."""
+    bf16 = cfg.train.dtype_of("language") == "bfloat16" and not cfg.train.master_weights
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
 def _forward_in_own_precision(self: nn.Module, *args, **kwargs):

@@ -3,6 +3,7 @@ per-token loss -> one gradient finalisation -> optimizer -> metrics -> checkpoin
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -13,7 +14,7 @@ import torch.distributed as dist
 
 from mimo.config.load import dump_toml, to_dict
 from mimo.config.schema import Config
-from mimo.data.batching import split_microbatches, to_device
+from mimo.data.batching import pinned, split_microbatches, to_device, with_precomputed_rows
 from mimo.data.checks import check_batch
 from mimo.data.packing import PackedBatches
 from mimo.hf.build import build_model
@@ -24,11 +25,13 @@ from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
 from mimo.perf.apply import apply_fast_paths
 from mimo.tasks import build_demo_data, evaluate_demo
+from mimo.train.captured import CapturedStep
 from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.checkpoint.weights import save_weights
 from mimo.train.faults import StepGuard, skip_step
 from mimo.train.gate import launch_world_size, validate_run
 from mimo.train.held_out import evaluate_held_out, read_batch
+from mimo.train.master_optim import MasterOptimizer, UpdatedInStep
 from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
@@ -76,6 +79,8 @@ class Trainer:
             self.data.shard_for(self.local_microbatches, cfg.data.global_batch,
                                 self.plan.agree_on_data() if self.plan is not None else None)
         self.optimizer = self.build_optimizer()
+        self.captured = CapturedStep(self.device_step, self.device) if cfg.train.step_graph else None
+        self.prefetched: tuple[int, tuple[list[dict], int, int]] | None = None
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
         self.run_dir = run_dir or Path(cfg.run.out_dir) / cfg.run.name
@@ -96,7 +101,12 @@ class Trainer:
         apply_module_precision(self.cfg, model)
         return model
 
-    def build_optimizer(self) -> MimoOptimizer:
+    def build_optimizer(self) -> MimoOptimizer | MasterOptimizer:
+        """MimoOptimizer (fp32 weights), or MasterOptimizer under train.master_weights (turns them bf16)."""
+        t = self.cfg.train
+        if t.master_weights:
+            return MasterOptimizer(module_map(self.model), self.cfg.optim, t.steps, early=t.lm_update_early,
+                                   grad_table=t.grad_table, compile=t.compile and self.device.type == "cuda")
         return MimoOptimizer(module_map(self.model), self.cfg.optim, self.cfg.train.steps,
                              fused=self.device.type == "cuda",
                              norm_sq_reduce=self.plan.norm_sq_reduce if self.plan is not None else None)
@@ -112,12 +122,31 @@ class Trainer:
         return self.plan.all_reduce_lm_data(t) if self.plan is not None else t
 
     # The step ----------------------------------------------------------------------------------
-    def train_step(self, step: int) -> dict:
-        if self.plan is not None and self.plan.pipeline is not None:
-            return self.pipeline_step(step)
+    def host_batch(self, step: int) -> tuple[list[dict], int, int]:
+        """This rank's microbatches of `step` on the host (checked, with their precomputed positions under
+        train.step_graph or loss_rows_only), the global batch's tokens and model FLOPs; the prefetched ones
+        where `prefetch` made them."""
+        if self.prefetched is not None and self.prefetched[0] == step:
+            return self.prefetched[1]
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
         check_batch(self.model, batch)
-        micro = [to_device(mb, self.device) for mb in self.local_microbatches(batch)]
+        micro = self.local_microbatches(batch)
+        t = self.cfg.train
+        if t.step_graph or t.loss_rows_only:
+            micro = [with_precomputed_rows(mb, self.model.special_token_ids, t.loss_rows_only) for mb in micro]
+        if self.captured is not None:
+            micro = [pinned(mb) for mb in micro]
+        return micro, int(batch["input_ids"].numel()), train_step_flops(self.cfg.model, batch)
+
+    def prefetch(self, step: int) -> None:
+        """Under train.step_graph, while the device runs the step before: make `step`'s host batch, where the
+        data set is a pure function of the step (no reader state that a checkpoint would record)."""
+        if self.captured is not None and step < self.cfg.train.steps and not hasattr(self.data, "state_dict"):
+            self.prefetched = (step, self.host_batch(step))
+
+    def forward_backward(self, micro: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every microbatch's forward and backward, the gradients finalised: (loss sum, global loss tokens),
+        on the device (no host sync unless the model's alignment needs one)."""
         local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro)
         n_global = self.all_reduce_sum(local_tokens.detach().clone())
         scale = 1.0 / n_global.clamp_min(1.0)
@@ -131,10 +160,30 @@ class Trainer:
             loss_total += out.loss_sum.detach()
         if self.plan is not None:
             self.plan.finalize_grads(self.model)
+        return self.all_reduce_sum(loss_total), n_global
+
+    def device_step(self, micro: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step a CapturedStep records: forward, backward and the update; (loss sum, loss tokens, norm)."""
+        loss_total, n_global = self.forward_backward(micro)
+        return loss_total, n_global, self.optimizer.update_in_step()
+
+    def train_step(self, step: int) -> dict:
+        if self.plan is not None and self.plan.pipeline is not None:
+            return self.pipeline_step(step)
+        host, tokens, flops = self.host_batch(step)
+        micro = [to_device(mb, self.device) for mb in host]
+        self.optimizer.begin(step)
+        if self.captured is not None:
+            loss_total, n_global, norm = self.captured(micro)
+            self.prefetch(step + 1)
+            loss = float(loss_total / n_global.clamp_min(1.0))
+            return {**self.after_update_in_step(step, loss, float(norm)), "tokens": tokens,
+                    "loss_tokens": int(n_global), "flops": flops}
+        loss_total, n_global = self.forward_backward(micro)
         out_objective, out_losses = self.out_loss.end(self.all_reduce_sum)
-        loss = float(self.all_reduce_sum(loss_total) * scale) + out_objective
-        return {**self.update(step, loss), "tokens": int(batch["input_ids"].numel()), "loss_tokens": int(n_global),
-                "flops": train_step_flops(self.cfg.model, batch), **out_losses}
+        loss = float(loss_total / n_global.clamp_min(1.0)) + out_objective
+        return {**self.update(step, loss), "tokens": tokens, "loss_tokens": int(n_global), "flops": flops,
+                **out_losses}
 
     def pipeline_step(self, step: int) -> dict:
         """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline.plan) runs every microbatch's
@@ -154,11 +203,26 @@ class Trainer:
         or the gradients are not finite; the step's record."""
         if self.guard.agree(loss):
             stepped, grad_norm, lr = self.optimizer.step(step)
+        elif self.cfg.train.lm_update_early:
+            raise UpdatedInStep(f"step {step}: non-finite loss {loss} after train.lm_update_early had already "
+                                "updated the language model, so the step cannot be skipped; lower optim.lr or set "
+                                "train.lm_update_early = false (it skips such steps)")
         else:
             stepped, grad_norm, lr = skip_step(self.optimizer, step)
         self.guard.record(stepped)
         return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
                 "bad_steps": self.guard.consecutive_bad}
+
+    def after_update_in_step(self, step: int, loss: float, grad_norm: float) -> dict:
+        """The record of a step whose update ran inside it (train.step_graph): it cannot be skipped, so a
+        non-finite loss or norm stops the run (UpdatedInStep); every rank still agrees on SIGTERM."""
+        if not (self.guard.agree(loss) and math.isfinite(grad_norm)):
+            raise UpdatedInStep(f"step {step}: non-finite loss {loss} or gradient norm {grad_norm} in a step captured "
+                                "by train.step_graph, whose update had already run; lower optim.lr or set "
+                                "train.step_graph = false (it skips such steps)")
+        self.guard.record(True)
+        return {"step": step, "loss": loss, "lr": self.optimizer.lr(step), "grad_norm": grad_norm, "stepped": True,
+                "bad_steps": 0}
 
     def train(self) -> dict:
         """Collective: claim the run folder (refused when it holds another run or a live one), resume or start
@@ -220,6 +284,9 @@ class Trainer:
     def finish(self, summary: dict, losses: list[tuple[int, float]], start: int, logger: MetricsLogger) -> dict:
         """Collective: the final evaluation (rank 0, said on stderr as it starts and ends), then on rank 0 the
         weights, loss.png (the whole run, earlier segments and eval points included) and summary.json."""
+        if self.cfg.train.master_weights:  # the bf16 weights are views of MasterAdamW's flat buffer: give each
+            for p in self.model.parameters():  # its own storage, as safetensors saves no views (training is over)
+                p.data = p.data.clone()
         full = self.full_model()
         began = time.perf_counter()
         logger.note(f"mimo: evaluating the trained model on the held-out set (data.name = '{self.cfg.data.name}')")

@@ -1,6 +1,7 @@
-"""The GPU fast path on a CUDA device: compiled blocks replayed as CUDA graphs, bf16 weights with fp32
-master AdamW, the chunked head + loss (compiled or Triton) and the flash kernel with grouped KV heads,
-each against an independent fp32 computation; `mimo train` in bf16 with activation checkpointing and an
+"""The GPU fast path on a CUDA device: `mimo train` with every fast path (the whole step captured as one CUDA
+graph over compiled blocks, bf16 weights with fp32 master AdamW) against fp32 `mimo train` and against its own
+eager steps, the chunked head + loss (compiled or Triton) and the flash kernel with grouped KV heads, each
+against an independent fp32 computation; `mimo train` in bf16 with activation checkpointing and an
 fp32 encoder against its plain bf16 run. Marked `gpu`: skipped (never passed) where there is no CUDA device.
 
     python3 -m pytest -q tests/gpu/test_gpu.py      # on the GPU machine
@@ -13,13 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.runner import PLAIN, Options, Run
-from benchmarks.workload import load_preset, make_batches
 from mimo.models.layers import attention
 from mimo.models.loss import IGNORE_INDEX
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.master_adamw import MasterAdamW
-from tests.support.tiny_run import train_losses
+from mimo.train.trainer import Trainer
+from tests.support.tiny_run import tiny_config, train_losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 CUDA = torch.device("cuda")
@@ -27,9 +27,9 @@ CUDA = torch.device("cuda")
 
 @pytest.fixture(autouse=True)
 def _sdpa_backends_restored():
-    """A benchmark `Run` allows only its own attention backend, process-wide (`use_sdpa_backend`), and sets
-    cuDNN's TF32 switch; left so, the tests after it in this process would have cuDNN attention alone, which
-    takes no fp32 input."""
+    """`train.attention_backend` allows only its own attention backend, process-wide (`use_sdpa_backend`), and
+    the trainer sets cuDNN's TF32 switch; left so, the tests after it in this process would have cuDNN
+    attention alone, which takes no fp32 input."""
     flags = ("flash", "cudnn", "mem_efficient", "math")
     enabled = {f: getattr(torch.backends.cuda, f"{f}_sdp_enabled")() for f in flags}
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -100,51 +100,46 @@ def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
     assert rel(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("extra", ["", ",lm_update_early=0", ",grad_table=0"])
-def test_benchmarked_fast_path_trains_like_fp32_mimo(extra):
-    """Preset tiny, all optimisations on (the whole step captured as one CUDA graph over compiled regions,
-    cuDNN attention, bf16 + master AdamW, the chunked loss on text rows with the Triton chunk where Triton
-    runs) against plain fp32 mimo from the same weights: each of 8 losses within 1% (steps 1-2 eager, 3
-    captured and replayed, 4-8 replayed on alternating batches)."""
-    p = load_preset("tiny")
-    ref = Run(p, Options.parse(f"precision=fp32,{PLAIN},sdpa=math,lr=1e-3"), CUDA)
-    state = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
-    batches = make_batches(p, CUDA)
-    ref_losses = [float(ref.step(batches[i % 2])) for i in range(8)]
-    fast = Run(p, Options.parse("lr=1e-3" + extra), CUDA, state=state)  # allows only the cuDNN kernel from here on
-    o = fast.opts
-    assert o.compile and o.step_graph and o.sdpa == "cudnn" and o.ce_kernel == "auto"
-    fast_losses = [float(fast.step(batches[i % 2])) for i in range(8)]
-    assert fast.graph is not None
-    assert ref_losses[-1] < ref_losses[0] - 0.1
-    for i, (a, b) in enumerate(zip(ref_losses, fast_losses)):
+SYNTHETIC = ["--train.device=cuda", "--data.name=synthetic", "--data.seq_len=64", "--data.global_batch=4",
+             "--optim.clip=0", "--optim.lr=1e-3", "--train.log_every=1"]
+FAST = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.grad_table=true",
+        "--train.lm_update_early=true", "--train.step_graph=true", "--train.compile=true",
+        "--train.encoder_compile=whole", "--train.chunked_loss=true", "--train.loss_rows_only=true",
+        "--train.fuse_qkv=true", "--train.attention_backend=cudnn"]
+
+
+def _step_losses(out, steps: int, *switches: str) -> tuple[list[float], Trainer]:
+    trainer = Trainer(tiny_config(out, *SYNTHETIC, f"--train.steps={steps}", *switches))
+    return [trainer.train_step(i)["loss"] for i in range(steps)], trainer
+
+
+@pytest.mark.parametrize("extra", [[], ["--train.lm_update_early=false"], ["--train.grad_table=false"]])
+def test_every_fast_path_of_mimo_train_trains_like_fp32_mimo_train(tmp_path, extra):
+    """`mimo train` with every fast path (the whole step captured as one CUDA graph over compiled regions,
+    cuDNN attention, bf16 weights + master AdamW, the chunked loss on the labelled rows with the Triton chunk)
+    against plain fp32 `mimo train` from the same seed on the same synthetic batches: each of 8 losses within
+    1% (steps 1-2 eager, 3 captured and replayed, 4-8 replayed)."""
+    ref, _ = _step_losses(tmp_path / "ref", 8, "--train.attention_backend=math")
+    fast, trainer = _step_losses(tmp_path / "fast", 8, *FAST, *extra)
+    assert trainer.captured is not None and trainer.captured.graph is not None
+    assert ref[-1] < ref[0] - 0.1
+    for i, (a, b) in enumerate(zip(ref, fast)):
         assert abs(a - b) <= 1e-2 * a, (i, a, b)
 
 
-@pytest.mark.parametrize("extra", ["", ",lm_update_early=0", ",grad_table=0"])
-def test_captured_step_replays_the_eager_step(extra):
+@pytest.mark.parametrize("extra", [[], ["--train.lm_update_early=false"], ["--train.grad_table=false"]])
+def test_captured_step_replays_the_eager_step(tmp_path, extra):
     """The step graph (by default with the language model's update started on a side stream in backward, and
     the gradients read through a table of their addresses) against the same compiled regions stepped eagerly
-    with the whole update after backward over a flat gradient buffer, from the same weights on the
-    same alternating batches: losses agree to 1e-3 and the weights' change over the 7 steps to 5e-2, so replaying
-    on new inputs (copied into the graph's buffers) trains as eager steps do. The key biases are left out:
-    their true gradient is zero (softmax ignores a shift shared by all keys), cuDNN's attention backward
-    accumulates in nondeterministic order, and Adam turns that rounding noise into whole steps, which
-    differ between any two runs, eager or not."""
-    p = load_preset("tiny")
-    batches = make_batches(p, CUDA)
-    eager = Run(p, Options.parse("step_graph=0,lm_update_early=0,grad_table=0,lr=1e-3"), CUDA)
-    state = {k: v.detach().clone() for k, v in eager.model.state_dict().items()}
-    graphed = Run(p, Options.parse("lr=1e-3" + extra), CUDA, state=state)
-    eager_losses = [float(eager.step(batches[i % 2])) for i in range(7)]
-    graphed_losses = [float(graphed.step(batches[i % 2])) for i in range(7)]
-    assert graphed.graph is not None and eager.graph is None
-    for i, (a, b) in enumerate(zip(eager_losses, graphed_losses)):
+    with the whole update after backward over a flat gradient buffer, from the same seed on the same batches:
+    losses agree to 1e-3, so replaying on new inputs (copied into the graph's buffers) trains as eager steps
+    do."""
+    eager, _ = _step_losses(tmp_path / "eager", 7, *FAST, "--train.step_graph=false", "--train.lm_update_early=false",
+                            "--train.grad_table=false")
+    graphed, trainer = _step_losses(tmp_path / "graphed", 7, *FAST, *extra)
+    assert trainer.captured.graph is not None
+    for i, (a, b) in enumerate(zip(eager, graphed)):
         assert abs(a - b) <= 1e-3 * a, (i, a, b)
-    start = {k: v.float() for k, v in state.items()}
-    change = [torch.cat([(p.detach().float() - start[n]).reshape(-1) for n, p in run.model.named_parameters()
-                         if not n.endswith("k_proj.bias")]) for run in (eager, graphed)]
-    assert rel(change[1], change[0]) < 5e-2
 
 
 def _trainer_losses(out, *switches: str) -> list[float]:

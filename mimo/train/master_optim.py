@@ -1,0 +1,95 @@
+"""`train.master_weights`: MimoOptimizer's contract over MasterAdamW (bf16 weights, fp32 master weights and
+fp32 moments, one fused update pass).
+
+One MasterAdamW per module and weight-decay group (matrices decayed, vectors not, as MimoOptimizer groups
+them), each with the module's learning rate; the schedule's learning rate lives on the device
+(`begin(step)` writes it before the step's work is queued), so a step can be captured as a CUDA graph.
+With `early` the language model's groups update inside backward, as soon as their last gradient is in
+(`MasterAdamW(first=...)`). Checkpoints hold no optimizer state under this mode (`optimizers` is empty:
+config/validate.py refuses train.save_every and train.resume with it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mimo.config.schema import LANGUAGE, OptimConfig
+from mimo.perf.master_adamw import MasterAdamW
+from mimo.train.optim import lr_factor, param_groups
+
+
+class UpdatedInStep(RuntimeError):
+    """A non-finite loss or gradient norm in a step whose update had already run (train.lm_update_early,
+    train.step_graph): it cannot be skipped."""
+
+
+class MasterOptimizer:
+    """Per module and decay group, a MasterAdamW; the global gradient norm, clipping and the skip on a
+    non-finite norm as in MimoOptimizer (where the update is not already inside the step)."""
+
+    def __init__(self, modules: dict[str, nn.Module], cfg: OptimConfig, total_steps: int, early: bool = False,
+                 grad_table: bool = False, compile: bool = False):
+        self.cfg, self.total_steps, self.early = cfg, total_steps, early
+        self.parts: list[tuple[str, MasterAdamW]] = []
+        for name, mod in modules.items():
+            lr = cfg.module_lr.get(name, cfg.lr)
+            for group in param_groups(mod, cfg.weight_decay):
+                params = group["params"]
+                opt = MasterAdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                  weight_decay=group["weight_decay"], compile=compile, grad_table=grad_table,
+                                  first=params if early and name == LANGUAGE else ())
+                self.parts.append((name, opt))
+        self.params = [p for _, opt in self.parts for p in opt.params]
+        self.optimizers: dict = {}  # no optimizer state in checkpoints (module docstring)
+
+    def lr(self, step: int) -> float:
+        return lr_factor(step, self.total_steps, self.cfg) * self.cfg.lr
+
+    def begin(self, step: int) -> None:
+        """Write step `step`'s learning rates to the device, before the step's forward is queued (an early
+        update reads them inside backward, a captured step on every replay)."""
+        factor = lr_factor(step, self.total_steps, self.cfg)
+        for name, opt in self.parts:
+            opt.lr.fill_(self.cfg.module_lr.get(name, self.cfg.lr) * factor)
+
+    def grad_norm(self) -> torch.Tensor:
+        """The global L2 norm of every gradient, in fp32, on the device (no host sync)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.params[0].device)
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+
+    def update_in_step(self) -> torch.Tensor:
+        """Norm, update and zero_grad with no host sync (optim.clip = 0: validated), for a step that finishes
+        on the device (a captured one); returns the norm."""
+        norm = self.grad_norm()
+        for _, opt in self.parts:
+            opt.step()
+        self.zero_grad()
+        return norm
+
+    def step(self, step: int) -> tuple[bool, float, float]:
+        """MimoOptimizer.step's contract: clip by the global norm, update, (stepped, grad_norm, lr). A
+        non-finite norm skips the step, unless the early update already ran: then UpdatedInStep."""
+        norm_f = float(self.grad_norm())
+        if not math.isfinite(norm_f):
+            if self.early:
+                self.zero_grad()
+                raise UpdatedInStep(f"step {step}: non-finite gradient norm after train.lm_update_early had "
+                                    "already updated the language model, so the step cannot be skipped; lower "
+                                    "optim.lr or set train.lm_update_early = false (it skips such steps)")
+            self.zero_grad()
+            return False, norm_f, self.lr(step)
+        if self.cfg.clip > 0 and norm_f > self.cfg.clip:
+            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], self.cfg.clip / (norm_f + 1e-6))
+        for _, opt in self.parts:
+            opt.step()
+        self.zero_grad()
+        return True, norm_f, self.lr(step)
+
+    def zero_grad(self) -> None:
+        for _, opt in self.parts:
+            opt.zero_grad()

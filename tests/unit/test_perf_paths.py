@@ -1,0 +1,226 @@
+"""mimo.perf's pieces on the CPU against independent computations: the chunked head + loss against full
+logits, MasterAdamW against torch's AdamW (accumulated, hand-set and missing gradients; the early update
+inside backward; fp32 masters of bf16 weights), checkpointed blocks' gradients, a compile cache folder per
+SDPA backend, and a captured step's input buffers (train.step_graph) taking new batches in place."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mimo.models.layers import rope_cos_sin
+from mimo.models.llm import DecoderLayer
+from mimo.models.loss import IGNORE_INDEX, cross_entropy_sum
+from mimo.perf.linear_ce import linear_cross_entropy
+from mimo.perf.master_adamw import MasterAdamW
+from mimo.perf.regional import checkpoint_blocks, use_sdpa_backend
+from mimo.train.captured import CapturedStep
+from tests.support.configs import tiny_llm
+
+
+def test_linear_cross_entropy_matches_full_logits():
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 50, (37,))
+    labels[::5] = IGNORE_INDEX
+    # float64 throughout (mimo's cross_entropy_sum computes in fp32, too coarse to compare gradients with).
+    ref = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    g_ref = torch.autograd.grad(3.0 * ref, (hidden, weight))
+    # one group of all rows; groups of two chunks (8 rows each: 37 rows give groups of 16, 16, 5)
+    for group_bytes in (1 << 30, 2 * 8 * 50 * 8):
+        loss, count = linear_cross_entropy(hidden, weight, labels, chunk_rows=8, group_bytes=group_bytes)
+        assert count == cross_entropy_sum(hidden @ weight.t(), labels)[1] == 29
+        torch.testing.assert_close(loss, ref)
+        g = torch.autograd.grad(3.0 * loss, (hidden, weight))
+        for a, b in zip(g, g_ref):
+            torch.testing.assert_close(a, b)
+
+
+def _step_both(*optimizers) -> None:
+    """One step of each optimizer, then its gradients cleared."""
+    for opt in optimizers:
+        opt.step()
+        opt.zero_grad()
+
+
+def test_master_adamw_matches_torch_adamw():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3, bias=False))
+    fast = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.Linear(5, 3, bias=False))
+    fast.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.8, 0.9), weight_decay=0.1)
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, betas=(0.8, 0.9), weight_decay=0.1, dtype=torch.float32, chunk=16)
+    for _ in range(4):
+        x = torch.randn(6, 8)
+        ref(x).square().sum().backward()
+        fast(x).square().sum().backward()
+        _step_both(opt_ref, opt)
+    for a, b in zip(ref.parameters(), fast.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def _three_layer_twins(inputs: int = 8) -> tuple[torch.nn.Sequential, torch.nn.Sequential]:
+    """Two copies of one seeded inputs-5-3-2 stack of linears: torch's AdamW trains one, MasterAdamW the other."""
+    torch.manual_seed(0)
+
+    def layers() -> torch.nn.Sequential:
+        return torch.nn.Sequential(torch.nn.Linear(inputs, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+
+    ref, fast = layers(), layers()
+    fast.load_state_dict(ref.state_dict())
+    return ref, fast
+
+
+def check_accumulated_hand_set_and_missing_gradients(inputs: int = 8, atol: float = 1e-5, **opt_kwargs) -> None:
+    """Two backward passes before a step add up; a gradient assigned by hand counts (also a strided one, and
+    one that starts off alignment in its storage); a parameter that had a gradient in the first step and
+    none after steps on zeros (weight decay and moments still move), as torch's AdamW does with zeros: its
+    view in the flat buffer must not keep the first step's values. Also run in Triton's interpreter with
+    grad_table (tests/unit/test_adamw_triton.py)."""
+    ref, fast = _three_layer_twins(inputs)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32, **opt_kwargs)
+    for step in range(3):
+        for _micro in range(2):  # micro-batches: the second backward adds into the first's gradients
+            x = torch.randn(6, inputs)
+            for model in (ref, fast):
+                h = model[1](model[0](x))
+                (model[2](h) if step == 0 else h).square().sum().backward()  # model[2]: first step only
+        hand, shifted = torch.randn(5, 3), torch.randn(4)
+        ref[1].weight.grad, fast[1].weight.grad = hand.t().contiguous(), hand.clone().t()
+        ref[1].bias.grad, fast[1].bias.grad = shifted[1:].clone(), shifted.clone()[1:]
+        if step > 0:
+            for p in ref[2].parameters():
+                p.grad = torch.zeros_like(p)
+        _step_both(opt_ref, opt)
+        assert all((p.grad is None) == opt.fresh_grads for p in fast.parameters())
+    for a, b in zip(ref.parameters(), fast.parameters()):
+        torch.testing.assert_close(b, a, rtol=1.3e-6, atol=atol)
+
+
+@pytest.mark.parametrize("fresh_grads", [True, False])
+def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torch_adamw(fresh_grads):
+    check_accumulated_hand_set_and_missing_gradients(chunk=16, fresh_grads=fresh_grads)
+
+
+def check_first_parameters_updated_in_backward(inputs: int = 8, atol: float = 1e-5, **opt_kwargs) -> None:
+    """The last two layers' gradients are complete before the first layer's: their update starts in the hook
+    of the last of them (inside backward) and the result is torch's AdamW after backward. In the step where
+    layer 2 is not used, the group never completes and step() updates it (layer 2 on zeros). Also run in
+    Triton's interpreter with grad_table (tests/unit/test_adamw_triton.py)."""
+    ref, fast = _three_layer_twins(inputs)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32,
+                      first=[*fast[1].parameters(), *fast[2].parameters()], **opt_kwargs)
+    assert opt.params[0] is fast[1].weight  # the first parameters lead the flat buffers
+    for step in range(3):
+        x = torch.randn(6, inputs)
+        for model in (ref, fast):
+            h = model[1](model[0](x))
+            (model[2](h) if step != 1 else h).square().sum().backward()
+        if step == 1:
+            for p in ref[2].parameters():
+                p.grad = torch.zeros_like(p)
+        assert opt.launched == (step != 1)
+        _step_both(opt_ref, opt)
+        for a, b in zip(ref.parameters(), fast.parameters()):
+            torch.testing.assert_close(b, a, rtol=1.3e-6, atol=atol)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_master_adamw_updates_the_first_parameters_in_backward_like_torch_adamw(compile):
+    check_first_parameters_updated_in_backward(compile=compile)
+
+
+def test_master_adamw_first_refuses_what_it_cannot_do():
+    lin = torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="fresh_grads=True"):
+        MasterAdamW(lin.parameters(), dtype=torch.float32, fresh_grads=False, first=lin.parameters())
+    with pytest.raises(ValueError, match="not among those it updates"):
+        MasterAdamW([lin.weight], dtype=torch.float32, first=lin.parameters())
+    MasterAdamW(lin.parameters(), dtype=torch.float32, first=lin.parameters())
+    lin(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(RuntimeError, match="one backward per step"):
+        lin(torch.randn(3, 4)).sum().backward()
+    lin = torch.nn.Linear(4, 2)
+    opt = MasterAdamW(lin.parameters(), dtype=torch.float32, first=[lin.weight])
+    lin(torch.randn(3, 4)).sum().backward()
+    lin.weight.grad = torch.ones_like(lin.weight)
+    with pytest.raises(RuntimeError, match="set by hand"):
+        opt.step()
+
+
+def test_master_adamw_keeps_fp32_masters_of_bf16_weights():
+    lin = torch.nn.Linear(4, 4)
+    before = lin.weight.detach().clone()
+    opt = MasterAdamW(lin.parameters(), lr=1e-3)
+    assert lin.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(opt.master[:16].view(4, 4), before, rtol=0, atol=0)
+    lin(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
+    assert lin.weight.grad.dtype == torch.bfloat16
+    assert lin.weight.grad.data_ptr() == opt.grad.data_ptr()  # the gradient sits in the flat buffer
+    opt.step()
+    assert torch.equal(lin.weight, opt.master[:16].view(4, 4).to(torch.bfloat16))
+
+
+def test_checkpointed_blocks_give_the_same_gradients():
+    torch.manual_seed(0)
+    cfg = tiny_llm(vocab=32, layers=1, mlp=48)
+    plain, ckpt = DecoderLayer(cfg), DecoderLayer(cfg)
+    ckpt.load_state_dict(plain.state_dict())
+    checkpoint_blocks([ckpt])
+    x = torch.randn(2, 6, 32)
+    rope = rope_cos_sin(torch.arange(6).expand(2, 6), 8, 10000.0)
+    plain(x, rope).square().sum().backward()
+    ckpt(x, rope).square().sum().backward()
+    for a, b in zip(plain.parameters(), ckpt.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_each_sdpa_backend_compiles_into_a_cache_folder_of_its_own(monkeypatch, tmp_path):
+    """torch.compile's on-disk caches do not key on the SDPA backend: without a folder per backend, a run
+    asking for one backend replays graphs traced with another."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    flags = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in ("flash", "cudnn", "math")}
+    flags["mem_efficient"] = torch.backends.cuda.mem_efficient_sdp_enabled()
+    try:
+        use_sdpa_backend("math")
+        first = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        use_sdpa_backend("flash")
+        second = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    finally:
+        for name, on in flags.items():
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
+    assert first == str(tmp_path / "cache" / "sdpa-math")
+    assert second == str(tmp_path / "cache" / "sdpa-flash")
+
+
+def test_batches_copy_into_a_captured_steps_buffers_and_refuse_other_shapes():
+    """A captured step reads its inputs from fixed tensors: a new batch is copied into them in place, and one
+    of another shape is refused, naming the entry and the key, before anything is copied."""
+    step = CapturedStep.__new__(CapturedStep)  # the buffers alone: no CUDA stream or graph on a CPU
+
+    def batch(rows: int, seed: int) -> dict:
+        g = torch.Generator().manual_seed(seed)
+        return {"input_ids": torch.randint(0, 9, (rows, 6), generator=g),
+                "modality_inputs": {"images": {"vit": {"pixel_values": torch.randn(rows, 3, 4, 4, generator=g)}}},
+                "loss_rows": torch.arange(3 * rows)}
+
+    step.inputs = [batch(2, 0)]
+    pointers = [t.data_ptr() for t in (step.inputs[0]["input_ids"], step.inputs[0]["loss_rows"])]
+    second = batch(2, 1)
+    step.copy_in([second])
+    assert [t.data_ptr() for t in (step.inputs[0]["input_ids"], step.inputs[0]["loss_rows"])] == pointers
+    assert torch.equal(step.inputs[0]["modality_inputs"]["images"]["vit"]["pixel_values"],
+                       second["modality_inputs"]["images"]["vit"]["pixel_values"])
+    with pytest.raises(ValueError, match=r"batch entry input_ids is \(3, 6\) torch.int64, but the step was "
+                                         r"captured with \(2, 6\) torch.int64.*set train.step_graph = false"):
+        step.copy_in([batch(3, 2)])
+    fewer_rows = {**batch(2, 3), "loss_rows": torch.arange(5)}  # only the last entry differs in shape
+    with pytest.raises(ValueError, match=r"batch entry loss_rows is \(5,\)"):
+        step.copy_in([fewer_rows])
+    assert torch.equal(step.inputs[0]["input_ids"], second["input_ids"])  # nothing was copied
+    with pytest.raises(ValueError, match=r"this step has 2 microbatches, the captured one 1"):
+        step.copy_in([second, second])
