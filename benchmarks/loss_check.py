@@ -6,8 +6,8 @@ Three `Trainer`s on the preset's TOML (benchmarks/presets/), fewer layers: `mimo
 own forward and loss, full fp32 logits, math attention, no compile, no TF32) as the reference; `mimo train`
 under bf16 autocast over fp32 weights (the baseline's precision contract), whose distance to the reference
 shows what bf16 compute alone costs; and the preset as shipped (every fast path: bf16 weights with fp32 master
-weights, the captured step, ...). Same seed, so the same initial weights and the same synthetic batches; same
-AdamW.
+weights, the captured step, ...). Same seed, so the same initial weights and the same synthetic batches (two,
+in turn: `data.repeat_batches = 2`, so that the loss falls); same AdamW.
 
 "Within bf16 tolerance" is measured, not guessed: the fast path passes when its largest relative gap to
 the fp32 curve over all steps is at most `--slack` times that of bf16 autocast (the baseline's own
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     shape = (f"model.modalities.images.vit.layers={args.vision_layers},model.llm.layers={args.llm_layers},"
-             f"optim.lr={args.lr}" + (f",data.global_batch={args.micro_batch}" if args.micro_batch else ""))
+             f"optim.lr={args.lr},data.repeat_batches=2"
+             + (f",data.global_batch={args.micro_batch}" if args.micro_batch else ""))
     fast = f"{shape},{args.fast}" if args.fast else shape
     curves = {name: train(args.preset, spec, Path(args.out) / key, args.steps)
               for key, name, spec in (("fp32", "fp32 reference", f"{shape},{REFERENCE}"),

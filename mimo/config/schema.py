@@ -242,6 +242,9 @@ class DataConfig:
     # (0 = text-only samples); -1 = exactly images_per_sample. Synthetic placeholders open each seq_len-token row.
     images_per_sample: int = 1
     min_images_per_sample: int = -1
+    # data.name = "synthetic" only: with N > 0, step s trains on the batch of step s mod N (a loss that can fall,
+    # to check numerics on, as benchmarks/loss_check.py does); 0 draws a new batch every step.
+    repeat_batches: int = 0
 
     @property
     def images_range(self) -> tuple[int, int]:

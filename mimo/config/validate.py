@@ -182,6 +182,9 @@ def validate_data(cfg: Config) -> None:
         raise ConfigError(f"data.images_per_sample / data.min_images_per_sample are read by data.name = 'synthetic' "
                           f"and 'shapes' only; data.name = '{d.name}' fixes its own images per sample, so leave them "
                           "at 1 and -1")
+    if d.repeat_batches < 0 or (d.repeat_batches and d.name != "synthetic"):
+        raise ConfigError(f"data.repeat_batches = {d.repeat_batches}: it takes a count >= 0, read by "
+                          f"data.name = 'synthetic' only (got '{d.name}'); leave it at 0")
     if d.packing and d.name == "synthetic":
         raise ConfigError("data.packing = true with data.name = 'synthetic': synthetic rows are full, with no padding "
                           "to pack away; set data.packing = false")

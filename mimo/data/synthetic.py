@@ -32,7 +32,8 @@ class SyntheticData:
     `images[0]..images[1]` images (drawn per sample when they differ)."""
 
     def __init__(self, seq_len: int, images: tuple[int, int], image_tokens: int, image_token_id: int,
-                 image_shape: tuple[int, int, int], vocab: int, reserved_ids: set[int], modality: str = "images"):
+                 image_shape: tuple[int, int, int], vocab: int, reserved_ids: set[int], modality: str = "images",
+                 repeat_batches: int = 0):
         placeholders = images[1] * image_tokens
         if seq_len <= placeholders:
             raise ValueError(f"data.seq_len ({seq_len}) must exceed data.images_per_sample ({images[1]}) x "
@@ -40,7 +41,7 @@ class SyntheticData:
                              "data.seq_len or lower data.images_per_sample")
         self.seq_len, self.images, self.image_tokens = seq_len, images, image_tokens
         self.image_token_id, self.image_shape = image_token_id, image_shape
-        self.modality = modality
+        self.modality, self.repeat_batches = modality, repeat_batches
         # Text never uses a placeholder or generation id, which would turn it into a modality position.
         self.text_ids = torch.tensor(sorted(set(range(vocab)) - reserved_ids), dtype=torch.long)
         self._pools: dict[tuple[int, int], torch.Tensor] = {}
@@ -63,7 +64,10 @@ class SyntheticData:
         return rng.integers(lo, hi + 1, n), torch.from_numpy(text)
 
     def global_batch(self, step: int, global_batch: int, seed: int) -> dict:
-        """The batch at `step`: the same on every rank and every layout."""
+        """The batch at `step` (of step mod `repeat_batches` where that is > 0): the same on every rank and
+        every layout."""
+        if self.repeat_batches:
+            step %= self.repeat_batches
         n, s = global_batch, self.seq_len
         rng = np.random.default_rng([seed, step])
         counts, text = self._draw_rows(rng, n)
@@ -88,7 +92,7 @@ def build_synthetic_data(cfg: Config, model: MimoModel) -> SyntheticData:
     reserved = {*model.special_token_ids.values(), *model.output_token_ids.values()}
     return SyntheticData(cfg.data.seq_len, cfg.data.images_range, vit.tokens_per_image, m.token_id,
                          (vit.cfg.channels, vit.cfg.image, vit.cfg.image), model.language_model.cfg.vocab, reserved,
-                         modality=name)
+                         modality=name, repeat_batches=cfg.data.repeat_batches)
 
 
 def evaluate_synthetic(model: MimoModel, data: SyntheticData) -> dict:

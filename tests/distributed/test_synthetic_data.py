@@ -58,6 +58,20 @@ def test_images_per_sample_drawn_from_a_range(tmp_path):
     check_batch(model, b)
 
 
+def test_repeated_batches_cycle(tmp_path):
+    """data.repeat_batches = 2: step s trains on step s mod 2's batch (a loss that can fall)."""
+    cfg = tiny_config(tmp_path, *SYNTHETIC, "--data.repeat_batches=2")
+    data = build_synthetic_data(cfg, build_model(cfg.model))
+    fresh = build_synthetic_data(tiny_config(tmp_path, *SYNTHETIC), build_model(cfg.model))
+    for step in range(5):
+        again, first = data.global_batch(step, 4, 7), fresh.global_batch(step % 2, 4, 7)
+        assert torch.equal(again["input_ids"], first["input_ids"])
+        assert torch.equal(again["modality_inputs"]["images"]["vit"]["pixel_values"],
+                           first["modality_inputs"]["images"]["vit"]["pixel_values"])
+    with pytest.raises(ConfigError, match=r"data.repeat_batches = 2: .* read by data.name = 'synthetic' only"):
+        tiny_config(tmp_path, "--data.repeat_batches=2")
+
+
 def test_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match=r"data.images_per_sample \(0\) must be >= 1"):
         tiny_config(tmp_path, *SYNTHETIC, "--data.images_per_sample=0")

@@ -101,6 +101,7 @@ def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
 
 
 SYNTHETIC = ["--train.device=cuda", "--data.name=synthetic", "--data.seq_len=64", "--data.global_batch=4",
+             "--data.repeat_batches=2",
              "--optim.clip=0", "--optim.lr=1e-3", "--train.log_every=1"]
 FAST = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.grad_table=true",
         "--train.lm_update_early=true", "--train.step_graph=true", "--train.compile=true",
