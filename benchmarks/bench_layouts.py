@@ -222,6 +222,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     global_batch = args.global_batch or default_global_batch([layout], world)
     cfg = bench_config(args, layout, global_batch)
     trainer = Trainer(cfg)
+    trainer.write_run_config(start=0)
     times, rec = [], {}
     for step in range(args.warmup + args.steps):
         fence(trainer.device)
