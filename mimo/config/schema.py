@@ -230,6 +230,9 @@ class DataConfig:
     path: str = ""
     # Their held-out split for train.eval_every (another manifest, or shards): the first eval_samples of it.
     eval_path: str = ""
+    # The folder a manifest's relative image paths start from ("" = the manifest's own folder), e.g. the
+    # images/ folder of LLaVA-Pretrain beside its blip_laion_cc_sbu_558k.json.
+    image_root: str = ""
     tokenizer: str = "byte"
     seq_len: int = 64
     workers: int = 0

@@ -18,6 +18,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import count
 from typing import Any
 
@@ -306,7 +307,8 @@ def build_image_text_data(cfg: Config, model: MimoModel) -> ImageTextData:
         raise ValueError(f"data.name = '{cfg.data.name}' needs exactly one vision modality under model.modalities")
     (name, m), = cfg.model.modalities.items()
     tokens_per_image = model.modality_submodules[name].encoders["vit"].tokens_per_image
-    reader = read_webdataset if cfg.data.name == "webdataset" else read_manifest
+    reader = (read_webdataset if cfg.data.name == "webdataset"
+              else partial(read_manifest, image_root=cfg.data.image_root))
     tokenizer = load_tokenizer_spec(cfg.data.tokenizer)
 
     def data_set(records: list[Record], problems: list[str], workers: int) -> ImageTextData:

@@ -1,9 +1,11 @@
-"""JSONL manifests: one JSON object per line naming an image file and its text.
+"""JSONL manifests: one JSON object per line naming an image file and its text; or a .json file holding
+one array of such objects (the LLaVA-Pretrain / LLaVA-Instruct layout).
 
 `{"image": "imgs/0001.jpg", "caption": "a red circle"}`, or with chat turns
 `{"image": ..., "conversations": [{"from": "human", "value": "<image>\\nwhat?"}, {"from": "gpt", ...}]}`
-(`"messages"` with role/content works too). Relative image paths are relative to the manifest's
-folder. A line that is not valid JSON becomes a skipped sample, counted like an unreadable image.
+(`"messages"` with role/content works too). Relative image paths start from `image_root` (data.image_root),
+by default the manifest's folder. A line that is not valid JSON becomes a skipped sample, counted like an
+unreadable image; a .json file that is not one array of objects is refused whole.
 """
 
 from __future__ import annotations
@@ -11,29 +13,47 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mimo.config.schema import ConfigError
 from mimo.data.samples import ImageRef, Record, record_from_json, resolve_image_path
 
 
-def read_manifest(path: str | Path, field: str = "data.path") -> tuple[list[Record], list[str]]:
-    """The records of a manifest, one per non-blank line (keyed `line N`), and file-level problems.
-    `field` is the config key that named the manifest, for the error."""
+def read_manifest(path: str | Path, field: str = "data.path", image_root: str = "") -> tuple[list[Record], list[str]]:
+    """The records of a manifest, one per non-blank line (keyed `line N`) or per array item of a .json file
+    (keyed `item N`), and file-level problems. `field` is the config key that named the manifest, for the
+    error; `image_root` the folder relative image paths start from ("" = the manifest's folder)."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"{field} = '{p}' is not a file; give the path of a .jsonl manifest")
+        raise FileNotFoundError(f"{field} = '{p}' is not a file; give the path of a .jsonl manifest or a .json array")
+    root = Path(image_root) if image_root else p.parent
+    if p.suffix == ".json":
+        return [_record(f"item {n}", meta, root, f"{p} item {n}") for n, meta in enumerate(_json_array(p, field))], []
     records = []
     with p.open("rb") as f:
         for n, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            key = f"line {n}"
             try:
                 meta = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, ValueError) as e:
-                records.append(Record(key, problem=f"{p}:{n} is not valid JSON ({e})"))
+                records.append(Record(f"line {n}", problem=f"{p}:{n} is not valid JSON ({e})"))
                 continue
-            name = meta.get("image") if isinstance(meta, dict) else None
-            if not isinstance(name, str):
-                records.append(Record(key, problem=f'{p}:{n} has no "image" path'))
-                continue
-            records.append(record_from_json(key, meta, ImageRef(str(resolve_image_path(p.parent, name)))))
+            records.append(_record(f"line {n}", meta, root, f"{p}:{n}"))
     return records, []
+
+
+def _json_array(p: Path, field: str) -> list:
+    try:
+        items = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{field} = '{p}' is not valid JSON ({e}); a .json manifest is one array of objects") from e
+    if not isinstance(items, list):
+        raise ConfigError(f"{field} = '{p}' holds a {type(items).__name__}, not an array of samples; a .json manifest "
+                         "is one array of objects (or use a .jsonl file, one object per line)")
+    return items
+
+
+def _record(key: str, meta: object, root: Path, where: str) -> Record:
+    name = meta.get("image") if isinstance(meta, dict) else None
+    if not isinstance(name, str):
+        return Record(key, problem=f'{where} has no "image" path')
+    return record_from_json(key, meta, ImageRef(str(resolve_image_path(root, name))))

@@ -108,6 +108,9 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
         what = "one vision and one audio modality" if name == "avlm" else "exactly one vision modality"
         raise ConfigError(f"data.name = '{name}' needs {what} under model.modalities; this model has "
                           f"{dict(zip(model.modalities, kinds)) or 'none'}")
+    if cfg.data.image_root and not os.path.isdir(cfg.data.image_root):
+        raise ConfigError(f"data.image_root = '{cfg.data.image_root}' is no folder; name the folder the manifest's "
+                          "relative image paths start from, or leave it empty for the manifest's own folder")
     outs = [m for m in model.modalities.values() if m.output_token_id >= 0]
     if name == "text_to_image" and (len(outs) != 1 or outs[0].decoder.channels != 3):
         raise ConfigError("data.name = 'text_to_image' needs exactly one modality with an Out path that draws RGB: "
