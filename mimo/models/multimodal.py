@@ -199,7 +199,11 @@ class MimoModel(nn.Module):
             raise ValueError(f"output_token_ids names {no_decoder}, which have no decoder; give those modality "
                              "submodules decoders (and output projections)")
         # Hooks that parallel/ sets from outside; the defaults are the single-process behaviour.
-        self.bridges: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {}
+        # bridges[m](rows, counts): modality m's encoder rows -> this LM replica's, `counts` `[B]` its rows per
+        # sample; output_bridges[m] = (to the modality's layout, back to the LM's), the same contract, around
+        # the Out path's decoder.
+        self.bridges: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+        self.output_bridges: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...]] = {}
         self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
         # Row positions of the queries this rank's attention runs and of the keys it sees, for masks built
         # from document ids (context parallel: a zigzag of queries, keys in all-gathered order); None: the
@@ -211,7 +215,9 @@ class MimoModel(nn.Module):
     def embed_modalities(self, input_ids: torch.Tensor,
                          modality_inputs: dict[str, dict[str, dict[str, torch.Tensor]]] | None,
                          ) -> dict[str, torch.Tensor]:
-        """Run each modality present in `modality_inputs`, cross its bridge; returns rows per modality."""
+        """Run each modality present in `modality_inputs`, cross its bridge; returns rows per modality. A bridge
+        is a collective: every rank's batch has (maybe empty) inputs of a modality or none, alike (as
+        mimo.data.batching's splits of one global batch do)."""
         modality_inputs = modality_inputs or {}
         unknown = [m for m in modality_inputs if m not in self.modality_submodules]
         if unknown:
@@ -222,13 +228,10 @@ class MimoModel(nn.Module):
             inputs = modality_inputs.get(name)
             bridge = self.bridges.get(name)
             if inputs is None:
-                if bridge is not None:
-                    raise ValueError(f"modality '{name}' has no input on this rank, but its bridge is a collective: "
-                                     f"pass an empty batch (e.g. 0 images) so every rank joins it")
                 continue
             r = sub(inputs)
             if bridge is not None:
-                r = bridge(r, int((input_ids == self.special_token_ids[name]).sum()))
+                r = bridge(r, (input_ids == self.special_token_ids[name]).sum(1))
             rows[name] = r
         return rows
 
@@ -330,7 +333,8 @@ class MimoModel(nn.Module):
 
         Targets are sample-aligned, `[B, K, D]`: sample b's first c_b rows are the targets of its c_b
         generation tokens (in order), the rest padding. So any split of the batch by samples keeps the
-        targets with their tokens. The decoder runs even on zero tokens, so every rank joins it.
+        targets with their tokens. The decoder runs even on zero tokens, so every rank joins it. With
+        `output_bridges[name]` the rows cross to the modality's layout, are decoded there and come back.
         """
         sums, counts = {}, {}
         for name, targets in modality_targets.items():
@@ -338,5 +342,7 @@ class MimoModel(nn.Module):
             per_sample = (input_ids == self.output_token_ids[name]).sum(1)
             sub = self.modality_submodules[name]
             target_rows = leading_rows(targets, per_sample, f"modality_targets['{name}']")
-            sums[name], counts[name] = sub.output_loss(sub.decode(rows), target_rows)
+            there, back = self.output_bridges.get(name, (None, None))
+            pred = sub.decode(rows if there is None else there(rows, per_sample))
+            sums[name], counts[name] = sub.output_loss(pred if back is None else back(pred, per_sample), target_rows)
         return sums, counts

@@ -40,7 +40,7 @@ HEAD_SEQ_DIM = 2
 PER_TOKEN_KEYS = ("labels", "loss_mask", "position_ids")
 """Batch entries cut along the sequence like the hidden states."""
 
-Crossing = Callable[[torch.Tensor, int], torch.Tensor]
+Crossing = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def zigzag_index(seq: int, cp: int, rank: int) -> torch.Tensor:
@@ -160,9 +160,9 @@ class ContextParallel:
     def enter(self, crossing: Crossing | None) -> Crossing:
         """Wrap a modality's bridge (None = identity) so its rows' gradient is summed over the CP group."""
 
-        def cross(rows: torch.Tensor, expected_rows: int) -> torch.Tensor:
+        def cross(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
             if crossing is not None:
-                rows = crossing(rows, expected_rows)
+                rows = crossing(rows, counts)
             return copy_to_tp(rows, self.group)
 
         return cross

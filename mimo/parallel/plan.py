@@ -277,7 +277,9 @@ class ParallelPlan:
     def install_bridges(self, model: MimoModel) -> None:
         for name, bridge in self.bridges.items():
             if bridge.direction != "equal":
-                model.bridges[name] = bridge
+                model.bridges[name] = bridge.to_language
+                if name in model.output_token_ids:
+                    model.output_bridges[name] = (bridge.to_encoder, bridge.to_language)
 
     def microbatches(self, batch: dict) -> list[dict]:
         """This rank's model inputs for each microbatch: text from the LM's DP lane, each modality's

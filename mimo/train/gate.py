@@ -191,11 +191,7 @@ def check_layout(cfg: Config, layout: Layout) -> None:
                           f"(2 x cp x tp with sequence parallel, 2 x cp without) for parallel.modules.{LANGUAGE}; "
                           "choose a cp and tp whose split divides them, or a data.seq_len that is a multiple")
     for name, m in cfg.model.modalities.items():
-        flags, tp, dp = cfg.parallel.modules.get(name), layout.grids[name].tp, layout.grids[name].dp
-        if layout.colocated and max(dp, lm.dp) % min(dp, lm.dp):
-            raise ConfigError(f"parallel.modules.{name}: its dp ({dp}) and the LM's ({lm.dp}) must divide one another "
-                              "for the colocated bridge; change the tp/cp degrees so that one dp is a multiple of "
-                              "the other")
+        flags, tp = cfg.parallel.modules.get(name), layout.grids[name].tp
         if m.kind == "vision" and flags is not None and flags.sequence_parallel and m.vit.positions % tp:
             raise ConfigError(f"module '{name}': sequence parallel splits the ViT's {m.vit.positions} tokens "
                               f"(patches and class token, if any) over tp={tp}, which does not divide them; choose "

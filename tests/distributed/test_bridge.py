@@ -1,85 +1,75 @@
-"""Colocated bridge: exact forward and adjoint for fan-in, fan-out and equal, with variable row counts."""
+"""Colocated bridge: exact moves both ways (encoder rows to the LM, generation rows to the encoder) and their
+backward, for fan-in, fan-out, DP degrees that do not divide each other, and equal, with rows per sample that
+vary (some samples have none)."""
 
 import pytest
 import torch
 
-from mimo.parallel.bridge.colocated import ColocatedBridge
+from mimo.parallel.bridge.colocated import ColocatedBridge, peer_groups
 from mimo.parallel.grid import Grid
 from tests.support.dist import run_distributed
 
 H = 3
+SAMPLES = 24  # per microbatch: every DP degree below divides it
+ROWS = [3, 0, 2, 5, 1, 4, 2, 2, 0, 0, 1, 3, 2, 1, 0, 4, 1, 1, 2, 0, 3, 1, 0, 2]
 
 
-def _rows(lane: int, n: int) -> torch.Tensor:
-    """Rows that name their owner lane and their index, so misplaced rows are visible."""
-    return torch.arange(n, dtype=torch.float32)[:, None] + 100.0 * (lane + 1) + torch.zeros(n, H)
+def _rows(first: int, stop: int) -> torch.Tensor:
+    """The rows of samples [first, stop), each naming its sample and its index, so misplaced rows show."""
+    return torch.cat([torch.arange(ROWS[s], dtype=torch.float32)[:, None] + 100.0 * (s + 1) + torch.zeros(ROWS[s], H)
+                      for s in range(first, stop)])
+
+
+def _samples(grid: Grid, rank: int) -> tuple[int, int]:
+    """The samples of `rank`'s lane of `grid`."""
+    lane, per = (rank - grid.offset) // (grid.size // grid.dp), SAMPLES // grid.dp
+    return lane * per, (lane + 1) * per
 
 
 def test_peer_groups_match_the_lane_arithmetic():
-    fan_in = ColocatedBridge.__new__(ColocatedBridge)
-    fan_in.encoder, fan_in.language = Grid(tp=2, dp=4), Grid(tp=4, dp=2)
-    fan_in.direction, fan_in.scale = "fan_in", 2
-    assert fan_in.peer_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    fan_out = ColocatedBridge.__new__(ColocatedBridge)
-    fan_out.encoder, fan_out.language = Grid(tp=4, dp=2), Grid(tp=2, dp=4)
-    fan_out.direction, fan_out.scale = "fan_out", 2
-    assert fan_out.peer_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    wide = ColocatedBridge.__new__(ColocatedBridge)
-    wide.encoder, wide.language = Grid(tp=1, dp=8), Grid(tp=4, dp=2)
-    wide.direction, wide.scale = "fan_in", 4
-    assert wide.peer_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert peer_groups(Grid(tp=2, dp=4), Grid(tp=4, dp=2)) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert peer_groups(Grid(tp=4, dp=2), Grid(tp=2, dp=4)) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert peer_groups(Grid(tp=1, dp=8), Grid(tp=4, dp=2)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert peer_groups(Grid(tp=2, dp=3), Grid(tp=3, dp=2)) == [[0, 1, 2, 3, 4, 5]]
+    assert peer_groups(Grid(tp=2, dp=4), Grid(tp=2, dp=4)) == []
 
 
 def test_invalid_bridges_are_rejected_before_any_collective():
     """The gate refuses these layouts (tests/unit/test_gate.py); the bridge asserts them."""
-    with pytest.raises(AssertionError, match="divide one another"):
-        ColocatedBridge(Grid(tp=2, dp=3), Grid(tp=3, dp=2))
     with pytest.raises(AssertionError, match="same ranks"):
         ColocatedBridge(Grid(tp=2, dp=2), Grid(offset=4, tp=2, dp=2))
     with pytest.raises(AssertionError, match="pp=1"):
         ColocatedBridge(Grid(tp=2, dp=2), Grid(tp=2, pp=2))
 
 
-# Variable rows per encoder lane (fan-in) and per LM lane (fan-out).
-COUNTS = [3, 0, 2, 5, 1, 4, 2, 2]
+def _moves_both_ways(rank: int, encoder: Grid, language: Grid) -> None:
+    bridge = ColocatedBridge(encoder, language)
+    enc, lm = _samples(encoder, rank), _samples(language, rank)
+    counts = torch.tensor(ROWS[lm[0] : lm[1]])
+    for source, dest, move in ((enc, lm, bridge.to_language), (lm, enc, bridge.to_encoder)):
+        x = _rows(*source).requires_grad_(True)
+        y = move(x, counts)
+        assert torch.equal(y, _rows(*dest)), (rank, encoder, language, move.__name__)
+        # A gradient that is a function of each row alone: the backward must give every source row its own.
+        (y * y).sum().backward()
+        assert torch.equal(x.grad, 2 * x.detach()), (rank, encoder, language, move.__name__)
+    if bridge.direction != "equal":
+        with pytest.raises(ValueError, match="replicas hold"):
+            bridge.to_language(_rows(*enc), counts + (torch.arange(len(counts)) == 0))
 
 
-def _bridge_cases(rank: int, world: int) -> None:
-    # fan-in: encoder tp2 x dp4, LM tp4 x dp2 -> each LM lane gathers encoder lanes 2j, 2j+1
-    br = ColocatedBridge(Grid(tp=2, dp=4), Grid(tp=4, dp=2))
-    e_lane, l_lane = rank // 2, rank // 4
-    x = _rows(e_lane, COUNTS[e_lane]).requires_grad_(True)
-    expected = sum(COUNTS[2 * l_lane : 2 * l_lane + 2])
-    y = br(x, expected)
-    manual = torch.cat([_rows(e, COUNTS[e]) for e in (2 * l_lane, 2 * l_lane + 1)])
-    assert torch.equal(y, manual)
-    g = torch.arange(y.numel(), dtype=torch.float32).view_as(y) + 1000.0 * l_lane
-    y.backward(g)
-    start = sum(COUNTS[2 * l_lane : e_lane])
-    assert torch.equal(x.grad, g[start : start + COUNTS[e_lane]])
-    with pytest.raises(ValueError, match="fan-in bridge"):
-        br(x, expected + 1)
-
-    # fan-out: encoder tp4 x dp2, LM tp2 x dp4 -> encoder lane i feeds LM lanes 2i, 2i+1
-    br = ColocatedBridge(Grid(tp=4, dp=2), Grid(tp=2, dp=4))
-    e_lane, l_lane = rank // 4, rank // 2
-    lm_counts = COUNTS[2 * e_lane : 2 * e_lane + 2]
-    x = _rows(e_lane, sum(lm_counts)).requires_grad_(True)
-    y = br(x, COUNTS[l_lane])
-    slot = l_lane % 2
-    start = sum(lm_counts[:slot])
-    assert torch.equal(y, _rows(e_lane, sum(lm_counts))[start : start + COUNTS[l_lane]])
-    # slot k's upstream gradient is all (k + 1): the adjoint must be [1..., 2...] in slot order
-    y.backward(torch.full_like(y, slot + 1.0))
-    want = torch.cat([torch.full((lm_counts[0], H), 1.0), torch.full((lm_counts[1], H), 2.0)])
-    assert torch.equal(x.grad, want)
-
-    # equal: a bitwise identity forward and backward
-    br = ColocatedBridge(Grid(tp=2, dp=4), Grid(tp=2, dp=4))
-    x = torch.randn(5, H, requires_grad=True)
-    y = br(x, 5)
-    assert y is x
+def _bridge_cases(rank: int, world: int, pairs: list[tuple[Grid, Grid]]) -> None:
+    for encoder, language in pairs:
+        _moves_both_ways(rank, encoder, language)
 
 
-def test_bridge_forward_and_adjoint_on_8_ranks():
-    run_distributed(_bridge_cases, 8, timeout=120)
+def test_bridge_moves_and_backward_on_8_ranks():
+    pairs = [(Grid(tp=2, dp=4), Grid(tp=4, dp=2)), (Grid(tp=4, dp=2), Grid(tp=2, dp=4)),
+             (Grid(tp=1, dp=8), Grid(tp=4, dp=2)), (Grid(tp=2, dp=4), Grid(tp=2, dp=4))]
+    run_distributed(_bridge_cases, 8, pairs, timeout=180)
+
+
+def test_bridge_moves_samples_by_ranges_when_dp_degrees_do_not_divide():
+    """Encoder tp2 x dp3 and LM tp3 x dp2 on 6 ranks: LM lane 0 takes encoder lane 0 and half of lane 1."""
+    run_distributed(_bridge_cases, 6, [(Grid(tp=2, dp=3), Grid(tp=3, dp=2)), (Grid(tp=3, dp=2), Grid(tp=1, dp=6))],
+                    timeout=180)

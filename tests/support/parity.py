@@ -62,3 +62,23 @@ def trainer_steps(trainer: Trainer, steps: int) -> tuple[list[float], list[dict[
 
     trainer.update = capture
     return [trainer.train_step(step)["loss"] for step in range(steps)], grads
+
+
+def assert_trains_like(what: str, run: tuple[list[float], list[dict]], reference: tuple[list[float], list[dict]],
+                       rtol: float) -> None:
+    """Each step's loss and every gradient (numpy arrays, as `trainer_steps` results travel from a rank) of `run`
+    within `rtol` relative of `reference`. A key bias of a ViT or a decoder (no rotary positions) has a true gradient
+    of zero (softmax cancels it), so both runs hold rounding noise there: it only has to be small against the
+    weight's."""
+    (losses, grads), (ref_losses, ref_grads) = run, reference
+    for step, (a, b) in enumerate(zip(losses, ref_losses, strict=True)):
+        assert abs(a - b) <= rtol * abs(b), f"{what} step {step}: loss {a} vs single-process {b}"
+    for step, (got, ref) in enumerate(zip(grads, ref_grads, strict=True)):
+        assert got.keys() == ref.keys(), f"{what} step {step}: gradient names differ"
+        for name, g in got.items():
+            g, r = torch.as_tensor(g), torch.as_tensor(ref[name])
+            if name.endswith("k_proj.bias") and not name.startswith("language_model."):
+                scale = torch.as_tensor(ref[name[: -len("bias")] + "weight"]).abs().max()
+                assert max(g.abs().max(), r.abs().max()) <= rtol * scale, f"{what} step {step}: {name}"
+                continue
+            assert rel_diff(g, r) <= rtol, f"{what} step {step}: gradient {name} off by {rel_diff(g, r):.2e} relative"

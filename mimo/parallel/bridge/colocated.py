@@ -1,23 +1,34 @@
-"""The encoder -> LM crossing: the one place where tensors move from one module's ranks to another's.
+"""The encoder <-> LM crossing on colocated layouts: the one place where tensors move between two modules'
+data-parallel layouts on the same ranks.
 
 Colocated layouts (SPEC 2.4): the encoder and the LM share every rank but each has its own TP and DP
-degree, so a rank's *encoder replica* and its *LM replica* hold different slices of the microbatch.
-Both sides slice the microbatch contiguously by DP rank, and with tp varying fastest a data lane of
-the side with fewer replicas is a contiguous block of ranks that holds k = (larger DP / smaller DP)
-lanes of the other side. The bridge moves encoder rows along the batch dimension inside that block:
+degree, so a rank's *encoder replica* and its *LM replica* hold different slices of the microbatch. Both
+sides slice the microbatch contiguously by DP rank (any two degrees: 3 encoder lanes and 2 LM lanes
+are fine), and with tp (and cp) varying fastest a data lane is a contiguous run of ranks, its *stride*.
+Lane boundaries of both sides meet every lcm(encoder stride, LM stride) ranks: such a *block* holds
+whole lanes of both sides and the same samples for both. Inside a block the ranks whose offsets agree
+modulo gcd(strides) form one bridge group, which holds at least one rank of every lane of either side.
 
-- fan-in (encoder DP > LM DP): forward all-gathers the k encoder replicas' rows (in replica order,
-  which is sample order); backward keeps this replica's slice of the gradient;
-- fan-out (LM DP > encoder DP): forward keeps this LM replica's slice of the rows; backward
-  all-gathers the k siblings' gradient slices (an all-gather, never zero padding);
-- equal: identity.
+A move takes each member's rows (the rows of its source-side lane's samples), all-gathers them over
+the group, lays out the block's rows in sample order from one member per source lane (members of a
+lane hold the same rows: TP replicas), and keeps the samples of the member's destination lane. Samples
+move by ranges, so the DP degrees need not divide one another. Its backward is the move the other way
+(one member per destination lane sends each sample's gradient, never a sum of replicas' copies):
 
-Samples may carry different numbers of rows. Row counts travel with the rows: each forward first
-all-gathers one integer per peer (fan-in: how many rows each encoder replica produced; fan-out: how
-many rows each LM replica expects), so the slices are exact and the backward reuses them.
+- `to_language`: encoder rows -> the LM's placeholders (the In path); backward returns each encoder
+  replica the gradient of its own rows;
+- `to_encoder`: the LM's states at generation tokens -> the modality's layout, where its Out-path
+  decoder runs on its own DP lanes; the decoded rows come back with `to_language`.
+
+Rows per sample may vary. Both moves take the LM replica's per-sample row counts; one all-gather of them
+(with every member's row count) comes first, so every member checks every member's rows and all raise
+the same error. Equal DP degrees: identity, no collective.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -25,107 +36,126 @@ import torch.distributed as dist
 from mimo.parallel.grid import Grid, member_group
 
 
-def _all_gather_int(value: int, group: dist.ProcessGroup, device: torch.device) -> list[int]:
-    """Collective over `group`: every member's integer, in group-rank order."""
-    t = torch.tensor([value], dtype=torch.long, device=device)
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, t, group=group)
-    return [int(x) for x in out]
-
-
-def _all_gather_rows(x: torch.Tensor, sizes: list[int], group: dist.ProcessGroup) -> torch.Tensor:
-    """Collective over `group`: concatenate every member's rows (member i has sizes[i] rows)."""
-    width = max(sizes)
-    padded = x.new_zeros((width, *x.shape[1:]))
+def _all_gather_rows(x: torch.Tensor, sizes: list[int], group: dist.ProcessGroup) -> list[torch.Tensor]:
+    """Collective over `group`: every member's rows (member i has sizes[i] rows), in member order."""
+    padded = x.new_zeros((max(sizes), *x.shape[1:]))
     padded[: x.shape[0]] = x
     parts = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(parts, padded.contiguous(), group=group)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes)], dim=0)
+    return [p[:n] for p, n in zip(parts, sizes)]
 
 
-class _GatherRows(torch.autograd.Function):
-    """Forward: all-gather variable-size rows. Backward: this member's slice of the gradient."""
+@dataclass(frozen=True)
+class _Move:
+    """One re-partition inside a bridge group: rows each member holds, one member per source lane (in
+    lane order: their rows, concatenated, are the block's rows in sample order), and this member's
+    destination rows as a range of them."""
+
+    group: dist.ProcessGroup
+    sizes: list[int]
+    sources: list[int]
+    keep: tuple[int, int]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Collective over the group."""
+        parts = _all_gather_rows(x, self.sizes, self.group)
+        block = torch.cat([parts[k] for k in self.sources], dim=0)
+        return block[self.keep[0] : self.keep[1]].contiguous()
+
+
+class _MoveRows(torch.autograd.Function):
+    """Forward: `there`. Backward: `back`, the same samples' move the other way."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, sizes: list[int], index: int, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.start = sum(sizes[:index])
-        ctx.n = sizes[index]
-        return _all_gather_rows(x, sizes, group)
+    def forward(ctx, x: torch.Tensor, there: _Move, back: _Move) -> torch.Tensor:
+        ctx.back = back
+        return there(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return grad.narrow(0, ctx.start, ctx.n).contiguous(), None, None, None
+        return ctx.back(grad.contiguous()), None, None
 
 
-class _SliceRows(torch.autograd.Function):
-    """Forward: this member's slice of replicated rows. Backward: all-gather the members' gradients."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, sizes: list[int], index: int, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.sizes, ctx.group = sizes, group
-        return x.narrow(0, sum(sizes[:index]), sizes[index]).contiguous()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _all_gather_rows(grad.contiguous(), ctx.sizes, ctx.group), None, None, None
+def peer_groups(encoder: Grid, language: Grid) -> list[list[int]]:
+    """The bridge groups of two colocated grids as rank lists, in creation order (pure, no collectives): per
+    block of lcm(strides) ranks, the ranks equal modulo gcd(strides); none for equal DP degrees."""
+    if encoder.dp == language.dp:
+        return []
+    strides = (encoder.size // encoder.dp, language.size // language.dp)
+    block, step = math.lcm(*strides), math.gcd(*strides)
+    return [list(range(base + t, base + block, step)) for base in range(encoder.offset, encoder.end, block)
+            for t in range(step)]
 
 
 class ColocatedBridge:
-    """Re-partitions one modality's encoder rows from the encoder grid's DP layout to the LM grid's.
+    """Re-partitions one modality's rows between the encoder grid's DP layout and the LM grid's.
 
-    Build it on every rank, in the same order (group creation is collective). Call it with the
-    encoder replica's rows and the number of rows this rank's LM replica expects (its placeholder
-    count); the call is collective over the rank's bridge group.
+    Build it on every rank, in the same order (group creation is collective). Each call is collective over
+    the rank's bridge group and takes the rows and the LM replica's per-sample row counts (`[n]`, n = the
+    LM lane's samples).
     """
 
     def __init__(self, encoder: Grid, language: Grid):
         # The gate (mimo.train.gate.check_layout) refused every layout that breaks these.
-        e_dp, l_dp = encoder.dp, language.dp
         assert (encoder.offset, encoder.size) == (language.offset, language.size), "grids on the same ranks"
         assert encoder.pp == language.pp == 1 and encoder.cp == 1, "pp=1 on both sides, cp=1 on the encoder's"
-        assert max(e_dp, l_dp) % min(e_dp, l_dp) == 0, "dp degrees that divide one another"
         self.encoder, self.language = encoder, language
+        e_dp, l_dp = encoder.dp, language.dp
         self.direction = "equal" if e_dp == l_dp else ("fan_in" if e_dp > l_dp else "fan_out")
-        self.scale = max(e_dp, l_dp) // min(e_dp, l_dp)
+        self.strides = {"encoder": encoder.size // e_dp, "language": language.size // l_dp}
+        self.block = math.lcm(*self.strides.values())
         self.group: dist.ProcessGroup | None = None
+        self.members: list[int] = []
         self.index = 0
         if self.direction != "equal":
             self._build_groups()
 
-    def peer_groups(self) -> list[list[int]]:
-        """The bridge groups as rank lists, in creation order (pure, no collectives)."""
-        if self.direction == "equal":
-            return []
-        # The side with more DP lanes contributes one rank per lane; peers share that side's tp index
-        # and the other side's lane.
-        many, few = (self.encoder, self.language) if self.direction == "fan_in" else (self.language, self.encoder)
-        groups = []
-        lane = few.size // few.dp
-        stride = many.size // many.dp
-        for base in range(few.offset, few.end, lane):
-            for t in range(stride):
-                groups.append([base + j * stride + t for j in range(self.scale)])
-        return groups
-
     def _build_groups(self) -> None:
         """Collective: every rank creates every bridge group in the same order."""
-        self.group, self.index = member_group(self.peer_groups())
+        groups = peer_groups(self.encoder, self.language)
+        self.group, self.index = member_group(groups)
+        self.members = next(g for g in groups if g[self.index] == dist.get_rank())
 
-    def __call__(self, rows: torch.Tensor, expected_rows: int) -> torch.Tensor:
-        """Collective over this rank's bridge group: encoder-replica rows -> LM-replica rows."""
+    def _lanes(self, side: str) -> list[int]:
+        """Each member's lane of `side`, counted from its block's first lane."""
+        base = (self.members[0] - self.encoder.offset) // self.block * self.block + self.encoder.offset
+        return [(r - base) // self.strides[side] for r in self.members]
+
+    def to_language(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Collective: encoder-replica rows -> the rows of this LM replica's samples (`counts[s]` for sample s)."""
+        return self._cross(rows, counts, "encoder", "language")
+
+    def to_encoder(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Collective: rows of this LM replica's samples (`counts[s]` for sample s) -> the encoder replica's."""
+        return self._cross(rows, counts, "language", "encoder")
+
+    def _cross(self, rows: torch.Tensor, counts: torch.Tensor, source: str, dest: str) -> torch.Tensor:
         if self.direction == "equal":
-            if rows.shape[0] != expected_rows:
-                raise ValueError(f"encoder produced {rows.shape[0]} rows but the LM batch holds {expected_rows} "
-                                 "placeholders")
+            if rows.shape[0] != int(counts.sum()):
+                raise ValueError(f"bridge: {source} rows ({rows.shape[0]}) do not match the LM batch's "
+                                 f"{int(counts.sum())} rows")
             return rows
-        if self.direction == "fan_in":
-            sizes = _all_gather_int(rows.shape[0], self.group, rows.device)
-            if sum(sizes) != expected_rows:
-                raise ValueError(f"fan-in bridge: encoder replicas produced {sizes} rows (total {sum(sizes)}) but "
-                                 f"this LM replica's batch holds {expected_rows} placeholders")
-            return _GatherRows.apply(rows, sizes, self.index, self.group)
-        sizes = _all_gather_int(expected_rows, self.group, rows.device)
-        if sum(sizes) != rows.shape[0]:
-            raise ValueError(f"fan-out bridge: LM replicas expect {sizes} rows (total {sum(sizes)}) but the "
-                             f"encoder replica produced {rows.shape[0]}")
-        return _SliceRows.apply(rows, sizes, self.index, self.group)
+        mine = torch.cat([counts.long().reshape(-1), counts.new_tensor([rows.shape[0]]).long()]).to(rows.device)
+        parts = [torch.empty_like(mine) for _ in self.members]
+        dist.all_gather(parts, mine, group=self.group)
+        lm_lanes = self._lanes("language")
+        per_lane = {lane: parts[k][:-1] for k, lane in reversed(list(enumerate(lm_lanes)))}
+        ends = torch.cat([mine.new_zeros(1), torch.cat([per_lane[j] for j in sorted(per_lane)]).cumsum(0)]).tolist()
+        samples = len(ends) - 1
+        lanes = {side: self._lanes(side) for side in (source, dest)}
+        width = {side: samples // (self.block // self.strides[side]) for side in lanes}
+
+        def span(side: str, lane: int) -> tuple[int, int]:
+            return ends[lane * width[side]], ends[(lane + 1) * width[side]]
+
+        held = [int(p[-1]) for p in parts]
+        want = [span(source, lane)[1] - span(source, lane)[0] for lane in lanes[source]]
+        if held != want:
+            raise ValueError(f"bridge ({self.direction}): the {source} replicas hold {held} rows but their samples "
+                             f"need {want} (the LM batches' per-sample counts); every sample's inputs must give "
+                             "exactly its placeholders")
+        first = {side: [lanes[side].index(lane) for lane in sorted(set(lanes[side]))] for side in lanes}
+        there = _Move(self.group, held, first[source], span(dest, lanes[dest][self.index]))
+        sizes_back = [span(dest, lane)[1] - span(dest, lane)[0] for lane in lanes[dest]]
+        back = _Move(self.group, sizes_back, first[dest], span(source, lanes[source][self.index]))
+        return _MoveRows.apply(rows, there, back)
