@@ -11,11 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import trace_gaps
 from benchmarks.bench_vlm import PRESETS, preset_overrides
-from benchmarks.workload import BASELINE_DIR, baseline_module, load_preset, model_config, train_flops_per_sample
+from benchmarks.workload import (
+    BASELINE_DIR,
+    MODALITY,
+    baseline_module,
+    load_preset,
+    model_config,
+    train_flops_per_sample,
+)
 from mimo.config.load import load_config
+from mimo.models.flops import train_step_flops
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "bench"
@@ -33,6 +42,17 @@ def test_flops_formula_is_the_baselines():
     p = load_preset("small")
     assert train_flops_per_sample(p) == baseline_module().train_flops_per_sample(p)
     assert round(train_flops_per_sample(p) * p["micro_batch"] / 1e12, 2) == 169.67
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "medium"])
+def test_mimo_flops_match_the_baselines_on_presets(preset):
+    """mimo.models.flops counts what the baseline's formula counts, on every workload (shapes only: meta
+    tensors)."""
+    p = load_preset(preset)
+    b, size = p["micro_batch"], p["vision"]["image"]
+    batch = {"input_ids": torch.empty(b, p["seq_len"], device="meta"),
+             "modality_inputs": {MODALITY: {"vit": {"pixel_values": torch.empty(b, 3, size, size, device="meta")}}}}
+    assert train_step_flops(model_config(p), batch) == train_flops_per_sample(p) * b
 
 
 @pytest.mark.parametrize("name", WORKLOADS)

@@ -1,11 +1,10 @@
-"""Step FLOPs: the benchmark baseline's count on its presets, and hand-counted multi-image and audio batches."""
+"""Step FLOPs on hand-counted multi-image and audio batches (the benchmark baseline's count on its presets:
+tests/unit/test_benchmark.py), and the throughput rates built on them."""
 
 import time
 
-import pytest
 import torch
 
-from benchmarks.workload import MODALITY, load_preset, model_config, train_flops_per_sample
 from mimo.config.schema import AudioConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.models.flops import train_step_flops
 from mimo.models.sample_rows import OUTPUT_LENGTHS
@@ -16,15 +15,6 @@ from tests.support.configs import tiny_llm
 def meta(*shape: int) -> torch.Tensor:
     """A tensor with a shape and no storage: the count must read shapes only."""
     return torch.empty(*shape, device="meta")
-
-
-@pytest.mark.parametrize("preset", ["tiny", "small", "medium"])
-def test_matches_baseline_on_presets(preset):
-    p = load_preset(preset)
-    b, size = p["micro_batch"], p["vision"]["image"]
-    batch = {"input_ids": meta(b, p["seq_len"]),
-             "modality_inputs": {MODALITY: {"vit": {"pixel_values": meta(b, 3, size, size)}}}}
-    assert train_step_flops(model_config(p), batch) == train_flops_per_sample(p) * b
 
 
 LLM = tiny_llm(vocab=10, hidden=4, layers=1, heads=2, kv_heads=1, mlp=6)
