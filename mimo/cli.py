@@ -12,7 +12,7 @@ from mimo.config.schema import ConfigError
 TRAIN_HELP = """Train a model described by a TOML config. Any config key can be overridden with a dotted
 flag, e.g. `mimo train configs/demo_vlm.toml --train.steps=50 --model.llm.layers=4`.
 Outputs go to runs/<run.name>/: config.toml, metrics.jsonl, tensorboard/, loss.png,
-checkpoint/model.safetensors and summary.json.
+checkpoints/step_*/ (the final weights: a sharded DCP checkpoint) and summary.json.
 
 Several processes: `mimo train CONFIG --nproc 4` (local ranks started and watched by mimo), or
 `torchrun --nproc-per-node 4 -m mimo train CONFIG`; the [parallel.modules.*] tables of the
@@ -174,11 +174,25 @@ def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
     if overrides:
         raise ConfigError(f"export takes no config overrides, got {overrides}")
     try:
-        print(export_run(args.run, args.to, lm_only=args.lm_only))
+        print(export_run(args.run, args.to, lm_only=args.lm_only, max_shard_bytes=parse_size(args.max_shard_size)))
     except (ValueError, FileExistsError, RuntimeError) as e:
         print(f"mimo: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def parse_size(text: str) -> int:
+    """`--max-shard-size`: bytes from "5GB", "500MB", "64KiB" or a plain number of bytes."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    t = text.strip().upper()
+    number = t.rstrip("KMGIB")
+    try:
+        value = float(number) * units[t[len(number):]]
+    except (ValueError, KeyError):
+        raise ConfigError(f"--max-shard-size '{text}' is not a size; write e.g. 5GB, 500MB or 2GiB") from None
+    if value < 1:
+        raise ConfigError(f"--max-shard-size '{text}' must be at least one byte")
+    return int(value)
 
 
 PLAN_HELP = """Suggest parallel layouts for N GPUs and estimate each one's peak memory per GPU, from the
@@ -200,6 +214,10 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+RUN_HELP = ("a run folder written by `mimo train` (its newest complete checkpoint) or one of its "
+            "checkpoints/step_* folders, finished or not")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mimo", description="Train multimodal in/out models with a parallel "
                                 "layout per module (encoders and LM each on their own TP/CP/PP/DP).")
@@ -212,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="greedy decoding from a trained run",
                        description="Answer prompts about an image and/or a sound with a trained run (greedy, KV "
                        "cache), one line out per prompt.")
-    g.add_argument("--run", required=True, help="run folder written by `mimo train`, e.g. runs/demo_vlm")
+    g.add_argument("--run", required=True, help=RUN_HELP + ", e.g. runs/demo_vlm")
     g.add_argument("--image", action="append", help="image file (any size; resized to the encoder's input); "
                    "repeat it, one per --prompt, or give one for all")
     g.add_argument("--audio", action="append", help="audio file (wav; flac, ogg, ... with soundfile: pip install "
@@ -227,16 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     e = sub.add_parser("eval", help="held-out accuracy of a trained run",
                        description="Evaluate a trained run on its held-out set (exact match, greedy).")
-    e.add_argument("--run", required=True, help="run folder written by `mimo train`")
+    e.add_argument("--run", required=True, help=RUN_HELP)
     e.add_argument("--grid", help="text-to-image runs: also write a PNG of true renderings (left half) and generated "
                    "images (right half), one per colour and shape")
     e.set_defaults(func=cmd_eval)
     x = sub.add_parser("export", help="write a trained run as a Hugging Face model directory",
                        description="Export a trained run as a LlavaForConditionalGeneration directory (vision "
                        "tower + projector + LM), or with --lm-only the LM as a Qwen2/Qwen3/Llama causal LM.")
-    x.add_argument("--run", required=True, help="run folder written by `mimo train`")
+    x.add_argument("--run", required=True, help=RUN_HELP)
     x.add_argument("--to", required=True, help="new or empty output folder")
     x.add_argument("--lm-only", action="store_true", help="export only the language model")
+    x.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB, 500MB (default 5GB); "
+                   "tensors stream one at a time from the sharded checkpoint")
     x.set_defaults(func=cmd_export)
     pl = sub.add_parser("plan", help="suggest layouts and estimate memory per GPU for N GPUs", description=PLAN_HELP,
                         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,22 +1,26 @@
 """Write a MimoModel as a Hugging Face directory: LLaVA (vision tower + projector + LM) or the LM alone.
 
-Weights are written straight from the model's tensors under Hugging Face names (sharded above 5 GB, with
-the standard index), and config.json comes from the `transformers` config classes, so the result loads
+Weights stream one tensor at a time under Hugging Face names (mimo.export.stream: shards of at most
+`max_shard_bytes`, 5 GB by default, with the standard index), from a live model or, for a run, straight out of
+its sharded DCP checkpoint (mimo.train.checkpoint.tensors), so no process ever holds the whole model: the
+peak is the largest tensor. config.json comes from the `transformers` config classes, so the result loads
 with `LlavaForConditionalGeneration` / `AutoModelForCausalLM.from_pretrained`.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
+from mimo.config.load import load_config
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import VISION_PREFIXES, hf_act, hf_text_config, hf_vision_config, vision_family_of
+from mimo.export.stream import CheckpointSource, Entry, LiveSource, Source, save_streamed
 from mimo.export.tokens import (
     make_readable,
     run_tokenizer,
@@ -25,15 +29,13 @@ from mimo.export.tokens import (
     token_ids,
     with_image_token,
 )
-from mimo.hf.files import INDEX
+from mimo.hf.build import build_model
 from mimo.hf.names import HFName, llm_names, projector_names, vit_names, with_prefix
 from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel
 from mimo.models.vit import VisionTransformer
-from mimo.train.checkpoint.weights import load_run
-
-MAX_SHARD_BYTES = 5 * 2**30
+from mimo.train.checkpoint.tensors import CheckpointTensors, resolve_checkpoint
 
 
 def _prepare_dir(directory: str | Path) -> Path:
@@ -44,45 +46,35 @@ def _prepare_dir(directory: str | Path) -> Path:
     return out
 
 
-def _gather(module: nn.Module, names: dict[str, HFName], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """{HF name: tensor}; the parts of a fused tensor (`Rows`) are concatenated in row order."""
+SourceOf = Callable[[nn.Module], Source]
+"""Where a module's tensors come from: `LiveSource` (the default) or a run's checkpoint (`export_run`)."""
+
+
+def _gather(module: nn.Module, names: dict[str, HFName], dtype: torch.dtype | None,
+            source_of: SourceOf = LiveSource) -> dict[str, Entry]:
+    """{HF name: Entry}, read from the module's source only when written; the parts of a fused tensor (`Rows`)
+    are concatenated in row order. Shapes are the module's own (a model on the meta device has them)."""
+    src = source_of(module)
     state = module.state_dict()
-    out: dict[str, torch.Tensor] = {}
-    parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    out: dict[str, Entry] = {}
+    parts: dict[str, list[tuple[int, str]]] = {}
     for ours, hf in names.items():
-        t = state[ours].to(dtype) if dtype else state[ours]
         if isinstance(hf, str):
-            out[hf] = t.contiguous()
+            out[hf] = Entry(hf, tuple(state[ours].shape), dtype or src.dtype(ours), partial(src.read, ours))
         else:
-            parts.setdefault(hf[0], []).append((hf[1], t))
+            parts.setdefault(hf[0], []).append((hf[1], ours))
     for hf, pieces in parts.items():
-        out[hf] = torch.cat([t for _, t in sorted(pieces, key=lambda p: p[0])]).contiguous()
+        keys = [ours for _, ours in sorted(pieces)]
+        rows = sum(state[k].shape[0] for k in keys)
+        out[hf] = Entry(hf, (rows, *state[keys[0]].shape[1:]), dtype or src.dtype(keys[0]),
+                        lambda keys=keys, src=src: torch.cat([src.read(k) for k in keys]))
     return out
 
 
-def save_hf_weights(tensors: dict[str, torch.Tensor], directory: Path, max_shard_bytes: int | None = None) -> None:
+def save_hf_weights(tensors: dict[str, Entry], directory: Path, max_shard_bytes: int | None = None) -> None:
     """model.safetensors, or model-0000k-of-0000n.safetensors shards (each at most `max_shard_bytes`, default
-    MAX_SHARD_BYTES, unless one tensor is larger) plus model.safetensors.index.json."""
-    limit = max_shard_bytes or MAX_SHARD_BYTES
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], str(directory / "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards, 1):
-        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(directory / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, file))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    (directory / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    5 GB, unless one tensor is larger) plus model.safetensors.index.json, written one tensor at a time."""
+    save_streamed(list(tensors.values()), directory, max_shard_bytes)
 
 
 TokenizerSpec = str | Path | Any | None
@@ -98,22 +90,25 @@ def resolve_tokenizer(tokenizer: TokenizerSpec, image_token_id: int | None) -> A
     return tokenizer if image_token_id is None else with_image_token(tokenizer, image_token_id, "the tokenizer")
 
 
-def _dtype_name(model: nn.Module, dtype: torch.dtype | None) -> str:
-    return str(dtype or next(model.parameters()).dtype).removeprefix("torch.")
+def _dtype_name(tensors: dict[str, Entry]) -> str:
+    return str(next(iter(tensors.values())).dtype).removeprefix("torch.")
 
 
 def export_causal_lm(lm: DecoderLM, directory: str | Path, dtype: torch.dtype | None = None,
-                     tokenizer: TokenizerSpec = None) -> Path:
+                     tokenizer: TokenizerSpec = None, source_of: SourceOf = LiveSource,
+                     max_shard_bytes: int | None = None) -> Path:
     """The LM alone as a Qwen3/Qwen2/Llama ForCausalLM directory. With `tokenizer` (`byte`, a Hugging Face
-    tokenizer directory or object) also its files, bos/eos/pad ids in config.json and generation_config.json."""
+    tokenizer directory or object) also its files, bos/eos/pad ids in config.json and generation_config.json.
+    Tensors stream one at a time from `source_of(lm)` (default: `lm`'s own)."""
     if lm.embed_tokens is None or lm.norm is None:
         raise ValueError("export_causal_lm needs the whole LM; this one is a pipeline stage without its "
                          "embedding or final norm")
     tok = resolve_tokenizer(tokenizer, None)
     ids = token_ids(tok) if tok is not None else {}
-    config = hf_text_config(lm.cfg, _dtype_name(lm, dtype), ids)
+    tensors = _gather(lm, llm_names(lm), dtype, source_of)
+    config = hf_text_config(lm.cfg, _dtype_name(tensors), ids)
     out = _prepare_dir(directory)
-    save_hf_weights(_gather(lm, llm_names(lm), dtype), out)
+    save_hf_weights(tensors, out, max_shard_bytes)
     config.save_pretrained(out)
     if tok is not None:
         tok.save_pretrained(out)
@@ -152,29 +147,33 @@ def _llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
     return name, vit, projs[0]
 
 
-def _unused_tower_tensors(vit: VisionTransformer, dtype: torch.dtype, prefix: str) -> dict[str, torch.Tensor]:
+def _unused_tower_tensors(vit: VisionTransformer, dtype: torch.dtype, prefix: str,
+                          source_of: SourceOf = LiveSource) -> dict[str, Entry]:
     """What the Hugging Face tower class holds but mimo's tower does not use: the final LayerNorm without
     post_norm (stored as the identity) and DINOv2's mask token (zeros); DINOv2's cls token and positions get
     their leading singleton dims back."""
-    h = vit.cfg.hidden
+    h, src = vit.cfg.hidden, source_of(vit)
     norm = "layernorm." if vit.cfg.layer_scale else "post_layernorm."
-    out = {}
+    made = {}
     if vit.post_layernorm is None:
-        out = {f"{prefix}{norm}weight": torch.ones(h, dtype=dtype), f"{prefix}{norm}bias": torch.zeros(h, dtype=dtype)}
+        made = {f"{prefix}{norm}weight": ((h,), lambda: torch.ones(h)),
+                f"{prefix}{norm}bias": ((h,), lambda: torch.zeros(h))}
     if vit.cfg.layer_scale:
-        out.update({f"{prefix}embeddings.mask_token": torch.zeros(1, h, dtype=dtype),
-                    f"{prefix}embeddings.cls_token": vit.class_embedding.detach().to(dtype).reshape(1, 1, h),
-                    f"{prefix}embeddings.position_embeddings": vit.position_embedding.weight.detach().to(dtype)[None]})
-    return out
+        positions = tuple(vit.position_embedding.weight.shape)
+        made.update({f"{prefix}embeddings.mask_token": ((1, h), lambda: torch.zeros(1, h)),
+                     f"{prefix}embeddings.cls_token": ((1, 1, h), lambda: src.read("class_embedding").reshape(1, 1, h)),
+                     f"{prefix}embeddings.position_embeddings": ((1, *positions),
+                                                                 lambda: src.read("position_embedding.weight")[None])})
+    return {name: Entry(name, shape, dtype, make) for name, (shape, make) in made.items()}
 
 
 def export_vision_tower(vit: VisionTransformer, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
     """The tower alone as a CLIPVisionModel, SiglipVisionModel, Siglip2VisionModel or Dinov2Model directory
     (its `last_hidden_state` is mimo's output with post_norm, its `hidden_states[-1]` without)."""
-    config = hf_vision_config(vit.cfg, "the vision tower", _dtype_name(vit, dtype))
     prefix = VISION_PREFIXES[vision_family_of(vit.cfg, "the vision tower")]
     tensors = _gather(vit, with_prefix(vit_names(vit), prefix), dtype)
-    tensors.update(_unused_tower_tensors(vit, dtype or vit.position_embedding.weight.dtype, prefix))
+    tensors.update(_unused_tower_tensors(vit, next(iter(tensors.values())).dtype, prefix))
+    config = hf_vision_config(vit.cfg, "the vision tower", _dtype_name(tensors))
     out = _prepare_dir(directory)
     save_hf_weights(tensors, out)
     config.save_pretrained(out)
@@ -183,14 +182,21 @@ def export_vision_tower(vit: VisionTransformer, directory: str | Path, dtype: to
 
 
 def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
-                 tokenizer: TokenizerSpec = None) -> Path:
+                 tokenizer: TokenizerSpec = None, source_of: SourceOf = LiveSource,
+                 max_shard_bytes: int | None = None) -> Path:
     """Vision tower + projector + LM as a `LlavaForConditionalGeneration` directory. With `tokenizer` (`byte`,
     a Hugging Face tokenizer directory or object) also the tokenizer with `<image>` at the placeholder id, a
-    processor `AutoProcessor` loads (mimo's pixel preparation), bos/eos/pad ids and generation_config.json."""
+    processor `AutoProcessor` loads (mimo's pixel preparation), bos/eos/pad ids and generation_config.json.
+    Tensors stream one at a time from `source_of(module)` (default: the model's own)."""
     tf = require_transformers()
     name, vit, proj = _llava_parts(model)
     lm = model.language_model
-    dt = _dtype_name(model, dtype)
+    tensors = _gather(lm, llm_names(lm, "language_model.model.", "language_model."), dtype, source_of)
+    tensors.update(_gather(vit, with_prefix(vit_names(vit), "vision_tower."), dtype, source_of))
+    # The tower's final LayerNorm is unused by LLaVA but expected by the class: store it as the identity.
+    tensors.update(_unused_tower_tensors(vit, next(iter(tensors.values())).dtype, "vision_tower.", source_of))
+    tensors.update(_gather(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype, source_of))
+    dt = _dtype_name(tensors)
     vcfg = vit.cfg
     tok = resolve_tokenizer(tokenizer, model.special_token_ids[name])
     ids = token_ids(tok) if tok is not None else {}
@@ -202,13 +208,8 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
         projector_hidden_act=hf_act(_act_name(proj.act), f"model.modalities.{name}.projector.act"),
         multimodal_projector_bias=proj.fc1.bias is not None, tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
     config.architectures = ["LlavaForConditionalGeneration"]
-    tensors = _gather(lm, llm_names(lm, "language_model.model.", "language_model."), dtype)
-    tensors.update(_gather(vit, with_prefix(vit_names(vit), "vision_tower."), dtype))
-    # The tower's final LayerNorm is unused by LLaVA but expected by the class: store it as the identity.
-    tensors.update(_unused_tower_tensors(vit, dtype or vit.position_embedding.weight.dtype, "vision_tower."))
-    tensors.update(_gather(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype))
     out = _prepare_dir(directory)
-    save_hf_weights(tensors, out)
+    save_hf_weights(tensors, out, max_shard_bytes)
     config.save_pretrained(out)
     if tok is not None:
         save_llava_processor(tok, vcfg, strategy, out)
@@ -227,11 +228,23 @@ def run_tokenizer_spec(data_tokenizer: str, llm_hf_path: str) -> str:
     return "byte"
 
 
-def export_run(run_dir: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None) -> Path:
-    """`mimo export`: a finished run's weights as a LLaVA directory, or with `lm_only` the LM as a causal LM;
-    the run's tokenizer travels with it (`run_tokenizer_spec`)."""
-    cfg, model = load_run(run_dir)
+def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None,
+               max_shard_bytes: int | None = None) -> Path:
+    """`mimo export`: a run's weights (its newest complete checkpoint, or the `checkpoints/step_*` folder
+    passed) as a LLaVA directory, or with `lm_only` the LM as a causal LM; the run's tokenizer travels with it
+    (`run_tokenizer_spec`). Streams tensor by tensor from the sharded checkpoint: the model is built on the
+    meta device for its names and shapes only, so the peak is about the largest tensor."""
+    run_dir, step_dir = resolve_checkpoint(run)
+    cfg = load_config(run_dir / "config.toml")
+    with torch.device("meta"):
+        model = build_model(cfg.model, load_weights=False)
+    tensors = CheckpointTensors(step_dir)
+    prefixes = {id(m): f"{n}." for n, m in model.named_modules()}
+
+    def source_of(module: nn.Module) -> CheckpointSource:
+        return CheckpointSource(tensors, prefixes[id(module)])
+
     tok = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
     if lm_only:
-        return export_causal_lm(model.language_model, to, dtype, tok)
-    return export_llava(model, to, dtype, tok)
+        return export_causal_lm(model.language_model, to, dtype, tok, source_of, max_shard_bytes)
+    return export_llava(model, to, dtype, tok, source_of, max_shard_bytes)

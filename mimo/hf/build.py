@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import copy
 
+import torch
+from torch import nn
+
 from mimo.config.schema import ConfigError, ModelConfig
 from mimo.hf.config import llm_config_from_hf, vit_config_from_hf
-from mimo.hf.files import DirectorySource
+from mimo.hf.files import DirectorySource, TensorSlice
 from mimo.hf.load import ShardFn, load_llm_weights, load_vit_weights
 from mimo.models.build import build_model as build_plain_model
+from mimo.models.init import LocalView, is_on_meta, whole
 from mimo.models.multimodal import MimoModel
 
 
@@ -45,26 +49,45 @@ def resolve_hf_architecture(cfg: ModelConfig) -> None:
                               "the vocabulary of model.llm.hf_path")
 
 
-def load_hf_weights_into(model: MimoModel, cfg: ModelConfig, shard_fn: ShardFn | None = None) -> None:
-    """Stream the weights of every hf_path into the built model (under TP, pass a `shard_fn`)."""
-    if cfg.llm.hf_path:
+def view_shard_fn(module: nn.Module, prefix: str, view: LocalView) -> ShardFn:
+    """A `shard_fn` reading, for each parameter of `module` (called `prefix` + its name in the MimoModel),
+    exactly the piece `view` says this rank holds (mimo.parallel.materialize): TP slices, FSDP shards."""
+    params = dict(module.named_parameters())
+
+    def shard(name: str, sl: TensorSlice) -> torch.Tensor:
+        index, target = view(prefix + name, params[name])
+        if not target.numel():
+            return torch.empty(target.shape, dtype=target.dtype)
+        return sl[index] if index else sl[:]
+
+    return shard
+
+
+def load_hf_weights_into(model: MimoModel, cfg: ModelConfig, view: LocalView = whole) -> None:
+    """Stream the weights of every hf_path into the built (possibly laid-out) model, each rank reading only the
+    pieces `view` names (default: every tensor whole, read straight into the parameter). Not collective."""
+    if cfg.llm.hf_path and any(True for _ in model.language_model.parameters()):
         with DirectorySource(cfg.llm.hf_path) as src:
-            load_llm_weights(model.language_model, src, shard_fn)
+            lm = model.language_model
+            load_llm_weights(lm, src, None if view is whole else view_shard_fn(lm, "language_model.", view))
     for name, m in cfg.modalities.items():
-        if m.hf_path:
+        vit = model.modality_submodules[name].encoders["vit"] if m.hf_path else None
+        if vit is not None and any(True for _ in vit.parameters()):
             with DirectorySource(m.hf_path) as src:
-                load_vit_weights(model.modality_submodules[name].encoders["vit"], src, shard_fn)
+                shard = view_shard_fn(vit, f"modality_submodules.{name}.encoders.vit.", view)
+                load_vit_weights(vit, src, None if view is whole else shard)
 
 
-def build_model(cfg: ModelConfig) -> MimoModel:
+def build_model(cfg: ModelConfig, load_weights: bool = True) -> MimoModel:
     """The full single-device model: seeded from the torch RNG state, then the weights of every hf_path
-    loaded (their config.json resolves `cfg`'s architecture fields in place first)."""
+    loaded (their config.json resolves `cfg`'s architecture fields in place first). On the meta device
+    nothing is read: call `load_hf_weights_into` once the model is laid out and materialised."""
     if cfg.llm.hf_path or any(m.hf_path for m in cfg.modalities.values()):
-        return build_hf_model(cfg)
+        return build_hf_model(cfg, load_weights)
     return build_plain_model(cfg)
 
 
-def build_hf_model(cfg: ModelConfig) -> MimoModel:
+def build_hf_model(cfg: ModelConfig, load_weights: bool = True) -> MimoModel:
     """`build_model` for a config with hf_path fields: resolve `cfg` in place, build, load the weights."""
     resolve_hf_architecture(cfg)
     plain = copy.deepcopy(cfg)
@@ -72,5 +95,6 @@ def build_hf_model(cfg: ModelConfig) -> MimoModel:
     for m in plain.modalities.values():
         m.hf_path = ""
     model = build_plain_model(plain)
-    load_hf_weights_into(model, cfg)
+    if load_weights and not is_on_meta(model):  # on meta there is nothing to read into
+        load_hf_weights_into(model, cfg)
     return model

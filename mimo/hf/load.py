@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from mimo.config.schema import LLMConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.hf.config import (
@@ -56,6 +57,7 @@ def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSo
     with open_source(source) as src:
         for name, hf in mapping.items():
             target = targets[name]
+            target = target.to_local() if isinstance(target, DTensor) else target  # an FSDP2 shard: fill its piece
             hf_name, part = (hf, None) if isinstance(hf, str) else (hf[0], hf[1:])
             sl = src.get_slice(hf_name) if part is None else RowsSlice(src.get_slice(hf_name), *part)
             # Without a shard function a whole tensor goes straight into the parameter (no second copy).

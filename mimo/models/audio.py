@@ -9,6 +9,7 @@ tensor-parallel code shards in every other block. Unlike Whisper, any frame coun
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mimo.config.schema import AudioConfig
+from mimo.models import init
 from mimo.models.layers import MLP, SelfAttention
 
 
@@ -66,15 +68,15 @@ class AudioEncoder(nn.Module):
         """Normal(0, init_std) matrices, zero biases, unit norms; sinusoidal positions stay fixed unless learned."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Conv1d, nn.Embedding)):
-                nn.init.normal_(m.weight, std=self.cfg.init_std)
+                init.normal_(m.weight, std=self.cfg.init_std)
                 if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+                    init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+                init.ones_(m.weight)
+                init.zeros_(m.bias)
         if not self.cfg.learned_positions:
-            with torch.no_grad():
-                self.embed_positions.weight.copy_(sinusoids(self.cfg.max_positions, self.cfg.hidden))
+            init.fixed_(self.embed_positions.weight,
+                        functools.partial(sinusoids, self.cfg.max_positions, self.cfg.hidden))
             self.embed_positions.weight.requires_grad_(False)
 
     def forward(self, input_features: torch.Tensor) -> torch.Tensor:

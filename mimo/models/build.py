@@ -1,11 +1,16 @@
 """The pure model builder: a config in, a single-device MimoModel out, on whatever device is current
-(including meta). Weights depend only on the torch RNG state; Hugging Face weights are mimo.hf's job."""
+(including meta). Weights depend only on one draw from the torch RNG (the model's base seed) and each
+parameter's name (mimo.models.init), so a layout can make any part of them later; Hugging Face weights are
+mimo.hf's job."""
 
 from __future__ import annotations
+
+import torch
 
 from mimo.config.schema import ModelConfig
 from mimo.models.audio import AudioEncoder
 from mimo.models.decoders import build_image_output
+from mimo.models.init import INIT_SPECS, draw_base_seed, init_specs, materialize
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
 from mimo.models.projector import MLPProjector
@@ -28,10 +33,24 @@ def build_audio_submodules(audio_cfg, proj_cfg, lm_hidden: int, init_std: float)
 
 def build_model(cfg: ModelConfig) -> MimoModel:
     """Build the full single-device model from a config without hf_path fields (mimo.hf.build.build_model
-    takes those). Weights depend only on the torch RNG state."""
+    takes those) on the current device. The modules are made on meta and their initialisation rules
+    recorded (`model._mimo_init_specs`, full shapes); off meta each parameter is then drawn by name
+    (`materialize`). Weights depend only on the torch RNG state (one draw: the base seed)."""
     if cfg.llm.hf_path or any(m.hf_path for m in cfg.modalities.values()):
         raise ValueError("models.build.build_model builds from the config alone; a config with hf_path fields "
                          "goes through mimo.hf.build.build_model, which resolves and loads the weights")
+    device = torch.get_default_device()
+    base_seed = draw_base_seed()
+    with torch.device("meta"):
+        model = _build_modules(cfg)
+    specs = init_specs(model, base_seed)
+    setattr(model, INIT_SPECS, specs)
+    if device.type != "meta":
+        materialize(model, specs, device)
+    return model
+
+
+def _build_modules(cfg: ModelConfig) -> MimoModel:
     lm = DecoderLM(cfg.llm)
     subs = {}
     for name, m in cfg.modalities.items():

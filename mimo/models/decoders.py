@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from mimo.config.schema import DecoderConfig, ProjectorConfig, ViTConfig
+from mimo.models import init
 from mimo.models.projector import MLPProjector
 from mimo.models.vit import ViTBlock
 
@@ -48,9 +49,9 @@ class PatchImageDecoder(nn.Module):
         self.head = nn.Linear(cfg.hidden, self.patch_dim)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=cfg.init_std)
+                init.normal_(m.weight, std=cfg.init_std)
                 if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+                    init.zeros_(m.bias)
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         p = self.patches_per_image

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from mimo.config.schema import LLMConfig
+from mimo.models import init
 from mimo.models.layers import (
     KVCache,
     RMSNorm,
@@ -84,11 +85,11 @@ class DecoderLM(nn.Module):
         """Normal(0, init_std) matrices, zero biases, unit norms: depends only on the RNG state."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=self.cfg.init_std)
+                init.normal_(m.weight, std=self.cfg.init_std)
                 if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+                    init.zeros_(m.bias)
             elif isinstance(m, RMSNorm):
-                (nn.init.zeros_ if m.offset else nn.init.ones_)(m.weight)  # the identity either way
+                (init.zeros_ if m.offset else init.ones_)(m.weight)  # the identity either way
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

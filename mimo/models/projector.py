@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from mimo.config.schema import ProjectorConfig
+from mimo.models import init
 from mimo.models.layers import MLP
 
 
@@ -14,6 +13,6 @@ class MLPProjector(MLP):
     def __init__(self, dim_in: int, dim_out: int, cfg: ProjectorConfig, init_std: float = 0.02):
         super().__init__(dim_in, dim_out, dim_out, cfg.act, bias=cfg.bias)
         for lin in (self.fc1, self.fc2):
-            nn.init.normal_(lin.weight, std=init_std)
+            init.normal_(lin.weight, std=init_std)
             if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
+                init.zeros_(lin.bias)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from mimo.config.schema import ViTConfig
+from mimo.models import init
 from mimo.models.layers import MLP, SelfAttention
 
 
@@ -67,18 +68,18 @@ class VisionTransformer(nn.Module):
         std = self.cfg.init_std
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv2d)):
-                nn.init.normal_(m.weight, std=std)
+                init.normal_(m.weight, std=std)
                 if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+                    init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+                init.ones_(m.weight)
+                init.zeros_(m.bias)
         if self.class_embedding is not None:
-            nn.init.normal_(self.class_embedding, std=std)
+            init.normal_(self.class_embedding, std=std)
         for block in self.layers.values():
             for scale in (block.layer_scale1, block.layer_scale2):
                 if scale is not None:
-                    nn.init.ones_(scale)
+                    init.ones_(scale)
 
     def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
         if pixel_values.dim() != 4:

@@ -127,8 +127,10 @@ Out-path decoder that some rank has no output for, which validate_plan refuses o
 
 def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: MixedPrecisionPolicy | None = None,
-               entry_methods: Sequence[str] = ()) -> FSDPModule:
-    """Shard `module` with FSDP2 over the 1-D DP `mesh`: one unit per block, then the root.
+               entry_methods: Sequence[str] = (), own_units: Sequence[str] = ()) -> FSDPModule:
+    """Shard `module` with FSDP2 over the 1-D DP `mesh`: one unit per block, one per child named in
+    `own_units` (e.g. an untied LM's embedding: gathered only around its lookup, not from the first forward
+    to the last backward as the root's parameters are), then the root.
 
     Blocks are the children of every `layers` ModuleDict/ModuleList (LM decoder layers, ViT blocks).
     Gradients are reduce-scattered with a plain SUM (no 1/dp divide). Each rank holds a distinct
@@ -156,6 +158,9 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
     for container in reversed(containers):
         for block in container.children():
             fully_shard(block, **kwargs)
+    for name in own_units:
+        if getattr(module, name, None) is not None:
+            fully_shard(getattr(module, name), **kwargs)
     root = fully_shard(module, **kwargs)
     for name in (*entry_methods, *getattr(module, FSDP_ENTRY_METHODS, ())):
         register_fsdp_forward_method(root, name)

@@ -14,20 +14,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
+from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.data.batching import split_microbatches
-from mimo.hf.build import build_model
+from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge.colocated import ColocatedBridge
 from mimo.parallel.context import ContextParallel
-from mimo.parallel.data import FSDP_REDUCES_UNUSED_PARAMS, GradReducer, apply_fsdp, norm_sq_reducer
+from mimo.parallel.data import FSDP_REDUCES_UNUSED_PARAMS, REPLICAS, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout, check_heads_divisible
+from mimo.parallel.materialize import local_view
 from mimo.parallel.pipeline.plan import PipelinePlan, is_pipelined, validate_pipeline
 from mimo.parallel.tensor import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    VocabParallelEmbedding,
+    TP_PARTIAL_GRAD,
     mark_tp_replicated,
     parallelize_lm,
     parallelize_vit,
@@ -35,6 +34,7 @@ from mimo.parallel.tensor import (
     sync_sequence_parallel_grads,
     tp_lm_logits,
     tp_lm_loss,
+    tp_shard_dim,
 )
 
 
@@ -160,14 +160,20 @@ class ParallelPlan:
     def modules(self, model: MimoModel) -> dict[str, nn.Module]:
         return {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}
 
-    def parallelize(self, model: MimoModel, compute_paths: Callable[[MimoModel], None] | None = None) -> None:
-        """Lay the full seeded model out in place, in one order: TP (+SP) per module, the bridges, the
-        pipeline split, CP; then `compute_paths`, the caller's changes to how blocks compute (mimo.perf's fused
-        q/k/v, activation checkpointing, torch.compile: torchtitan's order, so that FSDP2 wraps compiled,
+    def parallelize(self, model: MimoModel, compute_paths: Callable[[MimoModel], None] | None = None,
+                    device: torch.device | str = "cpu") -> None:
+        """Lay the full model out in place, in one order: TP (+SP) per module, the bridges, the pipeline
+        split, CP; then `compute_paths`, the caller's changes to how blocks compute (mimo.perf's fused q/k/v,
+        activation checkpointing, torch.compile: torchtitan's order, so that FSDP2 wraps compiled,
         checkpointed blocks); then DP per module.
+
+        A model built on the meta device (mimo.models.build) is laid out there and only then materialised on
+        `device`: each rank allocates and initialises just its own TP slices, stage and FSDP shards, with the
+        values of the single-process model (`materialize_local`). A materialised model is sliced as it is.
 
         Not collective except FSDP's construction; build the optimizer afterwards.
         """
+        on_meta = is_on_meta(model)
         lm_tp = self.groups[LANGUAGE].group("tp")
         sp = self._flag(LANGUAGE, "sequence_parallel")
         if self.layout.grids[LANGUAGE].tp > 1 and self.holds(LANGUAGE):
@@ -189,17 +195,44 @@ class ParallelPlan:
             self.context.apply(model)
         if compute_paths is not None:
             compute_paths(model)
-        self.apply_data_parallel(model)
+        self.apply_data_parallel(model, sharded=True)
+        if on_meta:
+            self.materialize_local(model, device)
+        self.apply_data_parallel(model, sharded=False)
 
-    def apply_data_parallel(self, model: MimoModel) -> None:
-        """FSDP2 or a bucketed gradient all-reduce for every module with more than one data lane here."""
+    def tp_rank(self, name: str) -> tuple[int, int]:
+        """(this rank's TP rank, the tp) of module `name`."""
+        return self.groups[name].rank_in("tp"), self.layout.grids[name].tp
+
+    def local_view(self, model: MimoModel) -> LocalView:
+        """Where each of this rank's parameters sits in the full tensor (mimo.parallel.materialize)."""
+        specs = getattr(model, INIT_SPECS)
+        return local_view(model, {k: s.shape for k, s in specs.items()}, self.tp_rank)
+
+    def materialize_local(self, model: MimoModel, device: torch.device | str) -> None:
+        """Allocate this rank's pieces of a laid-out meta model on `device` and fill them from the seeded full
+        tensors, one parameter at a time (peak: the largest full tensor). Not collective."""
+        replicas = {n: getattr(p, REPLICAS) for n, p in model.named_parameters() if hasattr(p, REPLICAS)}
+        partial = {n for n, p in model.named_parameters() if getattr(p, TP_PARTIAL_GRAD, False)}
+        materialize(model, getattr(model, INIT_SPECS), device, self.local_view(model))
+        for n, p in model.named_parameters():
+            if n in replicas:
+                setattr(p, REPLICAS, replicas[n])
+            if n in partial:
+                setattr(p, TP_PARTIAL_GRAD, True)
+
+    def apply_data_parallel(self, model: MimoModel, sharded: bool) -> None:
+        """For every module with more than one data lane here: FSDP2 (`sharded`, on meta or real parameters)
+        or else a bucketed gradient all-reduce over the materialised parameters."""
         for name, module in self.modules(model).items():
             lanes = self.data_dims(name)
-            if self.groups[name].size_of(lanes) == 1 or not self.holds(name):
+            if self.groups[name].size_of(lanes) == 1 or not self.holds(name) or self._flag(name, "fsdp") != sharded:
                 continue
-            if self._flag(name, "fsdp"):
+            if sharded:
                 entry = ("embed", "logits") if name == LANGUAGE else ()
-                apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry)
+                # An untied embedding is only looked up: its own unit frees it between lookup and backward.
+                own = ("embed_tokens",) if name == LANGUAGE and not self.cfg.model.llm.tie_embeddings else ()
+                apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry, own_units=own)
             else:
                 self.reducers[name] = GradReducer(module, self.groups[name].group(lanes))
 
@@ -221,7 +254,8 @@ class ParallelPlan:
             reducer.reduce()
 
     def gather_full(self, model: MimoModel, grads: bool = False) -> dict[str, torch.Tensor]:
-        """Collective: every parameter (or its gradient) unsharded, FSDP first then TP; full on rank 0.
+        """Collective: every parameter (or its gradient) unsharded, FSDP first then TP; full on rank 0. For
+        tests and diagnostics only: no part of a run gathers its model.
 
         Ranks other than 0 return an empty dict after taking part in the gathers. A missing gradient
         is gathered as zeros.
@@ -246,14 +280,12 @@ class ParallelPlan:
                 out[pname] = t.clone()
         return out if self.pipeline is None else self.pipeline.gather_to_rank0(out)
 
-    def gather_full_model(self, model: MimoModel, model_cfg: ModelConfig) -> MimoModel:
-        """Collective: a single-process copy of the trained model on rank 0 (others get their own model)."""
-        tensors = self.gather_full(model)
-        if self.rank != 0:
-            return model
-        full = build_model(model_cfg).to(next(iter(tensors.values())).device)
-        full.load_state_dict(tensors, strict=False)
-        return full
+    def decodes_in_place(self, model: MimoModel) -> bool:
+        """Whether every rank can run greedy decoding on its sharded model in step with the others: no
+        pipeline, no context parallelism, no sequence-parallel LM (one new token cannot be split) and no
+        bridge between data lanes of different widths (every rank decodes the same whole batch)."""
+        return (self.pipeline is None and self.context is None and not self._flag(LANGUAGE, "sequence_parallel")
+                and not model.bridges)
 
     def data_dims(self, name: str) -> str | tuple[str, ...]:
         """The dims over which a module's ranks hold different tokens: dp, and cp where the module has CP
@@ -306,11 +338,3 @@ class ParallelPlan:
         if self.groups[LANGUAGE].size_of(lanes) > 1:
             dist.all_reduce(t, group=self.groups[LANGUAGE].group(lanes))
         return t
-
-def tp_shard_dim(owner: nn.Module, pname: str) -> int | None:
-    """The dim along which tensor parallelism split this parameter, or None if it is TP-replicated."""
-    if isinstance(owner, (ColumnParallelLinear, VocabParallelEmbedding)):
-        return 0
-    if isinstance(owner, RowParallelLinear) and pname.endswith("weight"):
-        return 1
-    return None

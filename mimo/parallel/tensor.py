@@ -354,3 +354,12 @@ def sync_sequence_parallel_grads(module: nn.Module, tp_group: ProcessGroup) -> N
         dist.all_reduce(flat, group=tp_group)
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))
+
+
+def tp_shard_dim(owner: nn.Module, pname: str) -> int | None:
+    """The dim along which tensor parallelism split this parameter, or None if it is TP-replicated."""
+    if isinstance(owner, (ColumnParallelLinear, VocabParallelEmbedding)):
+        return 0
+    if isinstance(owner, RowParallelLinear) and pname.endswith("weight"):
+        return 1
+    return None

@@ -17,8 +17,9 @@ from mimo.config.schema import Config
 from mimo.data.batching import pinned, split_microbatches, to_device, with_precomputed_rows
 from mimo.data.checks import check_batch
 from mimo.data.packing import PackedBatches
-from mimo.hf.build import build_model
+from mimo.hf.build import build_model, load_hf_weights_into
 from mimo.models.flops import train_step_flops
+from mimo.models.init import INIT_SPECS, materialize, whole
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.plan import ParallelPlan
@@ -27,7 +28,6 @@ from mimo.perf.apply import apply_fast_paths
 from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.captured import CapturedStep
 from mimo.train.checkpoint.resume import RunCheckpointer
-from mimo.train.checkpoint.weights import save_weights
 from mimo.train.faults import StepGuard, skip_step
 from mimo.train.gate import launch_world_size, validate_run
 from mimo.train.held_out import evaluate_held_out, read_batch
@@ -70,7 +70,7 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = all(cfg.train.dtype_of(m) != "float32" for m in cfg.model.module_names)
         self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
         torch.manual_seed(cfg.train.seed)
-        self.model = self.build_model().to(self.device)
+        self.model = self.build_model()
         self.data = build_demo_data(cfg, self.model)
         if cfg.data.packing:
             rows = self.plan.batch_multiple() if self.plan is not None else cfg.parallel.microbatches
@@ -90,14 +90,22 @@ class Trainer:
 
     # Hooks the parallel runtime overrides -------------------------------------------------------
     def build_model(self) -> MimoModel:
-        """The full seeded model on every rank (layout-independent init), laid out by the plan with the fast
-        paths in their place (after TP, CP and the pipeline split, before data parallelism)."""
-        model = build_model(self.cfg.model)
+        """The model built on the meta device, laid out by the plan with the fast paths in their place (after
+        TP, CP and the pipeline split, before data parallelism), then materialised: each rank allocates and
+        initialises only what it holds, with the single-process values (init by parameter name), and reads
+        only its pieces of the hf_path weights."""
+        with torch.device("meta"):
+            model = build_model(self.cfg.model, load_weights=False)
         if self.plan is not None:
             lm_tp = self.plan.lm_tensor_parallel()
-            self.plan.parallelize(model, compute_paths=lambda m: apply_fast_paths(self.cfg, m, lm_tp))
+            self.plan.parallelize(model, compute_paths=lambda m: apply_fast_paths(self.cfg, m, lm_tp),
+                                  device=self.device)
+            view = self.plan.local_view(model)
         else:
+            materialize(model, getattr(model, INIT_SPECS), self.device)
             apply_fast_paths(self.cfg, model)
+            view = whole
+        load_hf_weights_into(model, self.cfg.model, view)
         apply_module_precision(self.cfg, model)
         return model
 
@@ -274,31 +282,26 @@ class Trainer:
                     return {"steps": step + 1, "stopped": "SIGTERM", "final_loss": rec["loss"],
                             "checkpoint": str(self.checkpointer.store.path(step + 1))}
         wall = time.perf_counter() - t0
+        final = self.checkpointer.save_final(steps)
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
                    "wall_s": round(self.checkpointer.run_wall_s(), 2), **throughput.summary(wall),
-                   "world_size": self.world}
+                   "world_size": self.world, "checkpoint": str(final)}
         if start:
             summary.update(resumed_at_step=start, segment_wall_s=round(wall, 2))
         return self.finish(summary, losses, start, logger)
 
     def finish(self, summary: dict, losses: list[tuple[int, float]], start: int, logger: MetricsLogger) -> dict:
-        """Collective: the final evaluation (rank 0, said on stderr as it starts and ends), then on rank 0 the
-        weights, loss.png (the whole run, earlier segments and eval points included) and summary.json."""
-        if self.cfg.train.master_weights:  # the bf16 weights are views of MasterAdamW's flat buffer: give each
-            for p in self.model.parameters():  # its own storage, as safetensors saves no views (training is over)
-                p.data = p.data.clone()
-        full = self.full_model()
+        """Collective: the final evaluation on the sharded model (said on stderr as it starts and ends, see
+        `evaluate`), then on rank 0 loss.png (the whole run, earlier segments and eval points included) and
+        summary.json. The final weights are already the run's last checkpoint."""
         began = time.perf_counter()
         logger.note(f"mimo: evaluating the trained model on the held-out set (data.name = '{self.cfg.data.name}')")
-        # Greedy decoding changes shapes every token: compiled blocks would recompile, so evaluate eagerly.
-        with torch.compiler.set_stance("force_eager"):
-            evaluation = evaluate_demo(self.cfg, full, self.data, self.device) if self.is_main else {}
+        evaluation = self.evaluate()
         logger.note(f"mimo: evaluation done in {time.perf_counter() - began:.1f} s; writing {self.run_dir}")
         summary = {**summary, "eval": evaluation}
         if isinstance(self.data, PackedBatches):
             summary["padding"] = self.data.padding_report()
         if self.is_main:
-            save_weights(full, self.run_dir / "checkpoint")
             train_points, eval_points = run_curve(self.run_dir / "metrics.jsonl", start, losses)
             plot_curve(train_points, self.run_dir / "loss.png", eval_points, resumed_at=start)
             logger.write_summary(summary)
@@ -319,8 +322,14 @@ class Trainer:
         if start == 0:
             (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
-    def full_model(self) -> MimoModel:
-        """The whole model as one single-process module (collective under a plan; full copy on rank 0)."""
-        if self.plan is None:
-            return self.model
-        return self.plan.gather_full_model(self.model, self.cfg.model)
+    def evaluate(self) -> dict:
+        """The held-out evaluation of the trained model where it is: on one process the model itself; on a
+        layout every rank evaluates its sharded model in step (collective: TP gathers logits, FSDP gathers
+        each block's weights) where that layout can decode (no pipeline, context or LM sequence parallelism,
+        equal data lanes); elsewhere it is left to `mimo eval --run`. Rank 0 returns the result."""
+        if self.plan is not None and not self.plan.decodes_in_place(self.model):
+            return {"skipped": "this layout does not decode in place; run `mimo eval --run` on the run folder"}
+        # Greedy decoding changes shapes every token: compiled blocks would recompile, so evaluate eagerly.
+        with torch.compiler.set_stance("force_eager"):
+            evaluation = evaluate_demo(self.cfg, self.model, self.data, self.device)
+        return evaluation if self.is_main else {}

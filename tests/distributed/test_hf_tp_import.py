@@ -8,8 +8,7 @@ from mimo.hf.config import llm_config_from_hf
 from mimo.hf.files import open_source
 from mimo.hf.load import dim_shard_fn, import_llm, load_llm_weights
 from mimo.models.llm import DecoderLM
-from mimo.parallel.plan import tp_shard_dim
-from mimo.parallel.tensor import parallelize_lm, tp_lm_logits
+from mimo.parallel.tensor import parallelize_lm, tp_lm_logits, tp_shard_dim
 from tests.support.dist import run_distributed
 from tests.support.hf_helpers import TOL, rel_diff, save, tiny_text_config, transformers
 

@@ -40,7 +40,7 @@ def make_run(tmp_path, tower: str):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text(dump_toml(Config(model=cfg)))
-    save_weights(model, run / "checkpoint")
+    save_weights(model, run)
     images = []
     for i, size in enumerate((16, 24, 13)):
         path = tmp_path / f"img{i}.png"

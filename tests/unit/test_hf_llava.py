@@ -110,7 +110,7 @@ def test_cli_export_run(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text(dump_toml(Config(model=cfg)))
-    save_weights(model, run / "checkpoint")
+    save_weights(model, run)
     with pytest.raises(SystemExit) as done:
         main(["export", "--run", str(run), "--to", str(tmp_path / "llava")])
     assert done.value.code == 0

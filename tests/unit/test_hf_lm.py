@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from mimo.export import export_causal_lm
-from mimo.export import hf as hf_export
 from mimo.hf import import_llm
 from mimo.models.layers import padded_causal_mask
 from mimo.models.llm import DecoderLM
@@ -86,11 +85,10 @@ def test_export_loads_as_causal_lm(arch, tmp_path):
     assert hidden <= TOL and logits <= TOL, (arch, hidden, logits)
 
 
-def test_large_export_is_sharded_and_reimports(tmp_path, monkeypatch):
-    monkeypatch.setattr(hf_export, "MAX_SHARD_BYTES", 8 * 1024)
+def test_large_export_is_sharded_and_reimports(tmp_path):
     torch.manual_seed(3)
     lm = perturb(DecoderLM(EXPORT_CASES["Qwen2ForCausalLM"])).eval()
-    out = export_causal_lm(lm, tmp_path / "out")
+    out = export_causal_lm(lm, tmp_path / "out", max_shard_bytes=8 * 1024)
     assert len(list(out.glob("model-*-of-*.safetensors"))) > 2 and (out / "model.safetensors.index.json").is_file()
     again = import_llm(out)
     for (name, a), (_, b) in zip(lm.state_dict().items(), again.state_dict().items()):

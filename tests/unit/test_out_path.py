@@ -191,7 +191,7 @@ def test_judge_and_generate_cli(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text(dump_toml(cfg))
-    save_weights(model, run / "checkpoint")
+    save_weights(model, run)
     out = tmp_path / "red.png"
     with pytest.raises(SystemExit) as done:
         cli_main(["generate", "--run", str(run), "--prompt", "draw a red square", "--out", str(out)])

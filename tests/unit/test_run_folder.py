@@ -7,6 +7,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,11 +45,12 @@ def test_a_second_run_of_the_same_name_is_refused_and_changes_nothing(tmp_path, 
 def test_overwrite_deletes_the_old_run_and_starts_over(tmp_path, run):
     Trainer(tiny_config(tmp_path, "--train.steps=3", "--run.overwrite=true")).train()
     assert [r["step"] for r in metrics(tmp_path)] == [0, 1, 2]
-    assert not (run / "checkpoints").exists()
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000003"]  # only the new run's final weights
 
 
 def test_resume_with_nothing_to_load_does_not_start_over_on_another_run(tmp_path):
-    Trainer(tiny_config(tmp_path, "--train.steps=2")).train()  # no checkpoints
+    Trainer(tiny_config(tmp_path, "--train.steps=2")).train()
+    shutil.rmtree(tmp_path / "tiny" / "checkpoints")  # its final weights gone: nothing to load
     _refused(tmp_path, "--train.steps=4", "--train.resume=true", match="no checkpoint of it could be loaded")
 
 

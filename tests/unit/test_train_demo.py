@@ -23,8 +23,9 @@ def test_short_run_learns_and_writes_outputs(tmp_path):
     assert not {"mfu", "peak_mem_gib"} & set(records[0]), "on a CPU there is no peak to compare against"
     first, last = records[0]["loss"], sum(r["loss"] for r in records[-3:]) / 3
     assert last < 0.35 * first, (first, last)
-    for name in ("config.toml", "loss.png", "summary.json", "checkpoint/model.safetensors"):
+    for name in ("config.toml", "loss.png", "summary.json"):
         assert (run / name).is_file(), name
+    assert (run / "checkpoints" / "step_00000080" / "COMPLETE.json").is_file(), "the final weights: a checkpoint"
     assert any((run / "tensorboard").iterdir())
     saved = json.loads((run / "summary.json").read_text())
     assert saved["steps"] == 80 and saved["eval"]["eval_samples"] == 30 == summary["eval"]["eval_samples"]

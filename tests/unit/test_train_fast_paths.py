@@ -7,11 +7,11 @@ that names the field."""
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from mimo.config.schema import ConfigError
 from mimo.models.build import build_model
 from mimo.perf.apply import apply_fast_paths
+from mimo.train.checkpoint.weights import load_run
 from tests.support.tiny_run import tiny_config, train_losses
 
 STEPS = ["--train.steps=4"]
@@ -20,7 +20,7 @@ STEPS = ["--train.steps=4"]
 def run(tmp_path, name: str, *switches: str) -> tuple[list[float], dict]:
     out = tmp_path / name
     losses = train_losses(out, *STEPS, *switches)
-    return losses, load_file(out / "tiny" / "checkpoint" / "model.safetensors")
+    return losses, load_run(out / "tiny")[1].state_dict()
 
 
 @pytest.mark.parametrize("switches, rtol", [

@@ -109,6 +109,7 @@ class RunCheckpointer:
         self.wall_before = 0.0
         """Seconds the run's earlier segments trained (state.json's wall_s of the checkpoint loaded)."""
         self.clock_start = time.perf_counter()
+        self.last_saved = -1
         self.ignored: list[str] = []
         self.damaged: list[Path] = []
 
@@ -148,7 +149,13 @@ class RunCheckpointer:
             checksums = {k: v for f in sorted(sums.parent.iterdir()) for k, v in _read_json(f).items()}
             self.store.publish(next_step, {"reason": reason}, checksums)
         _barrier()
+        self.last_saved = next_step
         return self.store.path(next_step)
+
+    def save_final(self, steps: int) -> Path:
+        """Collective: the run's final weights as a checkpoint like the others (sharded, never gathered);
+        the one `train.save_every` just wrote when it fell on the last step."""
+        return self.store.path(steps) if self.last_saved == steps else self.save(steps, "final")
 
     def _state(self, next_step: int, reason: str) -> dict:
         d = self.cfg.data

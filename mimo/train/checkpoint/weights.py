@@ -1,5 +1,5 @@
-"""Model weights in and out of a run folder as safetensors, and the full training state (weights and
-optimizer per module) through DCP. No pickled code is ever loaded."""
+"""The training state (weights and optimizer per module) in and out of DCP checkpoints, and a run's model
+read back from one on a single process. No pickled code is ever loaded."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file, save_model
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 
@@ -19,33 +18,35 @@ from mimo.config.schema import Config
 from mimo.hf.build import build_model
 from mimo.models.multimodal import MimoModel
 from mimo.train.checkpoint.safe_dcp import SafeFileSystemReader, read_metadata_file
-
-WEIGHTS = "model.safetensors"
-
-
-def save_weights(model: nn.Module, directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (WEIGHTS + ".tmp")
-    save_model(model, str(tmp))
-    final = directory / WEIGHTS
-    tmp.replace(final)
-    return final
+from mimo.train.checkpoint.store import CheckpointStore
+from mimo.train.checkpoint.tensors import CheckpointTensors, resolve_checkpoint
 
 
-def load_run(run_dir: str | Path) -> tuple[Config, MimoModel]:
-    """Rebuild the model of a finished run from its saved config and final weights."""
-    run = Path(run_dir)
-    cfg_path = run / "config.toml"
-    weights = run / "checkpoint" / WEIGHTS
-    for p in (cfg_path, weights):
-        if not p.is_file():
-            raise FileNotFoundError(f"'{p}' is missing; --run must name a folder written by `mimo train`")
-    cfg = load_config(cfg_path)
+def module_trees(model: MimoModel) -> dict[str, nn.Module]:
+    """The checkpoint's modules of a MimoModel: "language" and each modality (as the trainer saves them)."""
+    return {"language": model.language_model, **dict(model.modality_submodules.items())}
+
+
+def save_weights(model: MimoModel, run_dir: Path, step: int = 0) -> Path:
+    """A single-process model's weights (no optimizer state) as the complete checkpoint
+    `run_dir/checkpoints/step_<step>`, the form `load_run` and `mimo export` read."""
+    store = CheckpointStore(Path(run_dir) / "checkpoints", keep=1 << 30)
+    tmp = store.prepare(step)
+    save_training_state(tmp, {"model": {n: m.state_dict() for n, m in module_trees(model).items()}, "optim": {}})
+    return store.publish(step, {"reason": "weights"}, {})
+
+
+def load_run(run: str | Path) -> tuple[Config, MimoModel]:
+    """The single-process model of a run (its newest complete checkpoint) or of one of its
+    `checkpoints/step_*` folders, read tensor by tensor from the sharded checkpoint whatever layout wrote it."""
+    run_dir, step_dir = resolve_checkpoint(run)
+    cfg = load_config(run_dir / "config.toml")
     # Built on the meta device, so no time goes into a random initialisation the weights replace; every
-    # tensor of the model is in the file (strict), so nothing stays on meta.
+    # tensor of the model is in the checkpoint (strict), so nothing stays on meta.
     with torch.device("meta"):
-        model = build_model(cfg.model)
-    model.load_state_dict(load_file(str(weights)), strict=True, assign=True)
+        model = build_model(cfg.model, load_weights=False)
+    tensors = CheckpointTensors(step_dir)
+    model.load_state_dict({name: tensors.read(name) for name in model.state_dict()}, strict=True, assign=True)
     model.eval()
     return cfg, model
 
