@@ -31,6 +31,10 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   GPU is reported. Colocated layouts hold one microbatch at a time (gradient accumulation) and add up
   every module on each GPU.
 - A fixed **2 GiB** for the CUDA context, the NCCL buffers and the allocator's workspace.
+- **Host memory of a CPU run** (`host_estimate`, per phase, checked against benchmarks/bench_memory.py in
+  BENCHMARKS.md): the model is built on the meta device, so while it is built a rank holds only its own
+  weights plus one full tensor being drawn (mimo.models.init); training adds gradients, moments and, under
+  FSDP, the units it gathers; `mimo export` streams one tensor at a time. A fixed share for the interpreter.
 """
 
 from __future__ import annotations
@@ -199,3 +203,47 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
             u = stage_usage(cfg, name, sizes[name], grid, flags[name], stage, in_flight)
             worst = max(worst, u, key=lambda x: x.peak)
     return worst
+
+
+# Host memory of a CPU (gloo) run, phase by phase -----------------------------------------------------
+HOST_FIXED_BYTES = 0.45 * GIB
+"""The interpreter, torch and gloo on one process before the model (benchmarks/bench_memory.py's "start")."""
+WEIGHT_BYTES = 4
+"""A fp32 weight alone: all that exists while the model is built (no gradients or moments yet)."""
+
+
+def largest_parameter_bytes(cfg: Config) -> int:
+    """Bytes of the largest full fp32 parameter: what a rank allocates at once while it materialises its
+    pieces (mimo.models.init) and what `mimo export` holds while it streams one tensor."""
+    cfg = with_hf_shapes(cfg)
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    return max(p.numel() for p in model.parameters()) * WEIGHT_BYTES
+
+
+def _fsdp_gathered(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize]) -> float:
+    """Bytes FSDP2 holds unsharded at once on one rank during a step: the module's root unit (everything
+    outside its layers, kept from forward to backward) and one layer, weights and gradients of each."""
+    worst = 0.0
+    for name, grid in layout.grids.items():
+        module = cfg.parallel.modules.get(name)
+        if module is None or not module.fsdp or grid.dp * grid.cp == 1:
+            continue
+        s = sizes[name]
+        root = (s.first + s.last) / grid.tp + s.other
+        layer = (s.layer_sharded / grid.tp + s.layer_replicated) / max(s.layers, 1)
+        worst = max(worst, (root + layer) * 2 * WEIGHT_BYTES / STATE_BYTES)
+    return worst
+
+
+def host_estimate(cfg: Config, layout: Layout) -> dict[str, float]:
+    """Peak resident bytes of the worst rank of a CPU run of `layout`, by phase: "build" (the model built on
+    meta and materialised: this rank's weights plus one full tensor), "train" (weights, gradients and AdamW
+    moments of its share, activations, FSDP's gathered units) and "export" (one process streaming the
+    checkpoint: about two copies of the largest tensor). Compared with the measured peaks in BENCHMARKS.md."""
+    sizes = module_sizes(cfg)
+    usage = estimate(cfg, layout, sizes, cfg.parallel.modules)
+    largest = largest_parameter_bytes(cfg)
+    return {"build": usage.states * WEIGHT_BYTES / STATE_BYTES + largest + HOST_FIXED_BYTES,
+            "train": usage.states + usage.activations + _fsdp_gathered(cfg, layout, sizes) + HOST_FIXED_BYTES,
+            "export": 2 * largest + HOST_FIXED_BYTES}

@@ -44,7 +44,7 @@ def avlm_run(tmp_path_factory):
     run = tmp / "run"
     run.mkdir()
     (run / "config.toml").write_text(dump_toml(cfg))
-    save_weights(model, run / "checkpoint")
+    save_weights(model, run)
     clip = synth_tones("high", 2, "rising", np.random.default_rng(0))
     write_wav(tmp / "beeps.wav", clip)
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(tmp / "img.png")

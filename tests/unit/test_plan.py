@@ -11,7 +11,14 @@ from mimo.config.schema import ModuleLayoutConfig
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.planner.candidates import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, render, to_toml, with_modules
-from mimo.planner.memory import GIB, estimate, module_sizes
+from mimo.planner.memory import (
+    GIB,
+    HOST_FIXED_BYTES,
+    estimate,
+    host_estimate,
+    largest_parameter_bytes,
+    module_sizes,
+)
 
 # A text-only LM small enough to count by hand (no biases, untied head):
 #   embedding 64 x 32 = 2048, head 2048, final norm 32;
@@ -184,3 +191,24 @@ def test_a_hugging_face_lm_is_planned_with_its_own_shapes(tmp_path):
     lm = [r.layout.grids["language"] for r in plan.rows]
     assert max(g.tp for g in lm) == 8 and max(g.pp for g in lm) <= 2
     assert plan.sizes["language"].params == sum(p.numel() for p in transformers.LlamaForCausalLM(lm_cfg).parameters())
+
+
+def test_host_estimate_by_phase_matches_hand_computation():
+    """The CPU run's peaks per phase (compared with benchmarks/bench_memory.py in BENCHMARKS.md): build holds
+    this rank's fp32 weights and one full tensor (the largest: embedding or head, 2048 x 4 B), train the states,
+    activations and, under FSDP, the gathered root unit and one layer (weights and gradients), export two
+    copies of the largest tensor; each plus the interpreter's fixed share."""
+    cfg = load_config(None, TINY)
+    largest = 2048 * 4
+    assert largest_parameter_bytes(cfg) == largest
+    fsdp_modules = {"language": ModuleLayoutConfig(fsdp=True)}
+    cfg_fsdp = with_modules(cfg, fsdp_modules)
+    layout = layout_of(cfg_fsdp, fsdp_modules, 2)
+    est = host_estimate(cfg_fsdp, layout)
+    usage = _usage(cfg_fsdp, fsdp_modules, 2)
+    assert est["build"] == 4 * 22688 / 2 + largest + HOST_FIXED_BYTES
+    # FSDP gathers the root (head 2048 + final norm 32, and the embedding 2048 counted with it: an upper bound)
+    # and one layer (9280 parameters): 4 B weights + 4 B gradients each.
+    gathered = (2048 + 2048 + 32 + 9280) * 8
+    assert est["train"] == usage.states + usage.activations + gathered + HOST_FIXED_BYTES
+    assert est["export"] == 2 * largest + HOST_FIXED_BYTES
