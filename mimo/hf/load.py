@@ -190,9 +190,10 @@ def import_audio_encoder(source: Source, shard_fn: ShardFn | None = None, dtype:
     return enc.eval()
 
 
-def llava_model_config(d: dict, where: str) -> ModelConfig:
-    """mimo's ModelConfig for a LLaVA config: one `images` modality whose placeholder is the image token."""
-    model_type(d, ("llava",), where)
+def llava_model_config(d: dict, where: str, kinds: tuple[str, ...] = ("llava",)) -> ModelConfig:
+    """mimo's ModelConfig for a LLaVA config (of model type `kinds`): one `images` modality whose placeholder is
+    the image token."""
+    model_type(d, kinds, where)
     layer = d.get("vision_feature_layer", -2)
     if not isinstance(layer, int):
         raise ValueError(f"{where}: vision_feature_layer = {layer} concatenates several layers, which mimo's "
@@ -212,22 +213,30 @@ def llava_model_config(d: dict, where: str) -> ModelConfig:
     return ModelConfig(llm=llm_config_from_hf(d["text_config"], where), modalities={IMAGES: images})
 
 
+def llava_parts(src: WeightSource, cfg: ModelConfig, dtype: DTypeSpec, device: DeviceSpec,
+                shard_fn: ShardFn | None = None) -> tuple[DecoderLM, VisionTransformer, MLPProjector]:
+    """A LLaVA checkpoint's LM, tower and projector, in the checkpoint's dtype (that of its LM's embedding) or
+    `dtype`, on `device` (meta: shapes only, nothing read)."""
+    images = cfg.modalities[IMAGES]
+    dt = resolve_dtype(dtype, src, find_prefix(src, LLM_ANCHOR, "language model") + LLM_ANCHOR)
+    lm = empty_module(lambda: DecoderLM(cfg.llm), dt, device)
+    vit = empty_module(lambda: VisionTransformer(images.vit), dt, device)
+    proj = empty_module(lambda: MLPProjector(images.vit.hidden, cfg.llm.hidden, images.projector), dt, device)
+    if not is_meta(device):
+        load_llm_weights(lm, src, shard_fn)
+        load_vit_weights(vit, src, shard_fn)
+        proj_prefix = find_prefix(src, "multi_modal_projector.linear_1.weight", "LLaVA projector")
+        load_hf_weights(proj, src, with_prefix(projector_names(proj), proj_prefix + "multi_modal_projector."),
+                        shard_fn)
+    return lm, vit, proj
+
+
 def import_llava(source: Source, shard_fn: ShardFn | None = None, dtype: DTypeSpec = "auto",
                  device: DeviceSpec = "cpu") -> tuple[ModelConfig, MimoModel]:
     """A `LlavaForConditionalGeneration` checkpoint as a MimoModel (modality `images`, encoder `vit`), in the
     checkpoint's dtype (that of its LM's embedding) or `dtype`, on `device` (meta: shapes only)."""
     with open_source(source) as src:
         cfg = llava_model_config(src.config(), _where(src))
-        images = cfg.modalities[IMAGES]
-        dt = resolve_dtype(dtype, src, find_prefix(src, LLM_ANCHOR, "language model") + LLM_ANCHOR)
-        lm = empty_module(lambda: DecoderLM(cfg.llm), dt, device)
-        vit = empty_module(lambda: VisionTransformer(images.vit), dt, device)
-        proj = empty_module(lambda: MLPProjector(images.vit.hidden, cfg.llm.hidden, images.projector), dt, device)
-        if not is_meta(device):
-            load_llm_weights(lm, src, shard_fn)
-            load_vit_weights(vit, src, shard_fn)
-            proj_prefix = find_prefix(src, "multi_modal_projector.linear_1.weight", "LLaVA projector")
-            load_hf_weights(proj, src, with_prefix(projector_names(proj), proj_prefix + "multi_modal_projector."),
-                            shard_fn)
+        lm, vit, proj = llava_parts(src, cfg, dtype, device, shard_fn)
     sub = ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])
-    return cfg, MimoModel(lm, {IMAGES: sub}, {IMAGES: images.token_id}).eval()
+    return cfg, MimoModel(lm, {IMAGES: sub}, {IMAGES: cfg.modalities[IMAGES].token_id}).eval()

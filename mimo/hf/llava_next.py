@@ -1,0 +1,41 @@
+"""LLaVA-NeXT in: a `LlavaNextForConditionalGeneration` checkpoint as a MimoModel whose `images` modality is
+an `AnyResSubmodules` (tiles at the best grid resolution, rows put back in place, a newline row per line).
+
+For inference and evaluation: the returned ModelConfig describes the LM and the tower, but a training config
+cannot yet ask for anyres tiling, and there is no export back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mimo.config.schema import ModelConfig
+from mimo.hf.files import open_source
+from mimo.hf.load import IMAGES, DeviceSpec, DTypeSpec, Source, find_prefix, llava_model_config, llava_parts
+from mimo.hf.placement import is_meta
+from mimo.models.anyres import AnyResSubmodules
+from mimo.models.multimodal import MimoModel
+
+
+def import_llava_next(source: Source, dtype: DTypeSpec = "auto",
+                      device: DeviceSpec = "cpu") -> tuple[ModelConfig, MimoModel]:
+    """The checkpoint's LM, tower, projector and `image_newline`, in its dtype or `dtype`, on `device`.
+    Encoder inputs are transformers' processor outputs: `{"vit": {"pixel_values": [T, C, S, S],
+    "image_sizes": [n, 2]}}` (a 5-D `[n, tiles, C, S, S]` batch flattened to its images' tiles)."""
+    with open_source(source) as src:
+        d = src.config()
+        where = f"'{src.config_label}'"
+        cfg = llava_model_config(d, where, kinds=("llava_next",))
+        vit_cfg = cfg.modalities[IMAGES].vit
+        if vit_cfg.tokens_per_image != (vit_cfg.image // vit_cfg.patch) ** 2:
+            raise ValueError(f"{where}: LLaVA-NeXT packs each tile's patch grid, so the tower must give exactly its "
+                             f"{(vit_cfg.image // vit_cfg.patch) ** 2} patches: vision_feature_select_strategy "
+                             "'default' for a class-token tower (CLIP), 'full' for one without (SigLIP)")
+        lm, vit, proj = llava_parts(src, cfg, dtype, device)
+        sub = AnyResSubmodules(vit, proj, cfg.llm.hidden, d["image_grid_pinpoints"]).to(
+            device=device, dtype=next(lm.parameters()).dtype)
+        if not is_meta(device):
+            name = find_prefix(src, "image_newline", "LLaVA-NeXT newline") + "image_newline"
+            with torch.no_grad():
+                src.read_into(name, sub.image_newline.data)
+    return cfg, MimoModel(lm, {IMAGES: sub}, {IMAGES: cfg.modalities[IMAGES].token_id}).eval()

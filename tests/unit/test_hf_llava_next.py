@@ -1,0 +1,57 @@
+"""LLaVA-NeXT in: anyres tiling (best grid resolution, tiles put back in place, cropped to the image's aspect
+ratio, a newline row per line) gives transformers' logits in fp32 for images of different sizes in one batch."""
+
+import pytest
+import torch
+
+from mimo.hf.llava_next import import_llava_next
+from mimo.models.anyres import select_best_resolution
+from tests.support.hf_helpers import TOL, perturb, rel_diff, save, tiny_text_config, tiny_vision_config, transformers
+
+reference = transformers.image_processing_utils.select_best_resolution
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+IMG = 96
+PINPOINTS = [[16, 32], [32, 16], [32, 32], [16, 48]]
+
+
+def test_best_resolution_matches_transformers():
+    for size in [(20, 40), (40, 24), (10, 10), (16, 48), (33, 17), (5, 90)]:
+        assert select_best_resolution(size, PINPOINTS) == tuple(reference(size, PINPOINTS))
+
+
+@pytest.mark.parametrize("tower", ["clip", "siglip"])
+def test_import_llava_next_matches_transformers(tower, tmp_path):
+    torch.manual_seed(0)
+    config = transformers.LlavaNextConfig(
+        vision_config=tiny_vision_config(tower).to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
+        image_token_index=IMG, vision_feature_layer=-2,
+        vision_feature_select_strategy="default" if tower == "clip" else "full",
+        image_grid_pinpoints=PINPOINTS)
+    hf = perturb(transformers.LlavaNextForConditionalGeneration(config).eval())
+    _, model = import_llava_next(save(hf, tmp_path / "next"))
+    sub = model.modality_submodules["images"]
+    sizes = torch.tensor([[20, 40], [40, 24], [12, 44]])
+    tiles = [1 + r * c for r, c in (sub.tiles_of(tuple(s)) for s in sizes.tolist())]
+    pixels = torch.randn(len(sizes), max(tiles), 3, 16, 16)
+    flat = torch.cat([p[:t] for p, t in zip(pixels, tiles)])
+    inputs = {"images": {"vit": {"pixel_values": flat, "image_sizes": sizes}}}
+    with torch.no_grad():
+        rows = sub(inputs["images"])
+    lengths = [len(sub({"vit": {"pixel_values": flat[sum(tiles[:i]): sum(tiles[:i + 1])],
+                                "image_sizes": sizes[i:i + 1]}})) for i in range(len(sizes))]
+    assert sum(lengths) == len(rows) and len(set(lengths)) > 1  # rows depend on each image's size
+    ids = torch.tensor([[1] + [IMG] * n + [5, 6, 7] + [0] * (max(lengths) - n) for n in lengths])
+    with torch.no_grad():
+        ref = hf(input_ids=ids, pixel_values=pixels, image_sizes=sizes).logits
+        ours = model(ids, modality_inputs=inputs).logits
+    assert rel_diff(ours, ref) <= TOL
+
+
+def test_a_tower_that_does_not_give_its_patch_grid_is_refused(tmp_path):
+    config = transformers.LlavaNextConfig(
+        vision_config=tiny_vision_config("siglip").to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
+        image_token_index=IMG, vision_feature_select_strategy="default", image_grid_pinpoints=PINPOINTS)
+    with pytest.raises(ValueError, match="'full' for one without .SigLIP."):
+        import_llava_next(save(transformers.LlavaNextForConditionalGeneration(config), tmp_path / "next"))
