@@ -233,6 +233,9 @@ class DataConfig:
     # The folder a manifest's relative image paths start from ("" = the manifest's own folder), e.g. the
     # images/ folder of LLaVA-Pretrain beside its blip_laion_cc_sbu_558k.json.
     image_root: str = ""
+    # Audio models on real data: every clip is padded (or cut) to audio_seconds and fills all its placeholders,
+    # as Whisper pads to 30 s; 0 = the longest clip the encoder takes (2 x audio.max_positions frames).
+    audio_seconds: float = 0.0
     tokenizer: str = "byte"
     seq_len: int = 64
     workers: int = 0

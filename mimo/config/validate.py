@@ -160,6 +160,7 @@ def validate_data(cfg: Config) -> None:
     require_at_least("data", d, ("global_batch", "train_samples"), 1)
     require_at_least("data", d, ("eval_samples",), 0)
     require_at_least("data", d, ("workers",), 0, " (0 reads in the training process)")
+    require_at_least("data", d, ("audio_seconds",), 0, " (0 = the longest clip the audio encoder takes)")
     if cfg.parallel.microbatches < 1:
         raise ConfigError(f"parallel.microbatches = {cfg.parallel.microbatches} must be >= 1")
     if not cfg.parallel.timeout_s > 0:

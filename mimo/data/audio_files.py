@@ -16,8 +16,6 @@ import numpy as np
 
 from mimo.models.audio_features import WHISPER_SAMPLING_RATE
 
-AUDIO_EXTS = (".wav", ".flac", ".ogg", ".mp3", ".opus")
-
 
 class AudioDecodeError(ValueError):
     """A clip that could not be decoded (its name and why are in the message)."""

@@ -30,16 +30,17 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from mimo.config.schema import Config
 from mimo.data.batching import to_device
 from mimo.data.jsonl import read_manifest
-from mimo.data.samples import BadSample, BatchFailed, Record, decode_image, encode_text, special_ids
+from mimo.data.media import MediaSpec, media_specs
+from mimo.data.samples import BadSample, BatchFailed, Record, encode_text, special_ids
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
 from mimo.data.webdataset import read_webdataset
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 
-Item = tuple[int, list[int] | None, list[int] | None, np.ndarray | None, str, float]
-"""(row, ids, labels, pixels, problem, verdict): ids/labels where the rank needs the text, pixels where it
-needs the image; problem "" and verdict USABLE when the sample is usable."""
+Item = tuple[int, list[int] | None, list[int] | None, dict[str, np.ndarray], str, float]
+"""(row, ids, labels, inputs, problem, verdict): ids/labels where the rank needs the text, inputs (modality ->
+decoded image or clip) where it needs them; problem "" and verdict USABLE when the sample is usable."""
 
 USABLE, SKIP, FAIL = 0.0, 1.0, 2.0
 """Verdicts on a row, agreed as their maximum over the ranks that read data: use the sample, skip it
@@ -53,41 +54,44 @@ WORKER_TIMEOUT_S = 300
 
 
 class _Samples(Dataset):
-    """Decodes one (row, index, want_text, want_image) request; runs in DataLoader workers."""
+    """Decodes one (row, index, want_text, wanted modalities) request; runs in DataLoader workers."""
 
     def __init__(self, data: ImageTextData):
-        self.records, self.tok = data.records, data.tok
-        self.image_tokens, self.image_token_id = data.image_tokens, data.image_token_id
-        self.seq_len, self.image_size, self.vocab = data.seq_len, data.image_size, data.vocab
+        self.records, self.tok, self.media = data.records, data.tok, data.media
+        self.seq_len, self.vocab = data.seq_len, data.vocab
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, request: tuple[int, int, bool, bool]) -> Item:
-        """Every rank that reads a row encodes and checks its text, whether or not it keeps the text, so
-        that the text's verdict does not depend on which rank decodes the row's image."""
-        row, index, want_text, want_image = request
+    def __getitem__(self, request: tuple[int, int, bool, frozenset[str]]) -> Item:
+        """Every rank that reads a row encodes and checks its text and that the sample has each input, whether
+        or not it keeps them, so that the verdict does not depend on which rank decodes which input."""
+        row, index, want_text, wanted = request
         rec = self.records[index]
         try:
-            ids, labels = encode_text(rec, self.tok, self.image_tokens, self.image_token_id, self.seq_len)
+            ids, labels = encode_text(rec, self.tok, 0, 0, self.seq_len,
+                                      [m.token_id for m in self.media for _ in range(m.tokens)])
             self._check_ids(ids)
-            if rec.image is None:
-                raise BadSample("no image")
-            pixels = decode_image(rec.image.read(), self.image_size) if want_image else None
+            for m in self.media:
+                if (rec.image if m.kind == "vision" else rec.audio) is None:
+                    raise BadSample("no image" if m.kind == "vision" else "no audio")
+            inputs = {m.name: m.decode(rec) for m in self.media if m.name in wanted}
         except BadSample as e:
-            return row, None, None, None, f"sample '{rec.key}': {e}", SKIP
+            return row, None, None, {}, f"sample '{rec.key}': {e}", SKIP
         except Exception as e:  # any other error must reach every rank, not only this one
-            return row, None, None, None, f"sample '{rec.key}' failed to load: {e!r}\n{traceback.format_exc()}", FAIL
-        return row, ids if want_text else None, labels if want_text else None, pixels, "", USABLE
+            return row, None, None, {}, f"sample '{rec.key}' failed to load: {e!r}\n{traceback.format_exc()}", FAIL
+        return row, ids if want_text else None, labels if want_text else None, inputs, "", USABLE
 
     def _check_ids(self, ids: list[int]) -> None:
         """One sample's ids against what `mimo.data.checks.check_batch` holds a batch to: as many placeholders
-        as the image gives rows, every other id inside the LM's vocabulary. Raises BadSample."""
-        placeholders = ids.count(self.image_token_id)
-        if placeholders != self.image_tokens:
-            raise BadSample(f"its text holds {placeholders} placeholder ids ({self.image_token_id}) where the image "
-                            f"gives {self.image_tokens} rows; the text must not produce the placeholder id")
-        outside = [i for i in ids if i != self.image_token_id and not 0 <= i < self.vocab] if self.vocab else []
+        as each input gives rows, every other id inside the LM's vocabulary. Raises BadSample."""
+        for m in self.media:
+            placeholders = ids.count(m.token_id)
+            if placeholders != m.tokens:
+                raise BadSample(f"its text holds {placeholders} placeholder ids ({m.token_id}) where the {m.name} "
+                                f"input gives {m.tokens} rows; the text must not produce the placeholder id")
+        marks = {m.token_id for m in self.media}
+        outside = [i for i in ids if i not in marks and not 0 <= i < self.vocab] if self.vocab else []
         if outside:
             raise BadSample(f"token id {outside[0]} lies outside the LM's vocabulary [0, {self.vocab})")
 
@@ -98,7 +102,7 @@ class _StepRequests(Sampler):
     def __init__(self, data: ImageTextData, start: int, global_batch: int, seed: int):
         self.data, self.start, self.global_batch, self.seed = data, start, global_batch, seed
 
-    def __iter__(self) -> Iterator[list[tuple[int, int, bool, bool]]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int, bool, frozenset[str]]]]:
         for step in count(self.start):
             yield self.data.requests(self.data.global_batch_indices(step, self.global_batch, self.seed))
 
@@ -116,23 +120,25 @@ def _agree_max(flags: torch.Tensor) -> torch.Tensor:
 
 
 class ImageTextData(SeededBatches):
-    """A set of image-text records with the trainer's data interface (`global_batch(step, size, seed)`)."""
+    """A set of image/audio-text records with the trainer's data interface (`global_batch(step, size, seed)`).
+    `media` lists the inputs of every sample (by default one image of `image_size` giving `image_tokens`
+    placeholders of `image_token_id`, for modality `modality`)."""
 
     def __init__(self, records: list[Record], tokenizer: Any, image_size: int, image_tokens: int, image_token_id: int,
-                 seq_len: int, modality: str = "images", encoder: str = "vit", workers: int = 0,
+                 seq_len: int, modality: str = "images", workers: int = 0,
                  source_problems: list[str] | None = None, agree: Callable[[torch.Tensor], torch.Tensor] = _agree_max,
-                 vocab: int | None = None):
+                 vocab: int | None = None, media: list[MediaSpec] | None = None):
         if not records:
             raise ValueError("the data set holds no samples; check data.path")
-        if seq_len < image_tokens + 3:
-            raise ValueError(f"data.seq_len ({seq_len}) must exceed the image's {image_tokens} tokens + 2; raise it")
+        self.media = media or [MediaSpec(modality, "vision", image_token_id, image_tokens, image_size=image_size)]
+        placeholders = sum(m.tokens for m in self.media)
+        if seq_len < placeholders + 3:
+            raise ValueError(f"data.seq_len ({seq_len}) must exceed the inputs' {placeholders} tokens + 2; raise it")
         self.records = self.train = records
-        self.tok, self.image_size, self.image_tokens = tokenizer, image_size, image_tokens
-        self.image_token_id, self.seq_len, self.workers = image_token_id, seq_len, workers
-        self.modality, self.encoder, self.agree, self.vocab = modality, encoder, agree, vocab
+        self.tok, self.seq_len, self.workers, self.agree, self.vocab = tokenizer, seq_len, workers, agree, vocab
         self.pad = special_ids(tokenizer)[2]
         self.text_rows: set[int] | None = None
-        self.image_rows: set[int] | None = None
+        self.input_rows: dict[str, set[int]] | None = None
         self.held_out: ImageTextData | None = None  # data.eval_path's samples, for periodic evaluation
         self.skipped = 0
         self.bad_samples: set[int] = set()
@@ -152,24 +158,32 @@ class ImageTextData(SeededBatches):
         see which rows arrive. `agree` replaces the verdicts' MAX all-reduce (over the ranks that read data)."""
         rows = torch.arange(global_batch)
         probe = {"input_ids": rows[:, None], "labels": rows[:, None], "position_ids": rows[:, None],
-                 "modality_inputs": {self.modality: {self.encoder: {"pixel_values": rows}}}}
+                 "modality_inputs": {m.name: {m.encoder: {m.key: rows}} for m in self.media}}
         micro = split(probe)
         self.text_rows = {int(r) for mb in micro for r in mb.get("input_ids", rows[:0]).reshape(-1)}
-        self.image_rows = {int(r) for mb in micro
-                           for r in mb.get("modality_inputs", {}).get(self.modality, {}).get(self.encoder, {})
-                           .get("pixel_values", rows[:0])}
+        self.input_rows = {m.name: {int(r) for mb in micro for r in mb.get("modality_inputs", {}).get(m.name, {})
+                                    .get(m.encoder, {}).get(m.key, rows[:0])} for m in self.media}
         self._iter = None
         if agree is not None:
             self.agree = agree
         if self.held_out is not None:
-            self.held_out.text_rows, self.held_out.image_rows = self.text_rows, self.image_rows
+            self.held_out.text_rows, self.held_out.input_rows = self.text_rows, self.input_rows
             self.held_out.agree = self.agree
 
-    def requests(self, indices: Any) -> list[tuple[int, int, bool, bool]]:
-        """(row, sample index, want text, want image) for each row of `indices` this rank decodes."""
-        text, images = self.text_rows, self.image_rows
-        return [(row, int(i), text is None or row in text, images is None or row in images)
-                for row, i in enumerate(indices) if text is None or row in text or row in images]
+    @property
+    def image_rows(self) -> set[int] | None:
+        """The rows whose first input (the image, on an image-text set) this rank decodes; None unsharded."""
+        return None if self.input_rows is None else self.input_rows[self.media[0].name]
+
+    def requests(self, indices: Any) -> list[tuple[int, int, bool, frozenset[str]]]:
+        """(row, sample index, want text, modalities to decode) for each row of `indices` this rank reads."""
+        text, inputs = self.text_rows, self.input_rows
+        out = []
+        for row, i in enumerate(indices):
+            wanted = frozenset(m.name for m in self.media if inputs is None or row in inputs[m.name])
+            if text is None or row in text or wanted:
+                out.append((row, int(i), text is None or row in text, wanted))
+        return out
 
     # Batches ----------------------------------------------------------------------------------------
     def _items(self, step: int, global_batch: int, seed: int) -> list[Item]:
@@ -234,20 +248,23 @@ class ImageTextData(SeededBatches):
     def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
         s = self.seq_len
         ids = torch.full((n, s), self.pad, dtype=torch.long)
-        ids[:, : self.image_tokens] = self.image_token_id
+        at = 0
+        for m in self.media:  # rows left empty keep their placeholders, so every input still fills its rows
+            ids[:, at : at + m.tokens] = m.token_id
+            at += m.tokens
         labels = torch.full((n, s), IGNORE_INDEX, dtype=torch.long)
-        pixels = torch.zeros(n, 3, self.image_size, self.image_size)
-        for row, row_ids, row_labels, row_pixels, _, _ in items:
+        values = {m.name: m.empty(n) for m in self.media}
+        for row, row_ids, row_labels, row_inputs, _, _ in items:
             if bad[row]:
                 continue
             if row_ids is not None:
                 ids[row] = self.pad
                 ids[row, : len(row_ids)] = torch.tensor(row_ids)
                 labels[row, : len(row_labels)] = torch.tensor(row_labels)
-            if row_pixels is not None:
-                pixels[row] = torch.from_numpy(row_pixels)
+            for name, value in row_inputs.items():
+                values[name][row] = torch.from_numpy(value)
         return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(s).expand(n, s).contiguous(),
-                "modality_inputs": {self.modality: {self.encoder: {"pixel_values": pixels}}}}
+                "modality_inputs": {m.name: {m.encoder: m.inputs(values[m.name])} for m in self.media}}
 
     def _report(self, problem: str) -> None:
         self._reported += 1
@@ -268,7 +285,7 @@ class ImageTextData(SeededBatches):
         for lo in range(0, min(samples, len(src.records)), batch_size):
             rows = list(range(lo, min(lo + batch_size, samples, len(src.records))))
             reader = _Samples(src)
-            items = [reader[(r - lo, r, True, True)] for r in rows]
+            items = [reader[(r - lo, r, True, frozenset(m.name for m in src.media))] for r in rows]
             bad = torch.tensor([it[5] != USABLE for it in items])
             batch = src._assemble(items, len(rows), bad)
             batch = to_device(batch, torch.device(device))
@@ -302,18 +319,16 @@ def load_tokenizer_spec(spec: str) -> Any:
 
 
 def build_image_text_data(cfg: Config, model: MimoModel) -> ImageTextData:
-    """The data set for data.name = "webdataset" or "jsonl" (one vision modality)."""
-    if len(cfg.model.modalities) != 1:
-        raise ValueError(f"data.name = '{cfg.data.name}' needs exactly one vision modality under model.modalities")
-    (name, m), = cfg.model.modalities.items()
-    tokens_per_image = model.modality_submodules[name].encoders["vit"].tokens_per_image
+    """The data set for data.name = "webdataset" or "jsonl": one vision modality, one audio modality, or one
+    of each (every sample then holds an image and a clip)."""
+    media = media_specs(cfg, model)
     reader = (read_webdataset if cfg.data.name == "webdataset"
               else partial(read_manifest, image_root=cfg.data.image_root))
     tokenizer = load_tokenizer_spec(cfg.data.tokenizer)
 
     def data_set(records: list[Record], problems: list[str], workers: int) -> ImageTextData:
-        return ImageTextData(records, tokenizer, m.vit.image, tokens_per_image, m.token_id, cfg.data.seq_len,
-                             modality=name, workers=workers, source_problems=problems, vocab=cfg.model.llm.vocab)
+        return ImageTextData(records, tokenizer, 0, 0, 0, cfg.data.seq_len, workers=workers, source_problems=problems,
+                             vocab=cfg.model.llm.vocab, media=media)
 
     data = data_set(*reader(cfg.data.path), cfg.data.workers)
     if cfg.data.eval_path:

@@ -3,9 +3,11 @@ one array of such objects (the LLaVA-Pretrain / LLaVA-Instruct layout).
 
 `{"image": "imgs/0001.jpg", "caption": "a red circle"}`, or with chat turns
 `{"image": ..., "conversations": [{"from": "human", "value": "<image>\\nwhat?"}, {"from": "gpt", ...}]}`
-(`"messages"` with role/content works too). Relative image paths start from `image_root` (data.image_root),
-by default the manifest's folder. A line that is not valid JSON becomes a skipped sample, counted like an
-unreadable image; a .json file that is not one array of objects is refused whole.
+(`"messages"` with role/content works too); `"audio": "clips/1.flac"` names a clip (relative to the
+manifest's folder), alone with its transcript (`"text"`) or beside an image. Relative image paths start
+from `image_root` (data.image_root), by default the manifest's folder. A line that is not valid JSON
+becomes a skipped sample, counted like an unreadable image; a .json file that is not one array of objects
+is refused whole.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def read_manifest(path: str | Path, field: str = "data.path", image_root: str = 
         raise FileNotFoundError(f"{field} = '{p}' is not a file; give the path of a .jsonl manifest or a .json array")
     root = Path(image_root) if image_root else p.parent
     if p.suffix == ".json":
-        return [_record(f"item {n}", meta, root, f"{p} item {n}") for n, meta in enumerate(_json_array(p, field))], []
+        return [_record(f"item {n}", meta, root, f"{p} item {n}", p.parent)
+                for n, meta in enumerate(_json_array(p, field))], []
     records = []
     with p.open("rb") as f:
         for n, raw in enumerate(f, start=1):
@@ -37,7 +40,7 @@ def read_manifest(path: str | Path, field: str = "data.path", image_root: str = 
             except (UnicodeDecodeError, ValueError) as e:
                 records.append(Record(f"line {n}", problem=f"{p}:{n} is not valid JSON ({e})"))
                 continue
-            records.append(_record(f"line {n}", meta, root, f"{p}:{n}"))
+            records.append(_record(f"line {n}", meta, root, f"{p}:{n}", p.parent))
     return records, []
 
 
@@ -52,8 +55,12 @@ def _json_array(p: Path, field: str) -> list:
     return items
 
 
-def _record(key: str, meta: object, root: Path, where: str) -> Record:
-    name = meta.get("image") if isinstance(meta, dict) else None
-    if not isinstance(name, str):
-        return Record(key, problem=f'{where} has no "image" path')
-    return record_from_json(key, meta, ImageRef(str(resolve_image_path(root, name))))
+def _record(key: str, meta: object, root: Path, where: str, folder: Path) -> Record:
+    """A record of one sample object: its image path from `root`, its audio path from the manifest's `folder`."""
+    image = meta.get("image") if isinstance(meta, dict) else None
+    audio = meta.get("audio") if isinstance(meta, dict) else None
+    if not isinstance(image, str) and not isinstance(audio, str):
+        return Record(key, problem=f'{where} has no "image" path' + ('' if audio is None else ' or "audio" path'))
+    return record_from_json(key, meta, ImageRef(str(resolve_image_path(root, image))) if isinstance(image, str)
+                            else None, ImageRef(str(resolve_image_path(folder, audio))) if isinstance(audio, str)
+                            else None)

@@ -17,6 +17,7 @@ from mimo.config.schema import Config, ConfigError
 from mimo.data.audio_demo import AUDIO_QUESTIONS, CLIP_SAMPLES
 from mimo.data.audio_files import AudioDecodeError, decode_audio
 from mimo.data.image_text import IMAGE_TEXT_SETS
+from mimo.data.media import clip_samples
 from mimo.data.shapes import QUESTIONS, image_tensor_values
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_mel_spectrogram
@@ -85,11 +86,9 @@ def missing_input_warnings(cfg: Config, requests: list[PromptRequest]) -> list[s
 
 
 def clip_length(cfg: Config, encoder: AudioEncoder) -> int:
-    """Samples every clip is padded to, as in training: the audio demo's fixed length, else the longest
-    clip the encoder takes (2 * max_positions frames)."""
-    if cfg.data.name == "avlm":
-        return CLIP_SAMPLES
-    return 2 * encoder.cfg.max_positions * WHISPER_HOP
+    """Samples every clip is padded to, as in training: the audio demo's fixed length, else real data's
+    (data.audio_seconds, or the longest clip the encoder takes)."""
+    return CLIP_SAMPLES if cfg.data.name == "avlm" else clip_samples(cfg, encoder.cfg.max_positions)
 
 
 def only_modality(cfg: Config, kind: str, flag: str, run: str) -> str:
@@ -128,7 +127,9 @@ def prompt_batch(cfg: Config, model: MimoModel, requests: list[PromptRequest], r
                   f"hears the first {length / WHISPER_SAMPLING_RATE:.2f} s of a clip"
                   for r, c in zip([r for r in requests if r.audio], clips) if c.shape[0] > length]
         features, frames = log_mel_spectrogram(clips, n_mels=mcfg.audio.n_mels, num_samples=length)
-        rows = [AudioEncoder.output_frames(int(f)) for f in frames]
+        # The audio demo keeps each clip's own rows; real data's clips fill all of theirs (data/media.py).
+        rows = [AudioEncoder.output_frames(int(f) if cfg.data.name == "avlm" else length // WHISPER_HOP)
+                for f in frames]
         inputs[name] = {"whisper": {"input_features": features, OUTPUT_LENGTHS: torch.tensor(rows)}}
         it = iter(rows)
         for ids, r in zip(placeholders, requests):

@@ -10,7 +10,7 @@ the data set counts and skips instead of crashing.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from PIL import Image
 from mimo.models.loss import IGNORE_INDEX
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+AUDIO_EXTS = (".wav", ".flac", ".ogg", ".mp3", ".opus")
 USER_ROLES = ("user", "human", "system")
 ASSISTANT_ROLES = ("assistant", "gpt")
 
@@ -64,10 +65,16 @@ class Record:
     caption: str | None = None
     turns: tuple[tuple[str, str], ...] = ()
     problem: str = ""
+    audio: ImageRef | None = None  # where the clip's encoded bytes live (wav, flac, ...), for audio models
 
 
-def record_from_json(key: str, meta: Any, image: ImageRef | None) -> Record:
-    """A record from a JSON object with "caption"/"text", or LLaVA "conversations" / chat "messages"."""
+def record_from_json(key: str, meta: Any, image: ImageRef | None, audio: ImageRef | None = None) -> Record:
+    """A record from a JSON object with "caption"/"text" (a transcript), or LLaVA "conversations" / chat
+    "messages"; `image` and `audio` say where its inputs are."""
+    return replace(_text_record(key, meta, image), audio=audio)
+
+
+def _text_record(key: str, meta: Any, image: ImageRef | None) -> Record:
     if not isinstance(meta, dict):
         return Record(key, image, problem="its JSON is not an object")
     caption = meta.get("caption", meta.get("text"))
@@ -104,19 +111,21 @@ def _encode(tok: Any, text: str) -> list[int]:
         return list(tok.encode(text))
 
 
-def encode_text(rec: Record, tok: Any, image_tokens: int, image_token_id: int, seq_len: int) -> tuple[list, list]:
-    """(ids, labels) of one record, at most `seq_len` long; labels are shifted (position t holds the id of
-    token t+1) and cover only what the model must produce. Raises BadSample."""
+def encode_text(rec: Record, tok: Any, image_tokens: int, image_token_id: int, seq_len: int,
+                more_placeholders: list[int] = ()) -> tuple[list, list]:
+    """(ids, labels) of one record, at most `seq_len` long: BOS, the image's placeholders, then
+    `more_placeholders` (a clip's), then the text. Labels are shifted (position t holds the id of token t+1)
+    and cover only what the model must produce. Raises BadSample."""
     if rec.problem:
         raise BadSample(rec.problem)
     bos, eos, _ = special_ids(tok)
-    ids = ([bos] if bos is not None else []) + [image_token_id] * image_tokens
+    ids = ([bos] if bos is not None else []) + [image_token_id] * image_tokens + list(more_placeholders)
     target = [False] * len(ids)
     if rec.turns:
         if not any(role in ASSISTANT_ROLES for role, _ in rec.turns):
             raise BadSample("the chat has no assistant turn to learn from")
         for role, content in rec.turns:
-            text = content.replace("<image>", "").strip()
+            text = content.replace("<image>", "").replace("<audio>", "").strip()
             if role in ASSISTANT_ROLES:
                 piece, is_target = _encode(tok, text) + [eos], True
             elif role in USER_ROLES:

@@ -1,9 +1,10 @@
 """WebDataset-style tar shards: samples are runs of tar members sharing a key, `key.<ext>`.
 
-A sample holds one image (`.jpg`, `.png`, ...) and its text: `key.txt` (a caption) or `key.json`
-(`{"caption": ...}`, LLaVA `{"conversations": [...]}` or chat `{"messages": [...]}`). Indexing
-reads tar headers and the small text members only; images stay in the shard and are read later by
-offset, so any sample can be fetched directly (a deterministic, resumable order needs no streaming).
+A sample holds one image (`.jpg`, `.png`, ...) and/or one clip (`.wav`, `.flac`, ...) and its text:
+`key.txt` (a caption or transcript) or `key.json` (`{"caption": ...}`, LLaVA `{"conversations": [...]}` or
+chat `{"messages": [...]}`). Indexing reads tar headers and the small text members only; images and clips
+stay in the shard and are read later by offset, so any sample can be fetched directly (a deterministic,
+resumable order needs no streaming).
 A shard that is cut short keeps the samples before the damage; the damage is reported.
 """
 
@@ -14,7 +15,7 @@ import re
 import tarfile
 from pathlib import Path
 
-from mimo.data.samples import IMAGE_EXTS, ImageRef, Record, record_from_json
+from mimo.data.samples import AUDIO_EXTS, IMAGE_EXTS, ImageRef, Record, record_from_json
 
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
@@ -76,14 +77,16 @@ def read_shard(path: Path) -> tuple[list[Record], str]:
 
 def _record(path: str, key: str, members: dict[str, tarfile.TarInfo], texts: dict[str, bytes]) -> Record:
     images = [m for ext, m in members.items() if ext in IMAGE_EXTS]
+    clips = [m for ext, m in members.items() if ext in AUDIO_EXTS]
     image = ImageRef(path, images[0].offset_data, images[0].size) if images else None
-    if image is None:
-        return Record(key, problem=f"sample '{key}' in '{path}' has no image member")
+    audio = ImageRef(path, clips[0].offset_data, clips[0].size) if clips else None
+    if image is None and audio is None:
+        return Record(key, problem=f"sample '{key}' in '{path}' has no image or audio member")
     try:
         if ".json" in texts:
-            return record_from_json(key, json.loads(texts[".json"].decode("utf-8")), image)
+            return record_from_json(key, json.loads(texts[".json"].decode("utf-8")), image, audio)
         if ".txt" in texts:
-            return Record(key, image, caption=texts[".txt"].decode("utf-8").strip())
+            return Record(key, image, caption=texts[".txt"].decode("utf-8").strip(), audio=audio)
     except (UnicodeDecodeError, ValueError) as e:
         return Record(key, image, problem=f"sample '{key}' in '{path}' has unreadable text ({e})")
     return Record(key, image, problem=f"sample '{key}' in '{path}' has no .txt or .json member")

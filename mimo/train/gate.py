@@ -24,9 +24,12 @@ from mimo.config.validate import validate
 from mimo.data.audio_demo import avlm_row_length
 from mimo.data.demo import demo_row_length
 from mimo.data.image_text import IMAGE_TEXT_SETS
+from mimo.data.media import clip_samples
 from mimo.data.text_to_image import text_to_image_row_length
 from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer
 from mimo.hf.build import resolve_hf_architecture
+from mimo.models.audio import AudioEncoder
+from mimo.models.audio_features import WHISPER_HOP
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.perf.apply import check_fast_path_layout
@@ -103,9 +106,11 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
     known = ["shapes", *DEMO_SETS, *IMAGE_TEXT_SETS]
     if name not in known:
         raise ConfigError(f"data.name = '{name}' is not a known data set; use one of {', '.join(known)}")
+    real = [["vision"], ["audio"], ["audio", "vision"]]
     needs = {"avlm": ["audio", "vision"], "text_to_image": kinds}.get(name, ["vision"])
-    if kinds != needs:
-        what = "one vision and one audio modality" if name == "avlm" else "exactly one vision modality"
+    if kinds != needs and not (name in IMAGE_TEXT_SETS and kinds in real):
+        what = {"avlm": "one vision and one audio modality", "synthetic": "exactly one vision modality"}.get(
+            name, "one vision modality, one audio modality, or one of each")
         raise ConfigError(f"data.name = '{name}' needs {what} under model.modalities; this model has "
                           f"{dict(zip(model.modalities, kinds)) or 'none'}")
     if cfg.data.image_root and not os.path.isdir(cfg.data.image_root):
@@ -115,13 +120,36 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
     if name == "text_to_image" and (len(outs) != 1 or outs[0].decoder.channels != 3):
         raise ConfigError("data.name = 'text_to_image' needs exactly one modality with an Out path that draws RGB: "
                           "set model.modalities.<name>.output_token_id (e.g. 261) and decoder.channels = 3")
-    if name in ("synthetic", *IMAGE_TEXT_SETS):
+    if name in IMAGE_TEXT_SETS:
+        check_real_data_rows(cfg, model)
+    elif name == "synthetic":
         tokens = next(m.vit.tokens_per_image for m in model.modalities.values())
         placeholders = tokens * cfg.data.images_per_sample
         if cfg.data.seq_len < placeholders + (3 if name in IMAGE_TEXT_SETS else 1):
             raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must exceed the {placeholders} image placeholders "
                               f"of a sample (data.images_per_sample x the image's {tokens} tokens) plus its text; "
                               "raise data.seq_len")
+
+
+def check_real_data_rows(cfg: Config, model: ModelConfig) -> None:
+    """A row of real data holds every input's placeholders (an image's patches, a padded clip's frames) and
+    text; a clip of data.audio_seconds fits the audio encoder."""
+    placeholders = 0
+    for name, m in model.modalities.items():
+        if m.kind == "vision":
+            placeholders += m.vit.tokens_per_image
+            continue
+        samples = clip_samples(cfg, m.audio.max_positions)
+        if samples // WHISPER_HOP > 2 * m.audio.max_positions:
+            raise ConfigError(f"data.audio_seconds = {cfg.data.audio_seconds} gives clips of {samples // WHISPER_HOP} "
+                              f"frames, more than the {2 * m.audio.max_positions} that model.modalities.{name}.audio"
+                              f".max_positions covers; lower data.audio_seconds or raise max_positions")
+        placeholders += AudioEncoder.output_frames(samples // WHISPER_HOP)
+    if cfg.data.seq_len < placeholders + 3:
+        raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must exceed the {placeholders} placeholders of a "
+                          "sample's inputs (an image's patches, a clip's frames) plus its text; raise data.seq_len"
+                          + (" or lower data.audio_seconds" if any(m.kind == "audio" for m in model.modalities.values())
+                             else ""))
 
 
 def data_tokenizer(cfg: Config) -> Any:
