@@ -71,7 +71,8 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[PromptRequest]]:
 
 def missing_input_warnings(cfg: Config, requests: list[PromptRequest]) -> list[str]:
     """A `mimo: warning:` line for each prompt that asks about an image or a sound it was not given: a demo
-    question about one, a literal <image> / <audio>, or (vision) a data set whose every sample held an image."""
+    question about one, a literal <image> / <audio>, or a data set whose every sample held one (real data
+    holds every input the model takes; the shapes demo always an image)."""
     kinds = {m.kind for m in cfg.model.modalities.values()}
     out = []
     for r in requests:
@@ -79,7 +80,8 @@ def missing_input_warnings(cfg: Config, requests: list[PromptRequest]) -> list[s
                 r.text in QUESTIONS.values() or IMAGE_MARK in r.text or cfg.data.name in ALWAYS_IMAGE_SETS):
             out.append(f"mimo: warning: the prompt {r.text!r} asks about an image but has none; give it with "
                        "--image (the answer below is a guess)")
-        if "audio" in kinds and r.audio is None and (r.text in AUDIO_QUESTIONS.values() or AUDIO_MARK in r.text):
+        if "audio" in kinds and r.audio is None and (
+                r.text in AUDIO_QUESTIONS.values() or AUDIO_MARK in r.text or cfg.data.name in IMAGE_TEXT_SETS):
             out.append(f"mimo: warning: the prompt {r.text!r} asks about a sound but has none; give it with "
                        "--audio (the answer below is a guess)")
     return out
