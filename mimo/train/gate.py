@@ -125,7 +125,7 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
     elif name == "synthetic":
         tokens = next(m.vit.tokens_per_image for m in model.modalities.values())
         placeholders = tokens * cfg.data.images_per_sample
-        if cfg.data.seq_len < placeholders + (3 if name in IMAGE_TEXT_SETS else 1):
+        if cfg.data.seq_len <= placeholders:
             raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must exceed the {placeholders} image placeholders "
                               f"of a sample (data.images_per_sample x the image's {tokens} tokens) plus its text; "
                               "raise data.seq_len")
