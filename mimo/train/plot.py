@@ -42,6 +42,14 @@ def nice_ticks(lo: float, hi: float, log: bool) -> list[float]:
     return [lo + (hi - lo) * i / (TICKS - 1) for i in range(TICKS)]
 
 
+def step_ticks(s0: int, s1: int) -> list[int]:
+    """Round steps (multiples of 1, 2 or 5 x 10^k) over [s0, s1], about TICKS of them."""
+    raw = max((s1 - s0) / (TICKS - 1), 1.0)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = int(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw))
+    return list(range(-(-s0 // step) * step, s1 + 1, step))
+
+
 def plot_curve(train: list[tuple[int, float]], path: str | Path, evals: list[tuple[int, float]] = (),
                resumed_at: int = 0, title: str = "loss") -> None:
     """Draw `train` as a line and `evals` as points over the steps; a log loss axis when the values are
@@ -66,8 +74,7 @@ def plot_curve(train: list[tuple[int, float]], path: str | Path, evals: list[tup
             _, y = xy(s0, v)
             d.line([(x0, y), (x1, y)], fill=GRID_COLOUR)
             d.text((4, y - 6), f"{v:.3g}", fill="black")
-        for i in range(TICKS):
-            s = s0 + (s1 - s0) * i / (TICKS - 1)
+        for s in step_ticks(s0, s1):
             x, _ = xy(s, lo)
             d.line([(x, y0), (x, y1)], fill=GRID_COLOUR)
             d.text((x - 12, y1 + 6), f"{s:.0f}", fill="black")

@@ -9,7 +9,7 @@ import json
 from PIL import Image
 
 import mimo.train.trainer as trainer_mod
-from mimo.train.plot import plot_curve, run_curve
+from mimo.train.plot import plot_curve, run_curve, step_ticks
 from mimo.train.trainer import Trainer
 from tests.support.tiny_run import tiny_config
 
@@ -26,6 +26,8 @@ def test_run_curve_joins_earlier_segments_and_eval_points(tmp_path):
     assert evals == [(1, 2.5)]
     plot_curve(train, tmp_path / "loss.png", evals, resumed_at=3)
     assert Image.open(tmp_path / "loss.png").size == (720, 440)
+    assert step_ticks(0, 199) == [0, 50, 100, 150] and step_ticks(3, 5) == [3, 4, 5]
+    assert step_ticks(0, 1000) == [0, 500, 1000] and step_ticks(100, 600) == [200, 400, 600]
 
 
 def test_a_resumed_run_reports_the_whole_run(tmp_path, monkeypatch, capsys):
