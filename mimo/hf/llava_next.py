@@ -1,5 +1,6 @@
-"""LLaVA-NeXT in: a `LlavaNextForConditionalGeneration` checkpoint as a MimoModel whose `images` modality is
-an `AnyResSubmodules` (tiles at the best grid resolution, rows put back in place, a newline row per line).
+"""LLaVA-NeXT and LLaVA-OneVision in: a `LlavaNextForConditionalGeneration` or
+`LlavaOnevisionForConditionalGeneration` checkpoint as a MimoModel whose `images` modality is an
+`AnyResSubmodules` (tiles at the best grid resolution, rows put back in place, a newline row per line).
 
 For inference and evaluation: the returned ModelConfig describes the LM and the tower, but a training config
 cannot yet ask for anyres tiling, and there is no export back.
@@ -22,17 +23,34 @@ def import_llava_next(source: Source, dtype: DTypeSpec = "auto",
     """The checkpoint's LM, tower, projector and `image_newline`, in its dtype or `dtype`, on `device`.
     Encoder inputs are transformers' processor outputs: `{"vit": {"pixel_values": [T, C, S, S],
     "image_sizes": [n, 2]}}` (a 5-D `[n, tiles, C, S, S]` batch flattened to its images' tiles)."""
+    return _import_anyres(source, dtype, device, "llava_next")
+
+
+def import_llava_onevision(source: Source, dtype: DTypeSpec = "auto",
+                           device: DeviceSpec = "cpu") -> tuple[ModelConfig, MimoModel]:
+    """A `LlavaOnevisionForConditionalGeneration` checkpoint, as `import_llava_next` (single-image samples: every
+    image tiled; its anyres_max_N limit shrinks larger grids)."""
+    return _import_anyres(source, dtype, device, "llava_onevision")
+
+
+def _import_anyres(source: Source, dtype: DTypeSpec, device: DeviceSpec, kind: str) -> tuple[ModelConfig, MimoModel]:
     with open_source(source) as src:
         d = src.config()
         where = f"'{src.config_label}'"
-        cfg = llava_model_config(d, where, kinds=("llava_next",))
+        cfg = llava_model_config(d, where, kinds=(kind,))
         vit_cfg = cfg.modalities[IMAGES].vit
         if vit_cfg.tokens_per_image != (vit_cfg.image // vit_cfg.patch) ** 2:
             raise ValueError(f"{where}: LLaVA-NeXT packs each tile's patch grid, so the tower must give exactly its "
                              f"{(vit_cfg.image // vit_cfg.patch) ** 2} patches: vision_feature_select_strategy "
                              "'default' for a class-token tower (CLIP), 'full' for one without (SigLIP)")
+        max_tiles = 0
+        if kind == "llava_onevision":
+            aspect = d.get("vision_aspect_ratio", "anyres_max_9")
+            if not aspect.startswith("anyres_max_") or not aspect[len("anyres_max_"):].isdigit():
+                raise ValueError(f"{where}: vision_aspect_ratio = '{aspect}' is not 'anyres_max_N'")
+            max_tiles = int(aspect[len("anyres_max_"):])
         lm, vit, proj = llava_parts(src, cfg, dtype, device)
-        sub = AnyResSubmodules(vit, proj, cfg.llm.hidden, d["image_grid_pinpoints"]).to(
+        sub = AnyResSubmodules(vit, proj, cfg.llm.hidden, d["image_grid_pinpoints"], max_tiles).to(
             device=device, dtype=next(lm.parameters()).dtype)
         if not is_meta(device):
             name = find_prefix(src, "image_newline", "LLaVA-NeXT newline") + "image_newline"

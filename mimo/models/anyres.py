@@ -2,12 +2,16 @@
 tile at the tower's size), every tile goes through the vision tower and the projector, and the tiles' rows are
 put back in their places on the image, cropped to its aspect ratio, with a learned newline row closing each
 line of patches. So an image gives a number of rows that depends on its size, as transformers'
-LlavaNextForConditionalGeneration computes them ("spatial_unpad").
+LlavaNextForConditionalGeneration computes them ("spatial_unpad"); LLaVA-OneVision also shrinks a grid larger
+than its anyres_max_N tiles' area.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mimo.models.multimodal import ModalitySubmodules
@@ -47,10 +51,14 @@ class AnyResSubmodules(ModalitySubmodules):
     order (each image's overview tile first, then its grid row by row, as transformers' processor gives them)
     and each image's (height, width). Returns the rows of all images, image by image."""
 
-    def __init__(self, vit: nn.Module, projector: nn.Module, lm_hidden: int, grid_pinpoints: list[list[int]]):
+    def __init__(self, vit: nn.Module, projector: nn.Module, lm_hidden: int, grid_pinpoints: list[list[int]],
+                 max_tiles: int = 0):
+        """`max_tiles` (LLaVA-OneVision's anyres_max_N; 0 = no limit): a cropped grid of more than about N tiles'
+        area is shrunk (bilinear) to that area."""
         super().__init__(encoders={"vit": vit}, input_projections=[projector])
         self.image_newline = nn.Parameter(torch.zeros(lm_hidden))
         self.grid_pinpoints = [list(p) for p in grid_pinpoints]
+        self.max_tiles = max_tiles
 
     def tiles_of(self, size: tuple[int, int]) -> tuple[int, int]:
         """(rows, columns) of tiles an image of `size` is cut into (the overview tile not counted)."""
@@ -73,6 +81,10 @@ class AnyResSubmodules(ModalitySubmodules):
             r, c = self.tiles_of(size)
             grid = tiles[1:].view(r, c, side, side, -1).permute(4, 0, 2, 1, 3).flatten(1, 2).flatten(2, 3)
             grid = unpad(grid, size)
+            ratio = math.sqrt(grid.shape[1] * grid.shape[2] / (self.max_tiles * side**2)) if self.max_tiles else 0.0
+            if ratio > 1.1:  # OneVision's threshold, as transformers applies it
+                grid = F.interpolate(grid[None], [int(grid.shape[1] // ratio), int(grid.shape[2] // ratio)],
+                                     mode="bilinear")[0]
             newline = self.image_newline[:, None, None].expand(*grid.shape[:-1], 1).to(grid.dtype)
             grid = torch.cat([grid, newline], dim=-1).flatten(1, 2).transpose(0, 1)
             out.append(torch.cat([tiles[0], grid]))

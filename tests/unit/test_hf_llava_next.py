@@ -4,7 +4,7 @@ ratio, a newline row per line) gives transformers' logits in fp32 for images of 
 import pytest
 import torch
 
-from mimo.hf.llava_next import import_llava_next
+from mimo.hf.llava_next import import_llava_next, import_llava_onevision
 from mimo.models.anyres import select_best_resolution
 from tests.support.hf_helpers import TOL, perturb, rel_diff, save, tiny_text_config, tiny_vision_config, transformers
 
@@ -21,16 +21,25 @@ def test_best_resolution_matches_transformers():
         assert select_best_resolution(size, PINPOINTS) == tuple(reference(size, PINPOINTS))
 
 
-@pytest.mark.parametrize("tower", ["clip", "siglip"])
-def test_import_llava_next_matches_transformers(tower, tmp_path):
+CASES = {"next_clip": ("clip", None), "next_siglip": ("siglip", None), "onevision": ("siglip", "anyres_max_9"),
+         "onevision_shrunk": ("siglip", "anyres_max_1")}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_anyres_llava_matches_transformers(case, tmp_path):
+    """Three images of different sizes in one batch; anyres_max_1 shrinks every grid of more than one tile."""
+    tower, aspect = CASES[case]
     torch.manual_seed(0)
-    config = transformers.LlavaNextConfig(
-        vision_config=tiny_vision_config(tower).to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
-        image_token_index=IMG, vision_feature_layer=-2,
-        vision_feature_select_strategy="default" if tower == "clip" else "full",
-        image_grid_pinpoints=PINPOINTS)
-    hf = perturb(transformers.LlavaNextForConditionalGeneration(config).eval())
-    _, model = import_llava_next(save(hf, tmp_path / "next"))
+    kw = dict(vision_config=tiny_vision_config(tower).to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
+              image_token_index=IMG, vision_feature_layer=-2, image_grid_pinpoints=PINPOINTS,
+              vision_feature_select_strategy="default" if tower == "clip" else "full")
+    if aspect:
+        hf = transformers.LlavaOnevisionForConditionalGeneration(
+            transformers.LlavaOnevisionConfig(vision_aspect_ratio=aspect, **kw))
+        _, model = import_llava_onevision(save(perturb(hf.eval()), tmp_path / "ov"))
+    else:
+        hf = transformers.LlavaNextForConditionalGeneration(transformers.LlavaNextConfig(**kw))
+        _, model = import_llava_next(save(perturb(hf.eval()), tmp_path / "next"))
     sub = model.modality_submodules["images"]
     sizes = torch.tensor([[20, 40], [40, 24], [12, 44]])
     tiles = [1 + r * c for r, c in (sub.tiles_of(tuple(s)) for s in sizes.tolist())]
@@ -39,8 +48,8 @@ def test_import_llava_next_matches_transformers(tower, tmp_path):
     inputs = {"images": {"vit": {"pixel_values": flat, "image_sizes": sizes}}}
     with torch.no_grad():
         rows = sub(inputs["images"])
-    lengths = [len(sub({"vit": {"pixel_values": flat[sum(tiles[:i]): sum(tiles[:i + 1])],
-                                "image_sizes": sizes[i:i + 1]}})) for i in range(len(sizes))]
+        lengths = [len(sub({"vit": {"pixel_values": flat[sum(tiles[:i]): sum(tiles[:i + 1])],
+                                    "image_sizes": sizes[i:i + 1]}})) for i in range(len(sizes))]
     assert sum(lengths) == len(rows) and len(set(lengths)) > 1  # rows depend on each image's size
     ids = torch.tensor([[1] + [IMG] * n + [5, 6, 7] + [0] * (max(lengths) - n) for n in lengths])
     with torch.no_grad():
