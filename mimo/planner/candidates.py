@@ -7,12 +7,9 @@ first N/2, N/4 or N/8 ranks, the LM on the rest with the least tp x pp that fits
 trainer would refuse (`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that
 cannot run. Memory comes from `mimo.planner.memory`.
 
-Ranking follows what BENCHMARKS.md measured on H200s: for a model that fits, plain data parallelism
-beat every heterogeneous layout; tensor parallelism of the LM costs compute and communication; a
-pipelined layout with a small encoder alone on its GPUs idles. So among layouts that fit: plain DP,
-then FSDP, then colocated with the encoder data parallel and the smallest LM tp, then layouts that
-split the encoder too, then pipelined; ties by lower memory. When nothing fits, the lowest estimate
-comes first.
+Ranking (the reasons are in BENCHMARKS.md): among layouts that fit, plain DP, then FSDP, then colocated
+with the encoder data parallel and the smallest LM tp, then layouts that split the encoder too, then
+pipelined; ties by lower memory. When nothing fits, the lowest estimate comes first.
 """
 
 from __future__ import annotations
