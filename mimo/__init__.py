@@ -4,25 +4,22 @@ The public API (Config, load_config, MimoModel, ModalitySubmodules, build_model)
 (PEP 562), so `import mimo.cli` - every `mimo` command's start-up - does not pay for torch before argparse
 has read the command line."""
 
+import importlib
+
 __all__ = ["Config", "MimoModel", "ModalitySubmodules", "build_model", "load_config"]
 __version__ = "0.1.0"
 
 
+_PUBLIC = {"Config": "mimo.config.schema", "load_config": "mimo.config.load", "build_model": "mimo.hf.build",
+           "MimoModel": "mimo.models.multimodal", "ModalitySubmodules": "mimo.models.multimodal"}
+"""Public name -> the module that defines it."""
+
+
 def __getattr__(name: str):
     """`mimo.<name>` for the public API, imported on first access; AttributeError for anything else."""
-    if name in ("Config", "load_config"):
-        from mimo.config import load, schema
-
-        return {"Config": schema.Config, "load_config": load.load_config}[name]
-    if name == "build_model":
-        from mimo.hf.build import build_model
-
-        return build_model
-    if name in ("MimoModel", "ModalitySubmodules"):
-        from mimo.models import multimodal
-
-        return getattr(multimodal, name)
-    raise AttributeError(f"module 'mimo' has no attribute {name!r}")
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'mimo' has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)
 
 
 def __dir__() -> list[str]:

@@ -3,9 +3,9 @@
 - Every module belongs to a room, every room to a floor; a module imports only from its own room, a lower
   floor, or (never a sibling room of its own floor) - so no import runs upward.
 - No import cycle between files (imports at module level and inside functions both count).
-- No `from mimo...`/`import mimo...` inside a function, except CLI start-up (cli.py, __main__.py and the
-  package's __init__.py, whose public API loads on first use): a function-level import is how a cycle or
-  an upward import hides.
+- No `from mimo...`/`import mimo...` (nor `importlib.import_module("mimo...")`) inside a function, except
+  CLI start-up (cli.py, __main__.py and the package's __init__.py, whose public API loads on first use): a
+  function-level import is how a cycle or an upward import hides.
 - Process groups are created in parallel/grid.py only.
 - No file over 450 lines, no function over 60 (decorators, signature and docstring included); every folder
   of mimo/ is a package.
@@ -67,6 +67,18 @@ def imported_modules(name: str, path: Path, node: ast.Import | ast.ImportFrom, k
     return out
 
 
+def as_import(node: ast.AST) -> ast.Import | None:
+    """`importlib.import_module("mimo.x")` (a constant name) as the `import mimo.x` it is, else None."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return None
+    f = node.func
+    called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+    target = node.args[0].value
+    if called != "import_module" or not isinstance(target, str) or not target.startswith("mimo"):
+        return None
+    return ast.Import(names=[ast.alias(name=target)], lineno=node.lineno)
+
+
 def room_of(name: str) -> str | None:
     while name:
         if name in ROOMS:
@@ -96,8 +108,12 @@ class Graph:
                     first = min([f.lineno, *(d.lineno for d in f.decorator_list)])
                     self.function_lines[f"{name}:{f.name}:{f.lineno}"] = f.end_lineno - first + 1
             inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+                     for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom, ast.Call))}
             for node in ast.walk(tree):
+                if (dynamic := as_import(node)) is not None:
+                    if id(node) in inner:
+                        inner.add(id(dynamic))
+                    node = dynamic
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     targets = [t for t in imported_modules(name, path, node, known) if t != name]
                     for t in targets:
