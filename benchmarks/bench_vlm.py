@@ -16,9 +16,10 @@ DIR/<preset>.log.
 
 Off CUDA the CUDA-only keys are turned off (`CPU_OFF`). `--nproc N` runs mimo data-parallel on N GPUs through
 torchrun (repeat it for a scaling table): the one-process keys (mimo.perf.apply.ONE_PROCESS_ONLY) are turned off
-on every row of such an invocation, bf16 autocast over fp32 weights in their place, so that the rows run the same
-step. Such a row's tokens/s is the global throughput, its MFU and model TFLOP/s are per GPU, and its ratio to a
-baseline (which always runs on one GPU) is per GPU: tokens/s per GPU over the baseline's tokens/s.
+on every row of such an invocation, so that the rows run the same step (`train.master_weights` stays on, its fp32
+state sharded ZeRO-1 over the ranks). Such a row's tokens/s is the global throughput, its MFU and model TFLOP/s
+are per GPU, and its ratio to a baseline (which always runs on one GPU) is per GPU: tokens/s per GPU over the
+baseline's tokens/s.
 """
 
 from __future__ import annotations

@@ -236,6 +236,11 @@ class ParallelPlan:
             else:
                 self.reducers[name] = GradReducer(module, self.groups[name].group(lanes))
 
+    def master_state_group(self, name: str) -> ProcessGroup | None:
+        """The group module `name`'s fp32 master state is sharded over under train.master_weights (ZeRO-1): its
+        data lanes (`data_dims`), whose GradReducer sums the gradients first; None where it has one lane here."""
+        return self.reducers[name].group if name in self.reducers else None
+
     def lm_tensor_parallel(self) -> tuple[ProcessGroup, bool] | None:
         """(TP group, sequence parallel) of the LM where this rank runs it with tp > 1, else None."""
         if self.layout.grids[LANGUAGE].tp == 1 or not self.holds(LANGUAGE):

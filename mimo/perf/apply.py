@@ -33,9 +33,11 @@ from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backend
 
-ONE_PROCESS_ONLY = ("master_weights", "grad_table", "lm_update_early", "step_graph")
-"""Keys of the step's fast paths that run on one process only: MasterAdamW has no per-module data-parallel
-gradient path yet, and NCCL collectives in a captured step are not wired up (README, "Fast paths")."""
+ONE_PROCESS_ONLY = ("grad_table", "lm_update_early", "step_graph")
+"""Keys of the step's fast paths that run on one process only: the gradient table and the early update read
+gradients before the data-parallel reduction sums them, and NCCL collectives in a captured step are not wired
+up (README, "Fast paths"). train.master_weights runs on data-parallel layouts (ZeRO-1), not pipelined or FSDP2
+ones (`check_master_weights_layout`)."""
 
 
 def chunked_head_loss(lm: DecoderLM, hidden: torch.Tensor, labels: torch.Tensor,
@@ -111,10 +113,10 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     before any process group exists)."""
     for key in ONE_PROCESS_ONLY:
         if getattr(cfg.train, key):
-            raise ConfigError(f"train.{key} = true runs on one process only: MasterAdamW's fp32 state is not yet "
-                              f"sharded over a module's data lanes beside its gradient reduction, and a captured "
-                              f"step holds no collectives; set train.{key} = false for a layout of {layout.world_size} "
-                              "ranks")
+            raise ConfigError(f"train.{key} = true runs on one process only: it reads gradients before the "
+                              f"data-parallel reduction, or captures a step that holds no collectives; set "
+                              f"train.{key} = false for a layout of {layout.world_size} ranks")
+    check_master_weights_layout(cfg, layout)
     lm = layout.grids[LANGUAGE]
     module = cfg.parallel.modules.get(LANGUAGE)
     sharded = lm.cp > 1 or (lm.tp > 1 and module is not None and module.sequence_parallel)
@@ -126,3 +128,20 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
         raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
                           "vocab-parallel chunked loss: set train.chunked_loss = true")
+
+
+def check_master_weights_layout(cfg: Config, layout: Layout) -> None:
+    """train.master_weights against a layout of more than one rank: data, tensor and context parallelism
+    and colocated modules work (each module's fp32 state sharded over its data lanes); a pipelined layout
+    and FSDP2 do not (pure, before any process group)."""
+    if not cfg.train.master_weights:
+        return
+    if is_pipelined(layout):
+        raise ConfigError("train.master_weights = true on a pipelined layout: MasterAdamW is not wired to the "
+                          "pipeline's stages yet; set train.master_weights = false, or colocate the modules")
+    fsdp = [n for n, m in cfg.parallel.modules.items() if m.fsdp]
+    if fsdp:
+        raise ConfigError(f"parallel.modules.{fsdp[0]}.fsdp = true with train.master_weights = true: FSDP2 shards "
+                          f"the weights MasterAdamW would turn into views of its flat bf16 buffer (README, "
+                          f"\"Precision\"); set fsdp = false (the master state is then sharded ZeRO-1 over the "
+                          f"data lanes), or train.master_weights = false")

@@ -23,7 +23,10 @@ Data parallelism (ZeRO-1): given a process group of N ranks, the flat buffers ar
 shards and each rank keeps master weights and moments for its own shard only (12 of the 16 bytes per
 parameter that AdamW holds, divided by N), while every rank still holds the full bf16 weights and
 gradients its model needs. A step reduce-scatters the gradients (each rank receives the sum over
-ranks of its shard), updates its shard with the mean, and all-gathers the new bf16 weights.
+ranks of its shard), updates its shard with the mean, and all-gathers the new bf16 weights. With
+`summed_grads` the caller has already summed the gradients over the group (the trainer's bucketed
+all-reduce): a step updates this rank's shard from its own copy of the summed gradient, unscaled, and
+all-gathers the new bf16 weights (only the fp32 state is sharded).
 """
 
 from __future__ import annotations
@@ -109,7 +112,9 @@ class MasterAdamW:
     tensor and the update reads it in place (see the module docstring); `compile` and `chunk` do not apply.
 
     With `group` (more than one rank), `step()` is collective and takes the mean of the ranks'
-    gradients (each rank's loss being a mean over its own micro-batch). Every rank must pass the same
+    gradients (each rank's loss being a mean over its own micro-batch); with `summed_grads` too, but it takes
+    every `.grad` to be the sum over the group already (identical on every rank) and steps on it as it is,
+    with no reduction. Every rank must pass the same
     initial weights (e.g. a model built from the same seed): each keeps a copy of its own shard only,
     so nothing is broadcast.
     """
@@ -117,7 +122,8 @@ class MasterAdamW:
     def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, dtype: torch.dtype = torch.bfloat16,
                  compile: bool = False, chunk: int = 1 << 28, group: ProcessGroup | None = None,
-                 fresh_grads: bool = True, first: Iterable[nn.Parameter] = (), grad_table: bool = False):
+                 fresh_grads: bool = True, first: Iterable[nn.Parameter] = (), grad_table: bool = False,
+                 summed_grads: bool = False):
         params = [p for p in params if p.requires_grad]
         early = {id(p) for p in first if p.requires_grad}
         ranks = dist.get_world_size(group) if group is not None else 1
@@ -126,6 +132,7 @@ class MasterAdamW:
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay = eps, weight_decay
         self.group = group if ranks > 1 else None
+        self.summed_grads = summed_grads
         device = self.params[0].device
         offsets, size = self._flatten(dtype, ranks, grad_table)
         self.table = TableUpdate([p.numel() for p in self.params], offsets, device) if grad_table else None
@@ -139,7 +146,7 @@ class MasterAdamW:
         # the lowest priority: the kernels of a stream of higher priority (e.g. a captured step's) get SMs first
         self.stream = torch.cuda.Stream(device, priority=0) if early and device.type == "cuda" else None
         self._hook_grads(grad_table, fresh_grads)
-        self.grad_scale = 1.0 / ranks
+        self.grad_scale = 1.0 if summed_grads else 1.0 / ranks
         self.step_count = torch.zeros((), dtype=torch.float32, device=device)
         self.lr = torch.full((), lr, dtype=torch.float32, device=device)
         split = offsets[self.n_first] if self.n_first < len(self.params) else size  # where the others begin
@@ -166,7 +173,12 @@ class MasterAdamW:
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
         self.weight_shard = self.weight[start:start + size]
-        self.grad_shard = self.grad if self.group is None else torch.zeros_like(self.weight_shard)
+        if self.group is None:
+            self.grad_shard = self.grad
+        elif self.summed_grads:  # the summed gradient of this shard: this rank's slice of its own copy
+            self.grad_shard = self.grad[start:start + size]
+        else:  # the reduce-scatter's output
+            self.grad_shard = torch.zeros_like(self.weight_shard)
         with torch.no_grad():
             for p, off in zip(self.params, offsets):
                 lo, hi = max(off, start), min(off + p.numel(), start + size)
@@ -250,7 +262,7 @@ class MasterAdamW:
             elif p.grad is not view:
                 _into_view(p, view)
             grads.append(None)
-        if self.group is not None:
+        if self.group is not None and not self.summed_grads:
             reduce_scatter_single(self.grad_shard, self.grad, group=self.group)
         if not launched:
             self.step_count += 1

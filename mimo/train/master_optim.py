@@ -5,8 +5,16 @@ One MasterAdamW per module and weight-decay group (matrices decayed, vectors not
 them), each with the module's learning rate; the schedule's learning rate lives on the device
 (`begin(step)` writes it before the step's work is queued), so a step can be captured as a CUDA graph.
 With `early` the language model's groups update inside backward, as soon as their last gradient is in
-(`MasterAdamW(first=...)`). Checkpoints hold no optimizer state under this mode (`optimizers` is empty:
-config/validate.py refuses train.save_every and train.resume with it).
+(`MasterAdamW(first=...)`).
+
+On a data-parallel layout (`groups`: a module's data-lane group, from ParallelPlan.master_state_group) the
+module's gradients arrive already summed over its lanes (the plan's GradReducer), and its MasterAdamW keeps
+the fp32 master weights and moments of its own 1/N of the flat buffer only (ZeRO-1): each rank updates its
+shard and all-gathers the new bf16 weights, a collective over the group. The global norm is then
+`norm_sq_reduce` over the ranks' per-module shares, as in MimoOptimizer.
+
+Checkpoints hold no optimizer state under this mode (`optimizers` is empty: config/validate.py refuses
+train.save_every and train.resume with it).
 """
 
 from __future__ import annotations
@@ -15,10 +23,12 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from mimo.config.schema import LANGUAGE, OptimConfig
+from mimo.parallel.data import NormReducer
 from mimo.perf.master_adamw import MasterAdamW
-from mimo.train.optim import lr_factor, param_groups
+from mimo.train.optim import local_grad_sq, lr_factor, param_groups
 
 
 class UpdatedInStep(RuntimeError):
@@ -28,19 +38,25 @@ class UpdatedInStep(RuntimeError):
 
 class MasterOptimizer:
     """Per module and decay group, a MasterAdamW; the global gradient norm, clipping and the skip on a
-    non-finite norm as in MimoOptimizer (where the update is not already inside the step)."""
+    non-finite norm as in MimoOptimizer (where the update is not already inside the step). `groups` maps a
+    module to the data-lane group its master state is sharded over (absent or None: not sharded);
+    `norm_sq_reduce` (with groups) makes the global norm from every rank's per-module shares."""
 
     def __init__(self, modules: dict[str, nn.Module], cfg: OptimConfig, total_steps: int, early: bool = False,
-                 grad_table: bool = False, compile: bool = False):
+                 grad_table: bool = False, compile: bool = False,
+                 groups: dict[str, ProcessGroup | None] | None = None, norm_sq_reduce: NormReducer | None = None):
         self.cfg, self.total_steps, self.early = cfg, total_steps, early
+        self.norm_sq_reduce = norm_sq_reduce
         self.parts: list[tuple[str, MasterAdamW]] = []
         for name, mod in modules.items():
             lr = cfg.module_lr.get(name, cfg.lr)
-            for group in param_groups(mod, cfg.weight_decay):
-                params = group["params"]
+            group = (groups or {}).get(name)
+            for decay_group in param_groups(mod, cfg.weight_decay):
+                params = decay_group["params"]
                 opt = MasterAdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                  weight_decay=group["weight_decay"], compile=compile, grad_table=grad_table,
-                                  first=params if early and name == LANGUAGE else ())
+                                  weight_decay=decay_group["weight_decay"], compile=compile, grad_table=grad_table,
+                                  first=params if early and name == LANGUAGE else (), group=group,
+                                  summed_grads=group is not None)
                 self.parts.append((name, opt))
         self.params = [p for _, opt in self.parts for p in opt.params]
         self.optimizers: dict = {}  # no optimizer state in checkpoints (module docstring)
@@ -56,7 +72,13 @@ class MasterOptimizer:
             opt.lr.fill_(self.cfg.module_lr.get(name, self.cfg.lr) * factor)
 
     def grad_norm(self) -> torch.Tensor:
-        """The global L2 norm of every gradient, in fp32, on the device (no host sync)."""
+        """The global L2 norm of every gradient, in fp32, on the device (no host sync); collective with
+        `norm_sq_reduce`."""
+        if self.norm_sq_reduce is not None:
+            parts: dict[str, torch.Tensor] = {}
+            for name, opt in self.parts:
+                parts[name] = parts.get(name, 0) + local_grad_sq(opt.params)
+            return self.norm_sq_reduce(parts).sqrt()
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.params[0].device)

@@ -100,7 +100,7 @@ def test_benchmark_runs_on_tiny(tmp_path):
 
 def test_benchmark_runs_data_parallel_on_tiny(tmp_path):
     """mimo on 2 gloo ranks through torchrun: one row, whose throughput is over both ranks; the one-process keys
-    are off (bf16 autocast over fp32 weights in their place)."""
+    are off, train.master_weights on (its fp32 state sharded over the two ranks)."""
     cmd = [sys.executable, "-m", "benchmarks.bench_vlm", "--preset", "tiny", "--nproc", "2", "--no-baseline",
            "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -108,7 +108,7 @@ def test_benchmark_runs_data_parallel_on_tiny(tmp_path):
     assert r.returncode == 0, r.stderr
     [row] = map(json.loads, (tmp_path / "tiny.jsonl").read_text().splitlines())
     assert row["label"] == "mimo on 2 GPUs" and row["gpus"] == 2, row
-    assert not row["train"]["master_weights"] and not row["train"]["lm_update_early"], row["train"]
+    assert row["train"]["master_weights"] and not row["train"]["lm_update_early"], row["train"]
     assert row["tokens_per_s_per_gpu"] > 0 and math.isfinite(row["final_loss"]), row
     assert "| mimo on 2 GPUs | 2 |" in (tmp_path / "tiny.md").read_text()
 

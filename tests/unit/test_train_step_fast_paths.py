@@ -72,9 +72,20 @@ def test_a_key_that_cannot_work_is_refused_naming_it(tmp_path, switches, message
 
 def test_layouts_refuse_what_they_cannot_run(tmp_path):
     cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true")
-    layout = Layout.from_config({}, cfg.model.module_names, 2)
-    with pytest.raises(ConfigError, match=r"train.master_weights = true runs on one process only"):
-        check_fast_path_layout(cfg, layout)
+    check_fast_path_layout(cfg, Layout.from_config({}, cfg.model.module_names, 2))  # ZeRO-1 over 2 lanes
+    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true", "--train.lm_update_early=true",
+                      "--optim.clip=0")
+    with pytest.raises(ConfigError, match=r"train.lm_update_early = true runs on one process only"):
+        check_fast_path_layout(cfg, Layout.from_config({}, cfg.model.module_names, 2))
+    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true",
+                      "--parallel.modules.images.fsdp=true")
+    with pytest.raises(ConfigError, match=r"parallel.modules.images.fsdp = true with train.master_weights = true"):
+        check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))
+    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true",
+                      "--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
+                      "--parallel.modules.language.offset=1", "--parallel.modules.language.size=1")
+    with pytest.raises(ConfigError, match=r"train.master_weights = true on a pipelined layout"):
+        check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))
     cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--train.chunked_loss=true",
                       "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
     layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2)
