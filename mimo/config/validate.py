@@ -244,10 +244,6 @@ def validate_fast_path_keys(cfg: Config) -> None:
         if odd:
             raise ConfigError(f"train.module_dtype.{odd[0]} = \"{t.module_dtype[odd[0]]}\" with train.master_weights = "
                               "true, which turns every module's weights bf16; drop the entry or master_weights")
-    if t.master_weights and (t.save_every or t.resume not in (False, "never")):
-        raise ConfigError("train.master_weights = true keeps its fp32 master weights and moments out of checkpoints "
-                          "(not saved yet), so it cannot resume: set train.save_every = 0 and train.resume = false, "
-                          "or master_weights = false")
     needs_master = {"grad_table": t.grad_table, "lm_update_early": t.lm_update_early, "step_graph": t.step_graph}
     for key, on in needs_master.items():
         if on and not t.master_weights:

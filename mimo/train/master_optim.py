@@ -13,8 +13,9 @@ the fp32 master weights and moments of its own 1/N of the flat buffer only (ZeRO
 shard and all-gathers the new bf16 weights, a collective over the group. The global norm is then
 `norm_sq_reduce` over the ranks' per-module shares, as in MimoOptimizer.
 
-Checkpoints hold no optimizer state under this mode (`optimizers` is empty: config/validate.py refuses
-train.save_every and train.resume with it).
+Checkpoints hold no torch optimizer state under this mode (`optimizers` is empty); `master_state(rank)` is
+this rank's fp32 master weights, moments and step counts (its shards), saved under `master.rank<N>` beside
+the bf16 weights (mimo.train.checkpoint), and loaded back on the layout they were written with.
 """
 
 from __future__ import annotations
@@ -59,7 +60,14 @@ class MasterOptimizer:
                                   summed_grads=group is not None)
                 self.parts.append((name, opt))
         self.params = [p for _, opt in self.parts for p in opt.params]
-        self.optimizers: dict = {}  # no optimizer state in checkpoints (module docstring)
+        self.optimizers: dict = {}  # no torch optimizer state in checkpoints: master_state (module docstring)
+
+    def master_state(self, rank: int) -> dict:
+        """This rank's optimizer state, the tensors themselves (a checkpoint loads into them in place):
+        {"rank<N>": {"<part>": {"master", "exp_avg", "exp_avg_sq": this rank's shard, "step": the count}}}."""
+        parts = {str(i): {"master": opt.master, "exp_avg": opt.exp_avg, "exp_avg_sq": opt.exp_avg_sq,
+                          "step": opt.step_count} for i, (_, opt) in enumerate(self.parts)}
+        return {f"rank{rank:05d}": parts}
 
     def lr(self, step: int) -> float:
         return lr_factor(step, self.total_steps, self.cfg) * self.cfg.lr

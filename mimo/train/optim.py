@@ -114,6 +114,10 @@ class MimoOptimizer:
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
 
+    def master_state(self, rank: int) -> dict:
+        """State outside torch's optimizers for checkpoints: none here (MasterOptimizer's fp32 shards)."""
+        return {}
+
     def state_dict(self) -> dict[str, dict]:
         return {name: opt.state_dict() for name, opt in self.optimizers.items()}
 

@@ -60,8 +60,6 @@ def test_master_weights_stay_within_the_loss_checks_bound_and_the_early_update_c
      r"train.lm_update_early = true updates the weights inside the step, .* set optim.clip = 0"),
     (["--train.dtype=bfloat16", "--train.master_weights=true", "--train.lm_update_early=true", "--optim.clip=0",
       "--parallel.microbatches=2"], r"takes parallel.microbatches = 1 \(got 2\)"),
-    (["--train.dtype=bfloat16", "--train.master_weights=true", "--train.save_every=2"],
-     r"train.master_weights = true keeps its fp32 master weights and moments out of checkpoints"),
     (["--train.encoder_compile=graphs"], r"train.encoder_compile = 'graphs'; choose one of blocks, whole"),
     (["--train.attention_backend=fa4"], r"train.attention_backend = 'fa4'; choose one of default, cudnn"),
 ])

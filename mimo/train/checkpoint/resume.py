@@ -138,7 +138,8 @@ class RunCheckpointer:
         rng = _rng_file(tmp, self.rank)
         rng.parent.mkdir(parents=True, exist_ok=True)
         rng.write_text(json.dumps(capture_rng()))
-        save_training_state(tmp, self._to_dcp(training_state(self.modules, self.optimizer.optimizers)))
+        state = training_state(self.modules, self.optimizer.optimizers, self.optimizer.master_state(self.rank))
+        save_training_state(tmp, self._to_dcp(state))
         mine = [rng, *tmp.glob(f"__{self.rank}_*")]
         sums = _sums_file(tmp, self.rank)
         sums.parent.mkdir(exist_ok=True)
@@ -170,6 +171,7 @@ class RunCheckpointer:
             "bad_steps": {"consecutive": self.guard.consecutive_bad, "total": self.guard.total_bad},
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
             "parallel": to_dict(self.cfg)["parallel"],
+            "master_weights": self.cfg.train.master_weights,
         }
 
     # Resuming --------------------------------------------------------------------------------------
@@ -292,7 +294,9 @@ class RunCheckpointer:
             if saved.get(key) != getattr(d, key):
                 raise ValueError(f"checkpoint '{path}' was written with data.{key} = {saved.get(key)}, this run has "
                                  f"{getattr(d, key)}; resume with the same value (the sample order depends on it)")
-        load_training_state(path, self.modules, self.optimizer.optimizers, self._to_dcp)
+        self._check_master_state(path, state)
+        load_training_state(path, self.modules, self.optimizer.optimizers, self._to_dcp,
+                            self.optimizer.master_state(self.rank))
         if rng is None:
             self.report(f"'{path}' has no RNG state for rank {self.rank} (written by fewer ranks); keeping this "
                         "rank's seeded state")
@@ -303,6 +307,22 @@ class RunCheckpointer:
         self.guard.consecutive_bad, self.guard.total_bad = int(bad.get("consecutive", 0)), int(bad.get("total", 0))
         if hasattr(self.data, "load_state_dict"):
             self.data.load_state_dict(saved.get("reader", {}))
+
+    def _check_master_state(self, path: Path, state: dict) -> None:
+        """A checkpoint's optimizer state must be of this run's kind: torch AdamW's per parameter, or
+        train.master_weights' fp32 shards, which load on the layout (world size and parallel.modules) they were
+        written with only (each rank's shard of each module's flat buffer)."""
+        mine = self.cfg.train.master_weights
+        if bool(state.get("master_weights", False)) != mine:
+            raise ValueError(f"checkpoint '{path}' was written with train.master_weights = "
+                             f"{str(not mine).lower()}, this run has {str(mine).lower()}: its optimizer state is of "
+                             "the other kind; resume with the same value")
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        modules = to_dict(self.cfg)["parallel"]["modules"]
+        if mine and (state.get("world_size") != world or state.get("parallel", {}).get("modules") != modules):
+            raise ValueError(f"checkpoint '{path}' holds train.master_weights' fp32 state sharded over the layout it "
+                             f"was written with ({state.get('world_size')} ranks, its parallel.modules), which "
+                             f"this run ({world} ranks) does not match; resume on that layout")
 
     # The loop's hook ---------------------------------------------------------------------------------
     def after_step(self, step: int) -> bool:

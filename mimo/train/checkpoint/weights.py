@@ -72,10 +72,29 @@ def optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, 
     return out
 
 
-def training_state(modules: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]) -> dict:
-    """The tree DCP saves: each module's weights and, where it has one, its optimizer's state."""
-    return {"model": {n: m.state_dict() for n, m in modules.items()},
+def training_state(modules: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer],
+                   master: dict | None = None) -> dict:
+    """The tree DCP saves: each module's weights and, where it has one, its optimizer's state; with `master`
+    (MasterOptimizer.master_state: tensors under keys unique to this rank) that too, under "master"."""
+    tree = {"model": {n: m.state_dict() for n, m in modules.items()},
             "optim": {n: optimizer_state(modules[n], opt) for n, opt in optimizers.items()}}
+    if master:
+        tree["master"] = master
+    return tree
+
+
+def _fresh_like(tree: dict) -> dict:
+    """A tree of the same keys with a fresh uninitialised tensor like each of `tree`'s."""
+    return {k: _fresh_like(v) if isinstance(v, dict) else torch.empty_like(v) for k, v in tree.items()}
+
+
+def _copy_into(dst: dict, src: dict) -> None:
+    """Copy each tensor of `src` into the tensor of `dst` under the same keys."""
+    for k, v in dst.items():
+        if isinstance(v, dict):
+            _copy_into(v, src[k])
+        else:
+            v.copy_(src[k])
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -118,14 +137,17 @@ def _template(modules: dict[str, nn.Module], optimizers: dict[str, torch.optim.O
 
 def load_training_state(directory: Path, modules: dict[str, nn.Module],
                         optimizers: dict[str, torch.optim.Optimizer],
-                        to_dcp: Callable[[dict], dict] = lambda tree: tree) -> None:
+                        to_dcp: Callable[[dict], dict] = lambda tree: tree, master: dict | None = None) -> None:
     """Load a checkpoint written by `save_training_state` into this run's modules and optimizers, in
     whatever layout they now have (collective). `to_dcp` is the view that was applied when saving
-    (see reshard.globalize). Everything is read into fresh tensors first and copied in only when the
-    whole read succeeded, so a corrupt checkpoint never leaves a half-loaded model."""
+    (see reshard.globalize); `master` (`training_state`'s) is loaded into its tensors in place. Everything
+    is read into fresh tensors first and copied in only when the whole read succeeded, so a corrupt checkpoint
+    never leaves a half-loaded model."""
     meta = read_metadata_file(Path(directory) / ".metadata")
     saved = meta.state_dict_metadata
     template = _template(modules, optimizers, set(saved))
+    if master:
+        template["master"] = _fresh_like(master)
     view = to_dcp(template)
     flat = flatten(view)
     missing = [k for k in flat if k not in saved]
@@ -144,6 +166,8 @@ def load_training_state(directory: Path, modules: dict[str, nn.Module],
         for name, mod in modules.items():
             for k, v in mod.state_dict().items():
                 v.copy_(template["model"][name][k])
+        if master:
+            _copy_into(master, template["master"])
         for name, opt in optimizers.items():
             params = dict(modules[name].named_parameters())
             opt.state.clear()

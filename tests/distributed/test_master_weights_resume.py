@@ -1,0 +1,60 @@
+"""`train.master_weights` checkpoints: the fp32 master weights, moments and step counts (each rank's ZeRO-1
+shard) are saved beside the bf16 weights, and a run resumed from step 4 of 6 takes the uninterrupted run's
+steps bit for bit, on 1 and on 2 ranks: the same losses, the same final bf16 weights, the same master state.
+A checkpoint of the other optimizer kind, or of another layout, is refused naming why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mimo.train.trainer import Trainer
+from tests.support.dist import run_distributed
+from tests.support.tiny_run import metrics, tiny_config
+
+MASTER = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.steps=6", "--train.save_every=2"]
+STEP4 = Path("tiny") / "checkpoints" / "step_00000004"
+
+
+def _train_rank(rank: int, world: int, out: str, overrides: list[str]) -> list[np.ndarray]:
+    """Train to the end; this rank's master state (every part's shard and step count) and its bf16 weights
+    (as fp32, exact), in order."""
+    trainer = Trainer(tiny_config(Path(out), *MASTER, *overrides))
+    trainer.train()
+    [parts] = trainer.optimizer.master_state(rank).values()
+    weights = [p.detach().float() for p in trainer.model.parameters()]
+    return [t.detach().cpu().numpy().copy() for t in [*(t for part in parts.values() for t in part.values()), *weights]]
+
+
+def _losses(out: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in metrics(out)]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_resumed_master_weights_run_is_bitwise_the_uninterrupted_one(tmp_path, world):
+    ref, resumed = tmp_path / "ref", tmp_path / "resumed"
+    ref_state = run_distributed(_train_rank, world, str(ref), [], timeout=300)
+    got_state = run_distributed(_train_rank, world, str(resumed), [f"--train.resume={ref / STEP4}"], timeout=300)
+    assert [s for s, _ in _losses(resumed)] == [4, 5]
+    assert _losses(resumed) == _losses(ref)[4:]
+    for rank, (got, want) in enumerate(zip(got_state, ref_state, strict=True)):
+        assert len(got) == len(want) > 0, rank
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), rank
+    if world == 2:  # the fp32 state is this layout's shards: one process cannot take it
+        with pytest.raises(ValueError, match=r"sharded over the layout it was written with \(2 ranks"):
+            Trainer(tiny_config(tmp_path / "one", *MASTER, f"--train.resume={ref / STEP4}")).checkpointer.resume()
+
+
+def test_a_checkpoint_of_the_other_optimizer_kind_is_refused(tmp_path):
+    Trainer(tiny_config(tmp_path / "master", *MASTER)).train()
+    plain = [a for a in MASTER if "master_weights" not in a and "dtype" not in a]
+    with pytest.raises(ValueError, match=r"written with train.master_weights = true, this run has false"):
+        Trainer(tiny_config(tmp_path / "plain", *plain,
+                            f"--train.resume={tmp_path / 'master' / STEP4}")).checkpointer.resume()
+    Trainer(tiny_config(tmp_path / "fp32", *plain)).train()
+    with pytest.raises(ValueError, match=r"written with train.master_weights = false, this run has true"):
+        Trainer(tiny_config(tmp_path / "again", *MASTER,
+                            f"--train.resume={tmp_path / 'fp32' / STEP4}")).checkpointer.resume()
