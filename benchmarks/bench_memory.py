@@ -106,6 +106,7 @@ def worker(layout: str, out: str, steps: int) -> None:
                                 for p in trainer.model.parameters())
     _phase(rss, record, "train", lambda: [trainer.train_step(s) for s in range(steps)])
     _phase(rss, record, "save", lambda: trainer.checkpointer.save_final(steps))
+    trainer.write_run_config(steps)  # config.toml, which `mimo export` reads (rank 0)
     print("BENCH " + json.dumps(record), flush=True)
 
 
