@@ -110,14 +110,17 @@ def out_modalities(cfg: Config) -> list[str]:
 def validate_context_parallel(cfg: Config, layout: Layout) -> None:
     """CP/SP constraints known from the config alone (pure); sequence lengths are checked per batch."""
     lm = layout.grids[LANGUAGE]
-    if lm.cp > 1:
-        outs = out_modalities(cfg)
-        if outs:
-            raise ConfigError(f"parallel.modules.language.cp = {lm.cp}: the Out path of {outs} decodes the LM's whole "
-                              "sequence and does not run under context parallel; use cp = 1 or set "
-                              "model.modalities.<name>.output_token_id = -1")
+    outs = out_modalities(cfg)
+    if lm.cp > 1 and outs:
+        raise ConfigError(f"parallel.modules.language.cp = {lm.cp}: the Out path of {outs} decodes the LM's whole "
+                          "sequence and does not run under context parallel; use cp = 1 or set "
+                          "model.modalities.<name>.output_token_id = -1")
     module = cfg.parallel.modules.get(LANGUAGE)
     sp_tp = lm.tp if module is not None and module.sequence_parallel else 1
+    if sp_tp > 1 and outs:
+        raise ConfigError(f"parallel.modules.language.sequence_parallel = true: the Out path of {outs} decodes the "
+                          "LM's whole sequence, which sequence parallel splits over tp; set it to false or set "
+                          "model.modalities.<name>.output_token_id = -1")
     factor = (2 * lm.cp if lm.cp > 1 else 1) * sp_tp
     if cfg.data.packing and cfg.data.pack_length % factor:
         raise ConfigError(f"data.pack_length ({cfg.data.pack_length}) must be a multiple of {factor} (2 x cp x tp "
@@ -229,7 +232,9 @@ class ParallelPlan:
             if self.groups[name].size_of(lanes) == 1 or not self.holds(name) or self._flag(name, "fsdp") != sharded:
                 continue
             if sharded:
-                entry = ("embed", "logits") if name == LANGUAGE else ()
+                # MimoModel calls these outside the module's forward: the LM's embedding and head, the Out path.
+                out_path = ("decode",) if name in model.output_token_ids else ()
+                entry = ("embed", "logits") if name == LANGUAGE else out_path
                 # An untied embedding is only looked up: its own unit frees it between lookup and backward.
                 own = ("embed_tokens",) if name == LANGUAGE and not self.cfg.model.llm.tie_embeddings else ()
                 apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry, own_units=own)

@@ -16,8 +16,8 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   tokens x hidden x 34 bytes in bf16 (Megatron's estimate with flash attention: no s^2 score term);
   under tensor parallelism (10 + 24/tp) instead of 34, or 34/tp with sequence parallel. Twice that in
   float32 (the module's dtype: train.module_dtype, else train.dtype). The LM's tokens per microbatch
-  per lane are global_batch / (microbatches x LM dp) x seq_len / cp, with seq_len = data.seq_len
-  (data.pack_length when packing; the built-in demo tasks size their own rows, close to data.seq_len).
+  per lane are global_batch / (microbatches x LM dp) x seq_len / cp, with seq_len the rows the data produces
+  (the gate's `row_length`: a demo task's own length, else data.seq_len; data.pack_length when packing).
   An encoder's are samples per encoder lane x data.images_per_sample x its tokens per input: a ViT's
   patches (+ class token); for an audio encoder its max_positions, the most rows a clip can give (a
   rough upper bound).
@@ -52,6 +52,7 @@ from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.pipeline.split import stage_layers
+from mimo.train.gate import row_length
 
 GIB = 1024**3
 FIXED_BYTES = 2 * GIB
@@ -141,7 +142,7 @@ def _size(cfg: Config, name: str, b: dict[str, float], params: int) -> ModuleSiz
     """A ModuleSize from its byte buckets and the config's shapes."""
     if name == LANGUAGE:
         llm = cfg.model.llm
-        seq = cfg.data.pack_length if cfg.data.packing else cfg.data.seq_len
+        seq = row_length(cfg, cfg.model) or (cfg.data.pack_length if cfg.data.packing else cfg.data.seq_len)
         return ModuleSize(llm.layers, b["sharded"], b["replicated"], b["first"], b["last"], b["other"], params,
                           llm.hidden, seq, llm.vocab, llm.tie_embeddings)
     m = cfg.model.modalities[name]

@@ -15,6 +15,7 @@ from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
 from mimo.parallel.layout import Layout
 from mimo.train.gate import check_layout, check_tokenizer, validate_run
+from tests.support.configs import T2I, TINY_T2I
 from tests.support.hf_helpers import tiny_causal_lm
 from tests.support.tiny_run import DEMO, TINY
 
@@ -132,6 +133,15 @@ def test_layouts_that_failed_at_the_first_batch_are_refused_at_the_gate():
         8, *lm, "--data.name=synthetic", "--data.seq_len=24")
     vit = ["--parallel.modules.images.tp=2", "--parallel.modules.images.sequence_parallel=true"]
     assert "module 'images': sequence parallel splits the ViT's 5 tokens" in layout_error(2, *vit)
+
+
+def test_out_path_with_a_sequence_parallel_lm_is_refused_at_the_gate():
+    """The Out path decodes the LM's whole sequence: under LM sequence parallel its first forward raised "does not
+    support a sharded sequence"; the gate names the field instead, and `mimo plan` lists LM tp without SP."""
+    cfg = load_config(T2I, [*TINY_T2I, "--model.llm.heads=4", "--model.llm.kv_heads=2",
+                            "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true"])
+    with pytest.raises(ConfigError, match="parallel.modules.language.sequence_parallel = true: the Out path"):
+        check_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -1,0 +1,47 @@
+"""Every candidate `mimo plan` lists for demo_vlm and demo_text_to_image at 4 ranks trains one step on gloo:
+the planner keeps only layouts that pass the gate, and the gate refuses whatever a later step would (a layout
+listed here that died in its first step would fail this test, naming it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mimo.config.load import load_config
+from mimo.planner.candidates import label, make_plan, with_modules
+from mimo.train.trainer import Trainer
+from tests.support.configs import CONFIGS, T2I
+from tests.support.dist import run_distributed
+
+GPUS = 4
+DEMOS = {"demo_vlm": CONFIGS / "demo_vlm.toml", "demo_text_to_image": T2I}
+# Smaller data sets build faster and change no layout rule; the model, batch and microbatches stay the demo's.
+SHRINK = ["--data.train_samples=64", "--data.eval_samples=2", "--run.progress=false", "--run.tensorboard=false",
+          "--train.threads=1", "--parallel.timeout_s=120"]
+
+
+def _candidates(config: Path) -> list[tuple[str, dict]]:
+    plan = make_plan(load_config(config, SHRINK), GPUS, 80.0)
+    return [(label(row.layout, row.modules), row.modules) for row in plan.rows]
+
+
+def _steps(rank: int, world: int, config: Path, out: str, candidates: list[tuple[str, dict]]) -> list[float]:
+    losses = []
+    for i, (name, modules) in enumerate(candidates):
+        cfg = with_modules(load_config(config, [*SHRINK, f"--run.out_dir={out}/{i}"]), modules)
+        try:
+            losses.append(Trainer(cfg).train_step(0)["loss"])
+        except Exception as e:
+            raise RuntimeError(f"candidate {i + 1} ({name}) failed its first step: {type(e).__name__}: {e}") from e
+    return losses
+
+
+@pytest.mark.parametrize("demo", list(DEMOS))
+def test_every_planned_candidate_trains_a_step(tmp_path, demo):
+    candidates = _candidates(DEMOS[demo])
+    assert len(candidates) >= 4, candidates
+    losses = run_distributed(_steps, GPUS, DEMOS[demo], str(tmp_path), candidates, timeout=900)[0]
+    assert len(losses) == len(candidates)
+    # Every layout computes one process's step: the same first loss everywhere.
+    assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), dict(zip((n for n, _ in candidates), losses))
