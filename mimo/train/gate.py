@@ -203,12 +203,24 @@ def check_tokenizer(cfg: Config, model: ModelConfig) -> None:
                                   f"to model.llm.vocab - 1{', e.g. 259-261' if size == BYTE_TEXT_IDS else ''})")
 
 
+def check_checkpointable(cfg: Config, layout: Layout) -> None:
+    """Every run ends in a sharded checkpoint, and DCP cannot save FSDP shards of tensor-parallel chunks
+    (train/checkpoint/reshard.py): refuse such a module at start rather than at the end of its training."""
+    for name, flags in cfg.parallel.modules.items():
+        tp = layout.grids[name].tp if name in layout.grids else 1
+        if flags.fsdp and tp > 1:
+            raise ConfigError(f"parallel.modules.{name}: fsdp = true with tp = {tp} trains, but its checkpoints (every "
+                              "run ends with one) cannot be saved: FSDP over tensor-parallel chunks is not "
+                              f"checkpointable yet; set parallel.modules.{name}.fsdp = false or tp = 1")
+
+
 def check_layout(cfg: Config, layout: Layout) -> None:
     """What `layout` needs of the model and the data, beyond the grids `Layout` checked itself: the parallel
     plan's rules (validate_plan), then sequence splits that must divide the rows and data lanes the colocated
     bridge can map. Pure, not collective."""
     validate_plan(cfg, layout)
     check_fast_path_layout(cfg, layout)
+    check_checkpointable(cfg, layout)
     lm = layout.grids[LANGUAGE]
     lm_flags = cfg.parallel.modules.get(LANGUAGE)
     sp_tp = lm.tp if lm_flags is not None and lm_flags.sequence_parallel else 1

@@ -166,6 +166,14 @@ def test_vit_tensor_parallel_sizes_are_checked_at_the_gate(overrides, message):
     assert re.search(message, layout_error(2, "--parallel.modules.images.tp=2", *overrides))
 
 
+def test_fsdp_over_tensor_parallel_chunks_is_refused_before_training():
+    """Every run ends in a sharded checkpoint, which DCP cannot write for FSDP over TP chunks (reshard.py)."""
+    message = layout_error(4, "--parallel.modules.language.tp=2", "--parallel.modules.language.fsdp=true",
+                           "--model.llm.kv_heads=2")
+    assert re.search(r"parallel.modules.language: fsdp = true with tp = 2 .* set parallel.modules.language.fsdp = "
+                     r"false or tp = 1", message)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["--data.name=shape"], r"data.name = 'shape' is not a known data set; use one of shapes, avlm"),
     (["--data.name=avlm"], r"data.name = 'avlm' needs one vision and one audio modality under model.modalities"),
