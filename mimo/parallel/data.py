@@ -125,6 +125,11 @@ FSDP_REDUCES_UNUSED_PARAMS = hasattr(FSDPModule, "set_reduce_scatter_unused_para
 Out-path decoder that some rank has no output for, which validate_plan refuses on such a torch."""
 
 
+BF16_COMPUTE = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+"""FSDP2's mixed precision under train.master_weights: the fp32 sharded parameters are the master weights, each
+unit all-gathers them in bf16 for its forward and backward, and gradients are reduce-scattered in fp32."""
+
+
 def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: MixedPrecisionPolicy | None = None,
                entry_methods: Sequence[str] = (), own_units: Sequence[str] = ()) -> FSDPModule:

@@ -20,7 +20,14 @@ from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge.colocated import ColocatedBridge
 from mimo.parallel.context import ContextParallel
-from mimo.parallel.data import FSDP_REDUCES_UNUSED_PARAMS, REPLICAS, GradReducer, apply_fsdp, norm_sq_reducer
+from mimo.parallel.data import (
+    BF16_COMPUTE,
+    FSDP_REDUCES_UNUSED_PARAMS,
+    REPLICAS,
+    GradReducer,
+    apply_fsdp,
+    norm_sq_reducer,
+)
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout, check_heads_divisible
 from mimo.parallel.materialize import local_view
@@ -237,7 +244,8 @@ class ParallelPlan:
                 entry = ("embed", "logits") if name == LANGUAGE else out_path
                 # An untied embedding is only looked up: its own unit frees it between lookup and backward.
                 own = ("embed_tokens",) if name == LANGUAGE and not self.cfg.model.llm.tie_embeddings else ()
-                apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry, own_units=own)
+                apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry, own_units=own,
+                           mp_policy=BF16_COMPUTE if self.cfg.train.master_weights else None)
             else:
                 self.reducers[name] = GradReducer(module, self.groups[name].group(lanes))
 
@@ -245,6 +253,11 @@ class ParallelPlan:
         """The group module `name`'s fp32 master state is sharded over under train.master_weights (ZeRO-1): its
         data lanes (`data_dims`), whose GradReducer sums the gradients first; None where it has one lane here."""
         return self.reducers[name].group if name in self.reducers else None
+
+    def fsdp_modules(self) -> list[str]:
+        """The modules FSDP2 shards on this rank (fsdp = true and more than one data lane here)."""
+        return [n for n in self.layout.grids if self._flag(n, "fsdp") and self.holds(n)
+                and self.groups[n].size_of(self.data_dims(n)) > 1]
 
     def lm_tensor_parallel(self) -> tuple[ProcessGroup, bool] | None:
         """(TP group, sequence parallel) of the LM where this rank runs it with tp > 1, else None."""

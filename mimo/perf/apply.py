@@ -36,8 +36,8 @@ from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backe
 ONE_PROCESS_ONLY = ("grad_table", "lm_update_early", "step_graph")
 """Keys of the step's fast paths that run on one process only: the gradient table and the early update read
 gradients before the data-parallel reduction sums them, and NCCL collectives in a captured step are not wired
-up (README, "Fast paths"). train.master_weights runs on data-parallel layouts (ZeRO-1), not pipelined or FSDP2
-ones (`check_master_weights_layout`)."""
+up (README, "Fast paths"). train.master_weights runs on data-parallel and FSDP2 layouts, not pipelined ones
+(`check_master_weights_layout`)."""
 
 
 def chunked_head_loss(lm: DecoderLM, hidden: torch.Tensor, labels: torch.Tensor,
@@ -131,17 +131,11 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
 
 
 def check_master_weights_layout(cfg: Config, layout: Layout) -> None:
-    """train.master_weights against a layout of more than one rank: data, tensor and context parallelism
-    and colocated modules work (each module's fp32 state sharded over its data lanes); a pipelined layout
-    and FSDP2 do not (pure, before any process group)."""
+    """train.master_weights against a layout of more than one rank: data, tensor and context parallelism,
+    FSDP2 (with bf16 compute over its fp32 shards) and colocated modules work (each module's fp32 state
+    sharded over its data lanes); a pipelined layout does not (pure, before any process group)."""
     if not cfg.train.master_weights:
         return
     if is_pipelined(layout):
         raise ConfigError("train.master_weights = true on a pipelined layout: MasterAdamW is not wired to the "
                           "pipeline's stages yet; set train.master_weights = false, or colocate the modules")
-    fsdp = [n for n, m in cfg.parallel.modules.items() if m.fsdp]
-    if fsdp:
-        raise ConfigError(f"parallel.modules.{fsdp[0]}.fsdp = true with train.master_weights = true: FSDP2 shards "
-                          f"the weights MasterAdamW would turn into views of its flat bf16 buffer (README, "
-                          f"\"Precision\"); set fsdp = false (the master state is then sharded ZeRO-1 over the "
-                          f"data lanes), or train.master_weights = false")

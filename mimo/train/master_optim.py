@@ -21,6 +21,7 @@ the bf16 weights (mimo.train.checkpoint), and loaded back on the layout they wer
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 from torch import nn
@@ -41,16 +42,27 @@ class MasterOptimizer:
     """Per module and decay group, a MasterAdamW; the global gradient norm, clipping and the skip on a
     non-finite norm as in MimoOptimizer (where the update is not already inside the step). `groups` maps a
     module to the data-lane group its master state is sharded over (absent or None: not sharded);
-    `norm_sq_reduce` (with groups) makes the global norm from every rank's per-module shares."""
+    `norm_sq_reduce` (with groups) makes the global norm from every rank's per-module shares. A module in
+    `fsdp` (FSDP2 with mixed precision, mimo.parallel.data.BF16_COMPUTE) keeps its fp32 sharded parameters as
+    the master weights and takes torch's AdamW over them (fp32 moments, sharded alike; checkpointed per
+    parameter as MimoOptimizer's are, in `optimizers`)."""
 
     def __init__(self, modules: dict[str, nn.Module], cfg: OptimConfig, total_steps: int, early: bool = False,
                  grad_table: bool = False, compile: bool = False,
-                 groups: dict[str, ProcessGroup | None] | None = None, norm_sq_reduce: NormReducer | None = None):
+                 groups: dict[str, ProcessGroup | None] | None = None, norm_sq_reduce: NormReducer | None = None,
+                 fsdp: Collection[str] = ()):
         self.cfg, self.total_steps, self.early = cfg, total_steps, early
         self.norm_sq_reduce = norm_sq_reduce
         self.parts: list[tuple[str, MasterAdamW]] = []
+        self.optimizers: dict[str, torch.optim.AdamW] = {}  # FSDP2 modules' (the others': master_state)
         for name, mod in modules.items():
             lr = cfg.module_lr.get(name, cfg.lr)
+            if name in fsdp:
+                decay_groups = param_groups(mod, cfg.weight_decay)
+                if decay_groups:
+                    self.optimizers[name] = torch.optim.AdamW(decay_groups, lr=lr, betas=(cfg.beta1, cfg.beta2),
+                                                              eps=cfg.eps)
+                continue
             group = (groups or {}).get(name)
             for decay_group in param_groups(mod, cfg.weight_decay):
                 params = decay_group["params"]
@@ -59,15 +71,19 @@ class MasterOptimizer:
                                   first=params if early and name == LANGUAGE else (), group=group,
                                   summed_grads=group is not None)
                 self.parts.append((name, opt))
-        self.params = [p for _, opt in self.parts for p in opt.params]
-        self.optimizers: dict = {}  # no torch optimizer state in checkpoints: master_state (module docstring)
+        self.module_params: dict[str, list[nn.Parameter]] = {}
+        for name, opt in self.parts:
+            self.module_params.setdefault(name, []).extend(opt.params)
+        for name, torch_opt in self.optimizers.items():
+            self.module_params[name] = [p for g in torch_opt.param_groups for p in g["params"]]
+        self.params = [p for ps in self.module_params.values() for p in ps]
 
     def master_state(self, rank: int) -> dict:
         """This rank's optimizer state, the tensors themselves (a checkpoint loads into them in place):
         {"rank<N>": {"<part>": {"master", "exp_avg", "exp_avg_sq": this rank's shard, "step": the count}}}."""
         parts = {str(i): {"master": opt.master, "exp_avg": opt.exp_avg, "exp_avg_sq": opt.exp_avg_sq,
                           "step": opt.step_count} for i, (_, opt) in enumerate(self.parts)}
-        return {f"rank{rank:05d}": parts}
+        return {f"rank{rank:05d}": parts} if parts else {}
 
     def lr(self, step: int) -> float:
         return lr_factor(step, self.total_steps, self.cfg) * self.cfg.lr
@@ -78,14 +94,15 @@ class MasterOptimizer:
         factor = lr_factor(step, self.total_steps, self.cfg)
         for name, opt in self.parts:
             opt.lr.fill_(self.cfg.module_lr.get(name, self.cfg.lr) * factor)
+        for name, torch_opt in self.optimizers.items():
+            for g in torch_opt.param_groups:
+                g["lr"] = self.cfg.module_lr.get(name, self.cfg.lr) * factor
 
     def grad_norm(self) -> torch.Tensor:
         """The global L2 norm of every gradient, in fp32, on the device (no host sync); collective with
         `norm_sq_reduce`."""
         if self.norm_sq_reduce is not None:
-            parts: dict[str, torch.Tensor] = {}
-            for name, opt in self.parts:
-                parts[name] = parts.get(name, 0) + local_grad_sq(opt.params)
+            parts = {name: local_grad_sq(ps) for name, ps in self.module_params.items()}
             return self.norm_sq_reduce(parts).sqrt()
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
@@ -114,12 +131,18 @@ class MasterOptimizer:
             self.zero_grad()
             return False, norm_f, self.lr(step)
         if self.cfg.clip > 0 and norm_f > self.cfg.clip:
-            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], self.cfg.clip / (norm_f + 1e-6))
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(self.cfg.clip / (norm_f + 1e-6))
         for _, opt in self.parts:
             opt.step()
+        for torch_opt in self.optimizers.values():
+            torch_opt.step()
         self.zero_grad()
         return True, norm_f, self.lr(step)
 
     def zero_grad(self) -> None:
         for _, opt in self.parts:
             opt.zero_grad()
+        for torch_opt in self.optimizers.values():
+            torch_opt.zero_grad(set_to_none=True)

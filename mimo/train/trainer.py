@@ -117,7 +117,8 @@ class Trainer:
             sharded = {} if self.plan is None else {n: self.plan.master_state_group(n) for n in modules}
             return MasterOptimizer(modules, self.cfg.optim, t.steps, early=t.lm_update_early,
                                    grad_table=t.grad_table, compile=t.compile and self.device.type == "cuda",
-                                   groups=sharded, norm_sq_reduce=self.plan.norm_sq_reduce if self.plan else None)
+                                   groups=sharded, norm_sq_reduce=self.plan.norm_sq_reduce if self.plan else None,
+                                   fsdp=self.plan.fsdp_modules() if self.plan else ())
         return MimoOptimizer(module_map(self.model), self.cfg.optim, self.cfg.train.steps,
                              fused=self.device.type == "cuda",
                              norm_sq_reduce=self.plan.norm_sq_reduce if self.plan is not None else None)

@@ -1,16 +1,18 @@
 """`train.master_weights` on data-parallel layouts: each module's fp32 master weights and moments sharded
 ZeRO-1 over its data lanes train like the single-process master_weights run of the same global batch.
 
-Layouts: DP2 (both modules over 2 ranks) and the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2).
+Layouts: DP2 (both modules over 2 ranks), the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2), and
+FSDP2 of the LM over 2 ranks (bf16 compute through FSDP2's MixedPrecisionPolicy over its fp32 shards, which with
+torch's AdamW's fp32 moments are the master state; the encoder DP2 as in the first).
 Each run is a `Trainer` built from the config, as `mimo train` builds it. Compared after STEPS steps:
 - against the single-process master_weights run: every step's loss within LOSS_RTOL, and the fp32 master
   weights (gathered whole from the shards) within MASTER_OF_MOVE of the largest distance training moved a
   master weight. The runs differ only in bf16 rounding: the DP run's bf16 gradients are sums of per-lane
   bf16 gradients, each rounded to bf16 (2^-8 relative), and with eps = 1e-2 Adam's update is about
-  proportional to the gradient (tests/support/configs.py), so each update differs by well under 1% of itself.
-  Measured (2026-12-01, this machine): master weights within 0.5% (DP2) and 1.0% (fan-in) of the move,
-  losses within 6e-5 relative. A wrong gradient scale (the sum doubled), a shard not updated or weights not
-  all-gathered are off by the whole move (100%).
+  proportional to the gradient (tests/support/configs.py), so the updates differ by a few such roundings.
+  Measured (2026-12-01, this machine): master weights within 1.1% (DP2), 1.3% (fan-in) and 1.1% (FSDP2) of
+  the move, losses within 3.2e-5 relative of either reference. A wrong gradient scale (the sum doubled), a
+  shard not updated or weights not all-gathered are off by the whole move (100%).
 - against the single-process fp32 run: every loss within the loss check's bound (benchmarks/loss_check.py,
   rtol 1e-2).
 - the shards: each rank's master state holds 1/N of its module's flat buffer.
@@ -35,7 +37,7 @@ FP32_RTOL = 1e-2  # benchmarks/loss_check.py --rtol
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
 MODEL = ["--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
 MASTER = ["--train.master_weights=true", "--train.dtype=bfloat16"]
-LAYOUTS = {"dp2": (2, []), "fan_in4": (4, [f"{LANG}.tp=2"])}
+LAYOUTS = {"dp2": (2, []), "fan_in4": (4, [f"{LANG}.tp=2"]), "fsdp2": (2, [f"{LANG}.fsdp=true"])}
 
 
 def full_master_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -63,8 +65,13 @@ def train(out: Path, *overrides: str) -> dict:
     if not trainer.cfg.train.master_weights:
         return {"losses": losses}
     shards = [(name, opt.master.numel() / opt.weight.numel()) for name, opt in trainer.optimizer.parts]
+    fsdp = {name: (sum(p.to_local().numel() for p in ps), sum(p.numel() for p in ps),
+                   {str(p.dtype) for p in ps} | {str(v.dtype) for st in opt.state.values() for k, v in st.items()
+                                                if k != "step"})
+            for name, opt in trainer.optimizer.optimizers.items()
+            for ps in [[p for g in opt.param_groups for p in g["params"]]]}
     master = {n: t.numpy() for n, t in full_master_weights(trainer).items()}
-    return {"losses": losses, "master": master, "shards": shards, "initial": initial}
+    return {"losses": losses, "master": master, "shards": shards, "fsdp": fsdp, "initial": initial}
 
 
 def _rank(rank: int, world: int, out: str, layout: list[str]) -> dict:
@@ -94,7 +101,12 @@ def test_master_weights_shard_over_data_lanes(tmp_path, layout, references):
     worst = max(float(abs(run["master"][n] - ref["master"][n]).max()) for n in ref["master"])
     move = max(float(abs(ref["master"][n] - ref["initial"][n]).max()) for n in ref["master"])
     assert worst <= MASTER_OF_MOVE * move, f"{layout}: master weights differ by {worst}, training moved them {move}"
-    share = {"language": 1 / 2, "images": 1 / world}  # LM dp2 on both layouts; the encoder over every rank
+    fsdp = {"language"} if layout == "fsdp2" else set()  # the others: LM dp2, the encoder over every rank
+    share = {n: f for n, f in {"language": 1 / 2, "images": 1 / world}.items() if n not in fsdp}
     for rank, r in enumerate(ranks):
         assert {name for name, _ in r["shards"]} == set(share), rank
         assert all(frac == share[name] for name, frac in r["shards"]), (rank, r["shards"])
+        assert r["fsdp"].keys() == fsdp, rank
+        for name, (local, full, dtypes) in r["fsdp"].items():  # fp32 shards of the weights and moments
+            assert sum(o["fsdp"][name][0] for o in ranks) == full and local < full, (rank, name)
+            assert dtypes == {"torch.float32"}, (rank, name, dtypes)

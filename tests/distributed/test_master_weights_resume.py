@@ -1,6 +1,7 @@
 """`train.master_weights` checkpoints: the fp32 master weights, moments and step counts (each rank's ZeRO-1
 shard) are saved beside the bf16 weights, and a run resumed from step 4 of 6 takes the uninterrupted run's
-steps bit for bit, on 1 and on 2 ranks: the same losses, the same final bf16 weights, the same master state.
+steps bit for bit, on 1 and on 2 ranks and with FSDP2 of the LM on 2 (its fp32 shards and torch AdamW moments
+saved as DTensors): the same losses, the same final weights, the same master state.
 A checkpoint of the other optimizer kind, or of another layout, is refused naming why.
 """
 
@@ -25,7 +26,11 @@ def _train_rank(rank: int, world: int, out: str, overrides: list[str]) -> list[n
     trainer = Trainer(tiny_config(Path(out), *MASTER, *overrides))
     trainer.train()
     [parts] = trainer.optimizer.master_state(rank).values()
-    weights = [p.detach().float() for p in trainer.model.parameters()]
+    weights = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().float()
+               for p in trainer.model.parameters()]
+    moments = [opt.state[p][k] for opt in trainer.optimizer.optimizers.values() for g in opt.param_groups
+               for p in g["params"] for k in sorted(opt.state[p])]  # in parameter order (a load refills the dict)
+    weights += [v.full_tensor() if hasattr(v, "full_tensor") else v for v in moments]
     return [t.detach().cpu().numpy().copy() for t in [*(t for part in parts.values() for t in part.values()), *weights]]
 
 
@@ -33,11 +38,13 @@ def _losses(out: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in metrics(out)]
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_resumed_master_weights_run_is_bitwise_the_uninterrupted_one(tmp_path, world):
+@pytest.mark.parametrize("world, layout", [(1, []), (2, []), (2, ["--parallel.modules.language.fsdp=true"])],
+                         ids=["one", "dp2", "fsdp2"])
+def test_resumed_master_weights_run_is_bitwise_the_uninterrupted_one(tmp_path, world, layout):
     ref, resumed = tmp_path / "ref", tmp_path / "resumed"
-    ref_state = run_distributed(_train_rank, world, str(ref), [], timeout=300)
-    got_state = run_distributed(_train_rank, world, str(resumed), [f"--train.resume={ref / STEP4}"], timeout=300)
+    ref_state = run_distributed(_train_rank, world, str(ref), layout, timeout=300)
+    got_state = run_distributed(_train_rank, world, str(resumed), [*layout, f"--train.resume={ref / STEP4}"],
+                                timeout=300)
     assert [s for s, _ in _losses(resumed)] == [4, 5]
     assert _losses(resumed) == _losses(ref)[4:]
     for rank, (got, want) in enumerate(zip(got_state, ref_state, strict=True)):

@@ -76,10 +76,6 @@ def test_layouts_refuse_what_they_cannot_run(tmp_path):
     with pytest.raises(ConfigError, match=r"train.lm_update_early = true runs on one process only"):
         check_fast_path_layout(cfg, Layout.from_config({}, cfg.model.module_names, 2))
     cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true",
-                      "--parallel.modules.images.fsdp=true")
-    with pytest.raises(ConfigError, match=r"parallel.modules.images.fsdp = true with train.master_weights = true"):
-        check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))
-    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true",
                       "--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
                       "--parallel.modules.language.offset=1", "--parallel.modules.language.size=1")
     with pytest.raises(ConfigError, match=r"train.master_weights = true on a pipelined layout"):
