@@ -17,6 +17,18 @@ def rel_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
 
 
+def llava_logits(hf, model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mimo's and transformers' logits on two 16-px images each framed by a short prompt; also the ids and
+    pixels (for further forwards on the same batch)."""
+    n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
+    token = hf.config.image_token_index
+    ids = torch.tensor([[1] + [token] * n + [5, 6, 7], [2] + [token] * n + [8, 9, 10]])
+    pixels = torch.randn(2, 3, 16, 16)
+    inputs = {"images": {"vit": {"pixel_values": pixels}}}
+    with torch.no_grad():
+        return model(ids, modality_inputs=inputs).logits, hf(input_ids=ids, pixel_values=pixels).logits, ids, pixels
+
+
 def save(model: torch.nn.Module, directory: Path) -> Path:
     model.save_pretrained(directory)
     return directory

@@ -10,12 +10,17 @@ from mimo.models.generate import greedy_generate, left_pad
 from tests.support.configs import tiny_llm
 
 
-def test_kv_cache_matches_full_recompute():
+def tiny_vlm() -> torch.nn.Module:
+    """A seeded tiny VLM in eval mode: vocab 80, placeholder 70, four 8-px patches per 16-px image."""
     torch.manual_seed(0)
     cfg = ModelConfig(llm=tiny_llm(vocab=80, init_std=0.2),
                       modalities={"images": ModalityConfig(token_id=70, vit=ViTConfig(image=16, patch=8, hidden=16,
                                                                                       heads=2, mlp=32))})
-    model = build_model(cfg).eval()
+    return build_model(cfg).eval()
+
+
+def test_kv_cache_matches_full_recompute():
+    model = tiny_vlm()
     ids = torch.tensor([[1] + [70] * 4 + [5, 6, 7], [2] + [70] * 4 + [8, 9, 10]])
     mod = {"images": {"vit": {"pixel_values": torch.randn(2, 3, 16, 16)}}}
     cached = greedy_generate(model, ids, mod, max_new_tokens=12, eos_id=79, use_cache=True)
@@ -26,11 +31,7 @@ def test_kv_cache_matches_full_recompute():
 
 def test_left_padded_batch_gives_each_prompt_its_own_tokens():
     """A batch of prompts of different lengths, left-padded, decodes each prompt as it decodes alone."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(llm=tiny_llm(vocab=80, init_std=0.2),
-                      modalities={"images": ModalityConfig(token_id=70, vit=ViTConfig(image=16, patch=8, hidden=16,
-                                                                                      heads=2, mlp=32))})
-    model = build_model(cfg).eval()
+    model = tiny_vlm()
     prompts = [[1] + [70] * 4 + [5, 6, 7], [2, 3] + [70] * 4 + [8, 9, 10, 11, 12], [4] + [70] * 4]
     pixels = torch.randn(3, 3, 16, 16)
     ids, mask = left_pad(prompts, pad_id=0)

@@ -17,6 +17,7 @@ from mimo.models.projector import MLPProjector
 from mimo.models.vit import patchify
 from tests.support.hf_helpers import (
     TOL,
+    llava_logits,
     perturb,
     rel_diff,
     save,
@@ -57,13 +58,7 @@ def test_llava_with_family_lm_both_ways(text, tmp_path):
         image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy="default")
     hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
     _, model = import_llava(save(hf, tmp_path / "hf"))
-    n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
-    ids = torch.tensor([[1] + [96] * n + [5, 6, 7], [2] + [96] * n + [8, 9, 10]])
-    pixels = torch.randn(2, 3, 16, 16)
-    inputs = {"images": {"vit": {"pixel_values": pixels}}}
-    with torch.no_grad():
-        ref = hf(input_ids=ids, pixel_values=pixels).logits
-        ours = model(ids, modality_inputs=inputs).logits
+    ours, ref, ids, pixels = llava_logits(hf, model)
     assert rel_diff(ours, ref) <= TOL
     out = export_llava(model, tmp_path / "out")
     again = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
@@ -138,12 +133,7 @@ def test_llava_with_family_tower_both_ways(tower, tmp_path):
         image_token_index=96, vision_feature_layer=-1, vision_feature_select_strategy="default")
     hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
     _, model = import_llava(save(hf, tmp_path / "hf"))
-    n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
-    ids = torch.tensor([[1] + [96] * n + [5, 6, 7], [2] + [96] * n + [8, 9, 10]])
-    pixels = torch.randn(2, 3, 16, 16)
-    with torch.no_grad():
-        ref = hf(input_ids=ids, pixel_values=pixels).logits
-        ours = model(ids, modality_inputs={"images": {"vit": {"pixel_values": pixels}}}).logits
+    ours, ref, ids, pixels = llava_logits(hf, model)
     assert rel_diff(ours, ref) <= TOL
     again, info = transformers.LlavaForConditionalGeneration.from_pretrained(export_llava(model, tmp_path / "out"),
                                                                              output_loading_info=True)

@@ -17,6 +17,7 @@ from mimo.train.checkpoint.weights import save_weights
 from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import (
     TOL,
+    llava_logits,
     perturb,
     rel_diff,
     save,
@@ -44,12 +45,9 @@ def test_import_llava_matches_transformers(tower, strategy, rows, tmp_path):
     assert cfg.modalities["images"].vit.layers == 2
     n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
     assert n == rows
-    ids = torch.tensor([[1] + [96] * n + [5, 6, 7], [2] + [96] * n + [8, 9, 10]])
-    pixels = torch.randn(2, 3, 16, 16)
+    ours, ref, ids, pixels = llava_logits(hf, model)
     inputs = {"images": {"vit": {"pixel_values": pixels}}}
     with torch.no_grad():
-        ref = hf(input_ids=ids, pixel_values=pixels).logits
-        ours = model(ids, modality_inputs=inputs).logits
         # The live model keeps the 5.x layout (model.language_model.*), the directory the saved one.
         from_object = import_llava(hf)[1](ids, modality_inputs=inputs).logits
     assert rel_diff(ours, ref) <= TOL and rel_diff(from_object, ref) <= TOL
