@@ -118,16 +118,28 @@ class Grid:
         return [[self.rank_of(**f, **v) for v in self._walk(varying)] for f in self._walk(fixed)]
 
     def expert_groups(self, ep: int) -> dict[str, list[list[int]]]:
-        """MoE view: each pp stage's ranks refactored as ep (fastest) x edp; pp is shared."""
-        stage = self.size // self.pp
-        if ep < 1 or stage % ep:
-            raise ValueError(f"expert parallel ep={ep} must be >= 1 and divide tp*cp*dp={stage}; "
-                             f"choose a divisor of {stage}")
-        stages = self.rank_groups(("tp", "cp", "dp"))
-        return {
-            "ep": [s[i:i + ep] for s in stages for i in range(0, stage, ep)],
-            "edp": [s[i::ep] for s in stages for i in range(ep)],
-        }
+        """MoE view of the dp dim (experts are carved out of data parallelism only).
+
+        "ep": every run of `ep` consecutive dp ranks of one (tp, cp, pp) coordinate, the i-th rank holding
+        the i-th 1/ep of the experts; tokens are exchanged inside it. "edp": the ranks holding the same
+        experts with different tokens (same tp, pp and index in its ep group; every cp and dp // ep), over
+        which those experts' gradients are summed. TP ranks hold the same tokens, so they are never in one
+        ep group; they keep TP-replicated copies of their experts.
+        """
+        if ep < 1 or self.dp % ep:
+            raise ValueError(f"expert parallel ep={ep} must be >= 1 and divide dp={self.dp}; choose a divisor of "
+                             f"{self.dp}")
+        ep_groups = [g[i:i + ep] for g in self.rank_groups("dp") for i in range(0, self.dp, ep)]
+        lanes = self.rank_groups(("cp", "dp"))  # index in a lane: cp + self.cp * dp
+        edp = [[r for j, r in enumerate(lane) if (j // self.cp) % ep == e] for lane in lanes for e in range(ep)]
+        return {"ep": ep_groups, "edp": edp}
+
+    def build_expert(self, ep: int, name: str = "grid") -> tuple[ProcessGroup | None, ProcessGroup | None]:
+        """Create the `expert_groups(ep)` process groups; return this rank's (ep group, edp group), None where
+        this rank is not in the grid. Collective: every rank of the world calls it with the same `ep`."""
+        world = dist.get_world_size()
+        groups = self.expert_groups(ep)
+        return tuple(_new_groups(tuple(tuple(g) for g in groups[k]), world, f"{name}:{k}") for k in ("ep", "edp"))
 
     def build(self, name: str = "grid") -> GridGroups:
         """Create this grid's process groups for every dim set in BUILT_DIMS.

@@ -76,13 +76,17 @@ def test_bad_arguments():
 
 
 def test_expert_groups():
-    assert TP2_DP2_PP2.expert_groups(2) == {
-        "ep": [[0, 1], [2, 3], [4, 5], [6, 7]],
-        "edp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+    """ep is carved out of dp: an ep group never spans tp (TP ranks hold the same tokens); edp spans cp."""
+    assert TP2_DP4.expert_groups(2) == {
+        "ep": [[0, 2], [4, 6], [1, 3], [5, 7]],
+        "edp": [[0, 4], [2, 6], [1, 5], [3, 7]],
     }
-    assert TP2_DP2_PP2.expert_groups(4)["ep"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    with pytest.raises(ValueError, match="ep=3 must be >= 1 and divide tp\\*cp\\*dp=4"):
-        TP2_DP2_PP2.expert_groups(3)
+    assert TP2_DP4.expert_groups(4) == {"ep": [[0, 2, 4, 6], [1, 3, 5, 7]],
+                                        "edp": [[0], [2], [4], [6], [1], [3], [5], [7]]}
+    assert Grid(cp=2, dp=2).expert_groups(2) == {"ep": [[0, 2], [1, 3]], "edp": [[0, 1], [2, 3]]}
+    assert TP2_DP2_PP2.expert_groups(2)["ep"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    with pytest.raises(ValueError, match="ep=3 must be >= 1 and divide dp=4"):
+        TP2_DP4.expert_groups(3)
 
 
 def _check_built(grid: Grid, rank: int) -> None:
