@@ -58,6 +58,9 @@ class LLMConfig:
     # Llama 3 RoPE scaling, keys as in HF's rope_scaling (factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings); empty = plain RoPE.
     rope_scaling: dict[str, float] = field(default_factory=dict)
+    # Qwen2-VL's M-RoPE: the rotary frequencies split into (temporal, height, width) sections of these sizes (summing
+    # to head_dim / 2), each rotated by its own axis of `[B, S, 3]` position ids; empty = one-axis RoPE.
+    mrope_section: list[int] = field(default_factory=list)
     # The Hugging Face family an export writes ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2"); "" = the one
     # the fields
     # above imply. Import sets it to the checkpoint's.
@@ -117,6 +120,46 @@ class ViTConfig:
 
 
 @dataclass
+class NativeViTConfig:
+    """A Qwen2-VL / Qwen2.5-VL vision tower: images (and videos) at their own size, cut into a grid of
+    `patch`-pixel patches (`temporal_patch` frames deep), 2D rotary positions, all images of a batch in one packed
+    sequence attending image by image, then `merge` x `merge` patches merged into one LM row."""
+
+    # "qwen2_5_vl": RMSNorm + SwiGLU (biased) blocks, window attention outside `full_attention_layers`;
+    # "qwen2_vl": LayerNorm + two-linear MLP blocks, every layer full attention.
+    family: str = "qwen2_5_vl"
+    patch: int = 14
+    temporal_patch: int = 2
+    merge: int = 2
+    channels: int = 3
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    mlp: int = 128
+    act: str = "silu"
+    rope_theta: float = 10000.0
+    # Qwen2.5-VL: the attention window's side in pixels (a multiple of patch * merge), and the layers that attend
+    # over the whole image instead.
+    window: int = 112
+    full_attention_layers: list[int] = field(default_factory=list)
+    # Qwen2.5-VL's M-RoPE: a video's temporal positions advance tokens_per_second per second of frames.
+    tokens_per_second: float = 4.0
+    init_std: float = 0.02
+    # The processor: each image resized (aspect kept, sides multiples of patch * merge) to an area within
+    # [min_pixels, max_pixels], as Qwen's smart_resize does.
+    min_pixels: int = 3136
+    max_pixels: int = 1003520
+    # The checkpoint's video placeholder id (Hugging Face import and export); mimo writes every image's and video's
+    # rows at the modality's token_id. -1 = token_id + 1 on export.
+    video_token_id: int = -1
+
+    @property
+    def patch_pixels(self) -> int:
+        """Pixel values one patch holds: channels x temporal_patch x patch x patch."""
+        return self.channels * self.temporal_patch * self.patch * self.patch
+
+
+@dataclass
 class AudioConfig:
     """A Whisper-style audio encoder (conv stem, sinusoidal or learned positions, pre-LN blocks)."""
 
@@ -165,6 +208,9 @@ class ModalityConfig:
     kind: str = "vision"
     token_id: int = 259
     vit: ViTConfig = field(default_factory=ViTConfig)
+    # kind = "native_vision": a Qwen2-VL-style tower over images of any size and video frames (its patch merger is
+    # the input projection).
+    native: NativeViTConfig = field(default_factory=NativeViTConfig)
     # kind = "audio": a Whisper-style encoder over log-mel features.
     audio: AudioConfig = field(default_factory=AudioConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)

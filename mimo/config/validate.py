@@ -11,6 +11,7 @@ from mimo.config.schema import COMPILE_BACKENDS, LANGUAGE, Config, ConfigError
 SIZE_FIELDS = {
     "model.llm": ("vocab", "hidden", "layers", "heads", "kv_heads", "mlp", "max_seq"),
     "vit": ("image", "patch", "channels", "hidden", "layers", "heads", "mlp"),
+    "native": ("patch", "temporal_patch", "merge", "channels", "hidden", "layers", "heads", "mlp", "min_pixels"),
     "audio": ("n_mels", "hidden", "layers", "heads", "mlp", "max_positions"),
     "decoder": ("image", "patch", "channels", "hidden", "layers", "heads", "mlp"),
 }
@@ -40,6 +41,7 @@ def validate_model(cfg: Config) -> None:
                           "norms are)")
     if not llm.head_dim and llm.hidden % llm.heads:
         raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
+    validate_mrope(llm)
     if llm.heads % llm.kv_heads:
         raise ConfigError(f"model.llm.heads ({llm.heads}) must be divisible by model.llm.kv_heads "
                           f"({llm.kv_heads})")
@@ -49,8 +51,10 @@ def validate_model(cfg: Config) -> None:
         if name == LANGUAGE:
             raise ConfigError(f"{key}: '{LANGUAGE}' is the language model's name among the modules (layouts, "
                               "dtypes, checkpoints); rename the modality, e.g. model.modalities.images")
-        if m.kind not in ("vision", "audio"):
-            raise ConfigError(f"{key}.kind = '{m.kind}' is not supported; use 'vision' or 'audio'")
+        if m.kind not in ("vision", "native_vision", "audio"):
+            raise ConfigError(f"{key}.kind = '{m.kind}' is not supported; use 'vision', 'native_vision' or 'audio'")
+        if m.kind == "native_vision":
+            validate_native_vision(key, m.native, llm)
         require_at_least(f"{key}.vit", m.vit, SIZE_FIELDS["vit"], 1)
         require_at_least(f"{key}.audio", m.audio, SIZE_FIELDS["audio"], 1)
         require_at_least(f"{key}.decoder", m.decoder, SIZE_FIELDS["decoder"], 1)
@@ -78,6 +82,40 @@ def validate_model(cfg: Config) -> None:
         raise ConfigError("model.freeze_llm = true and every modality's freeze_encoder and freeze_projector are true: "
                           "nothing would train; unfreeze a module (e.g. model.modalities.<m>.freeze_projector = false)")
     validate_out_path(cfg)
+
+
+def validate_mrope(llm: Any) -> None:
+    """model.llm.mrope_section: three non-negative sizes covering a head's rotary frequencies."""
+    half = llm.attention_head_dim // 2
+    if llm.mrope_section and (len(llm.mrope_section) != 3 or min(llm.mrope_section) < 0
+                              or sum(llm.mrope_section) != half):
+        example = [half // 4, half * 3 // 8, half - half // 4 - half * 3 // 8]
+        raise ConfigError(f"model.llm.mrope_section = {llm.mrope_section} must be three sizes (temporal, height, "
+                          f"width) >= 0 summing to head_dim / 2 = {half}, e.g. {example}; or [] for one-axis RoPE")
+
+
+def validate_native_vision(key: str, v: Any, llm: Any) -> None:
+    """A kind = "native_vision" modality's `native` table, and the M-RoPE its LM needs."""
+    key = f"{key}.native"
+    require_at_least(key, v, SIZE_FIELDS["native"], 1)
+    if v.family not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ConfigError(f"{key}.family = '{v.family}' is not supported; use 'qwen2_5_vl' or 'qwen2_vl'")
+    if v.hidden % v.heads or (v.hidden // v.heads) % 4:
+        raise ConfigError(f"{key}.hidden ({v.hidden}) / heads ({v.heads}) must be a whole head width divisible by 4 "
+                          "(the 2D rotary positions turn a quarter of it per axis)")
+    if v.family == "qwen2_5_vl" and v.window % (v.patch * v.merge):
+        raise ConfigError(f"{key}.window ({v.window} px) must be a multiple of patch x merge = {v.patch * v.merge} "
+                          "(0 = no window attention)")
+    outside = [i for i in v.full_attention_layers if not 0 <= i < v.layers]
+    if outside:
+        raise ConfigError(f"{key}.full_attention_layers has {outside}, outside the tower's layers 0..{v.layers - 1}")
+    if v.max_pixels < v.min_pixels or v.min_pixels < (v.patch * v.merge) ** 2:
+        raise ConfigError(f"{key}: need (patch x merge)^2 = {(v.patch * v.merge) ** 2} <= min_pixels ({v.min_pixels}) "
+                          f"<= max_pixels ({v.max_pixels}); raise max_pixels or lower min_pixels")
+    if not llm.mrope_section:
+        raise ConfigError("a native_vision modality gives its rows (temporal, height, width) positions: set "
+                          "model.llm.mrope_section (three sizes summing to head_dim / 2, e.g. [16, 24, 24] for "
+                          "head_dim 128)")
 
 
 def validate_out_path(cfg: Config) -> None:

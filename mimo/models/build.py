@@ -13,6 +13,7 @@ from mimo.models.decoders import build_image_output
 from mimo.models.init import INIT_SPECS, draw_base_seed, init_specs, materialize
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
+from mimo.models.native_vit import NativeVisionTower, PatchMerger
 from mimo.models.projector import MLPProjector
 from mimo.models.vit import VisionTransformer
 
@@ -21,6 +22,13 @@ def build_vision_submodules(vit_cfg, proj_cfg, lm_hidden: int, init_std: float) 
     vit = VisionTransformer(vit_cfg)
     proj = MLPProjector(vit_cfg.hidden, lm_hidden, proj_cfg, init_std)
     return ModalitySubmodules(encoders={"vit": vit}, input_projections=[proj])
+
+
+def build_native_vision_submodules(native_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
+    """A Qwen2-VL-style tower ("visual", inputs `pixel_values` `[N, C*T*P*P]` and `grid_thw` `[n, 3]`) and its
+    patch merger as the input projection (mimo.models.native_vit)."""
+    merger = PatchMerger(native_cfg, lm_hidden, init_std)
+    return ModalitySubmodules(encoders={"visual": NativeVisionTower(native_cfg)}, input_projections=[merger])
 
 
 def build_audio_submodules(audio_cfg, proj_cfg, lm_hidden: int, init_std: float) -> ModalitySubmodules:
@@ -56,6 +64,8 @@ def _build_modules(cfg: ModelConfig) -> MimoModel:
     for name, m in cfg.modalities.items():
         if m.kind == "audio":
             subs[name] = build_audio_submodules(m.audio, m.projector, cfg.llm.hidden, cfg.llm.init_std)
+        elif m.kind == "native_vision":
+            subs[name] = build_native_vision_submodules(m.native, cfg.llm.hidden, cfg.llm.init_std)
         else:
             subs[name] = build_vision_submodules(m.vit, m.projector, cfg.llm.hidden, cfg.llm.init_std)
         if m.output_token_id >= 0:

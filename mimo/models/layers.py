@@ -67,14 +67,22 @@ def llama3_scaled_inv_freq(inv: torch.Tensor, scaling: dict[str, float]) -> torc
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                 scaling: dict[str, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 scaling: dict[str, float] | None = None,
+                 mrope_section: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for integer positions `[B, S]`, shaped `[B, S, head_dim]` (half-split layout).
 
-    `scaling` (optional) holds Llama 3 RoPE scaling parameters (see `llama3_scaled_inv_freq`)."""
+    `scaling` (optional) holds Llama 3 RoPE scaling parameters (see `llama3_scaled_inv_freq`). With
+    `mrope_section` (Qwen2-VL's M-RoPE, sizes summing to head_dim / 2) positions may be `[B, S, 3]`
+    (temporal, height, width): frequency section i turns with axis i % 3; `[B, S]` positions are the three
+    axes alike, which is plain RoPE."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     if scaling:
         inv = llama3_scaled_inv_freq(inv, scaling)
-    freqs = positions.float()[..., None] * inv
+    if mrope_section and positions.dim() == 3:
+        axes = positions.float().movedim(-1, 0)[..., None] * inv  # [3, B, S, head_dim / 2]
+        freqs = torch.cat([part[i % 3] for i, part in enumerate(axes.split(list(mrope_section), dim=-1))], dim=-1)
+    else:
+        freqs = positions.float()[..., None] * inv
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
 
@@ -218,11 +226,11 @@ class SelfAttention(nn.Module):
 class SwiGLU(nn.Module):
     """Gated MLP of Llama/Qwen (SiLU gate; Gemma's gate is `act` = "gelu_tanh")."""
 
-    def __init__(self, hidden: int, inner: int, act: str = "silu"):
+    def __init__(self, hidden: int, inner: int, act: str = "silu", bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
         self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

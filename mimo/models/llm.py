@@ -98,7 +98,8 @@ class DecoderLM(nn.Module):
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None,
                 output_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states.
+        """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states at
+        `position_ids` `[B, S]` (or `[B, S, 3]` with `mrope_section`: Qwen2-VL's M-RoPE, see `mimo.models.mrope`).
 
         `mask`: a bool `[B, 1, S, S_keys]` (True = may attend), or a Hugging Face style `[B, past + S]` 0/1
         padding mask over the cached and the new positions, made causal here (`padded_causal_mask`).
@@ -110,7 +111,8 @@ class DecoderLM(nn.Module):
         sharded over ranks (sequence or context parallelism)."""
         if output_rows is not None and not self.layers:
             raise ValueError("output_rows needs a decoder layer on this module to drop the other rows in; it has none")
-        rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
+        rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling,
+                            self.cfg.mrope_section)
         past = cache.length() if cache is not None else 0
         if mask is not None and mask.dim() == 2:
             if mask.shape != (hidden.shape[0], past + hidden.shape[1]):
@@ -139,7 +141,7 @@ class DecoderLM(nn.Module):
         if "sliding" not in self.cfg.layer_types:
             return None, None
         theta = self.cfg.rope_local_theta or self.cfg.rope_theta
-        rope = rope_cos_sin(position_ids, self.head_dim, theta, self.cfg.rope_scaling)
+        rope = rope_cos_sin(position_ids, self.head_dim, theta, self.cfg.rope_scaling, self.cfg.mrope_section)
         return rope, sliding_window_mask(mask, self.cfg.sliding_window, s, past + s, device)
 
     def output_weight(self) -> torch.Tensor:

@@ -20,6 +20,7 @@ from mimo.config.schema import (
     ModalityConfig,
     ModelConfig,
     ModuleLayoutConfig,
+    NativeViTConfig,
     OptimConfig,
     ParallelConfig,
     ViTConfig,
@@ -27,6 +28,8 @@ from mimo.config.schema import (
 
 TINY_LLM = {"vocab": 64, "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "mlp": 64}
 TINY_VIT = {"image": 8, "patch": 4, "hidden": 16, "layers": 1, "heads": 4, "mlp": 32}
+TINY_NATIVE = {"patch": 4, "hidden": 16, "layers": 2, "heads": 2, "mlp": 32, "window": 16, "full_attention_layers": [1],
+               "min_pixels": 64, "max_pixels": 1024}
 PARITY_OPTIM = {"lr": 1e-2, "eps": 1e-2, "warmup_steps": 0, "schedule": "constant", "clip": 0.05}
 
 
@@ -38,6 +41,19 @@ def tiny_llm(**changes: Any) -> LLMConfig:
 def tiny_vit(**changes: Any) -> ViTConfig:
     """A ViTConfig of the TINY_VIT shape with `changes` (any ViTConfig field); other fields keep their defaults."""
     return ViTConfig(**{**TINY_VIT, **changes})
+
+
+def tiny_native(**changes: Any) -> NativeViTConfig:
+    """A Qwen2.5-VL-style NativeViTConfig of the TINY_NATIVE shape (4-px patches, 16-px windows, layer 1 full) with
+    `changes`."""
+    return NativeViTConfig(**{**TINY_NATIVE, **changes})
+
+
+def tiny_native_vlm(**native: Any) -> ModelConfig:
+    """The TINY_LLM with M-RoPE (sections 1/1/2 of its head_dim 8) under one native_vision modality "images"
+    (placeholder 60)."""
+    images = ModalityConfig(kind="native_vision", token_id=60, native=tiny_native(**native))
+    return ModelConfig(llm=tiny_llm(mrope_section=[1, 1, 2]), modalities={"images": images})
 
 
 def tiny_vlm(llm: LLMConfig, vit: ViTConfig, token_id: int, modules: dict[str, ModuleLayoutConfig],
