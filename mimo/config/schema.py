@@ -68,11 +68,33 @@ class LLMConfig:
     # A Hugging Face Qwen2/Qwen3/Llama/Mistral directory: its config.json replaces the fields above and its weights
     # load.
     hf_path: str = ""
+    # Mixture of experts (mimo/models/moe.py): moe_experts routed experts (0 = dense) of width moe_mlp, each token to
+    # moe_top_k of them, on every moe_every-th layer (layer i when (i + 1) % moe_every == 0) except moe_dense_layers.
+    moe_experts: int = 0
+    moe_top_k: int = 2
+    moe_mlp: int = 0
+    moe_every: int = 1
+    moe_dense_layers: list[int] = field(default_factory=list)
+    # A shared expert (a SwiGLU of this width, 0 = none) every token passes, with Qwen2-MoE's sigmoid gate.
+    moe_shared_mlp: int = 0
+    moe_shared_gate: bool = False
+    # "softmax": top-k of the softmax (moe_norm_topk renormalises the k weights to sum 1); "sigmoid": top-k of
+    # sigmoid scores plus a bias that is not trained but moved by moe_bias_rate toward balanced loads each step.
+    moe_gating: str = "softmax"
+    moe_norm_topk: bool = False
+    moe_bias_rate: float = 0.0
+    # Router losses' weights in the objective: the load-balancing loss and the z-loss (see mimo/models/moe.py).
+    moe_aux_loss_weight: float = 0.0
+    moe_z_loss_weight: float = 0.0
 
     @property
     def attention_head_dim(self) -> int:
         """The width of one attention head: `head_dim` when set, else hidden // heads."""
         return self.head_dim or self.hidden // self.heads
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) has the mixture-of-experts feed-forward instead of the dense SwiGLU."""
+        return self.moe_experts > 0 and (layer + 1) % self.moe_every == 0 and layer not in self.moe_dense_layers
 
 
 @dataclass

@@ -82,6 +82,49 @@ def validate_model(cfg: Config) -> None:
         raise ConfigError("model.freeze_llm = true and every modality's freeze_encoder and freeze_projector are true: "
                           "nothing would train; unfreeze a module (e.g. model.modalities.<m>.freeze_projector = false)")
     validate_out_path(cfg)
+    validate_moe(cfg)
+
+
+MOE_GATING = ("softmax", "sigmoid")
+
+
+def validate_moe(cfg: Config) -> None:
+    """model.llm.moe_*: sizes, the layers they name, the gating and the router losses' weights."""
+    llm = cfg.model.llm
+    require_at_least("model.llm", llm, ("moe_experts", "moe_shared_mlp"), 0, " (0 = none)")
+    require_at_least("model.llm", llm, ("moe_every",), 1)
+    require_at_least("model.llm", llm, ("moe_aux_loss_weight", "moe_z_loss_weight", "moe_bias_rate"), 0,
+                     " (0 turns it off)")
+    if llm.moe_experts == 0 or llm.hf_path:
+        return
+    if llm.moe_mlp < 1:
+        raise ConfigError(f"model.llm.moe_mlp = {llm.moe_mlp}: set each expert's width (>= 1) with "
+                          f"model.llm.moe_experts = {llm.moe_experts}")
+    if not 1 <= llm.moe_top_k <= llm.moe_experts:
+        raise ConfigError(f"model.llm.moe_top_k = {llm.moe_top_k} must lie in [1, model.llm.moe_experts = "
+                          f"{llm.moe_experts}]: each token goes to that many distinct experts")
+    if llm.moe_gating not in MOE_GATING:
+        raise ConfigError(f"model.llm.moe_gating = '{llm.moe_gating}'; choose one of {', '.join(MOE_GATING)}")
+    if llm.moe_bias_rate and llm.moe_gating != "sigmoid":
+        raise ConfigError("model.llm.moe_bias_rate moves the sigmoid router's balancing bias: set model.llm.moe_gating "
+                          "= \"sigmoid\", or moe_bias_rate = 0")
+    if llm.moe_shared_gate and not llm.moe_shared_mlp:
+        raise ConfigError("model.llm.moe_shared_gate = true gates the shared expert: set model.llm.moe_shared_mlp "
+                          "(its width), or moe_shared_gate = false")
+    outside = [i for i in llm.moe_dense_layers if not 0 <= i < llm.layers]
+    if outside:
+        raise ConfigError(f"model.llm.moe_dense_layers names layers {outside} outside 0..{llm.layers - 1}")
+    if not any(llm.is_moe_layer(i) for i in range(llm.layers)):
+        raise ConfigError(f"model.llm.moe_experts = {llm.moe_experts} but no layer is a mixture of experts "
+                          f"(moe_every = {llm.moe_every}, moe_dense_layers = {llm.moe_dense_layers}, layers = "
+                          f"{llm.layers}); lower moe_every or set moe_experts = 0")
+    if cfg.train.step_graph:
+        raise ConfigError("train.step_graph = true captures the step as one CUDA graph, but the experts read their "
+                          "token counts on the host; set train.step_graph = false with model.llm.moe_experts > 0")
+    if cfg.train.loss_rows_only:
+        raise ConfigError("train.loss_rows_only = true runs the LM's last layer on the labelled rows only, which would "
+                          "change what the router losses see; set train.loss_rows_only = false with "
+                          "model.llm.moe_experts > 0")
 
 
 def validate_mrope(llm: Any) -> None:

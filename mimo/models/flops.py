@@ -14,7 +14,9 @@ Per module type, forward FLOPs:
 
 - LM, per sample of S tokens: 2 (layers * layer_params + hidden * vocab) S + layers * 2 S^2 (heads *
   head_dim), layer_params = q and o (2 hidden heads head_dim) + k and v (2 hidden kv_heads head_dim) +
-  SwiGLU (3 hidden mlp). The output head counts even when tied to the embedding.
+  SwiGLU (3 hidden mlp); on a mixture-of-experts layer the SwiGLU's place is taken by what a token
+  passes: the router (hidden experts), top_k experts (3 hidden moe_mlp each) and the shared expert
+  (3 hidden moe_shared_mlp, + hidden for its gate). The output head counts even when tied to the embedding.
 - ViT, per image: 2 vit_params s + layers * 4 s^2 hidden, s = patches (+ the class token),
   vit_params = layers (4 hidden^2 + 2 hidden mlp) + channels patch^2 hidden (the patch conv).
 - Whisper-style audio encoder, per clip of T mel frames padded as given (the encoder runs over the
@@ -41,11 +43,22 @@ from mimo.models.sample_rows import OUTPUT_LENGTHS
 TRAIN_FACTOR = 3  # forward + backward, backward = 2 x forward
 
 
+def feed_forward_params(cfg: LLMConfig, layer: int) -> int:
+    """Matmul weights one token passes in layer `layer`'s feed-forward: the SwiGLU, or on a mixture-of-experts
+    layer the router, its k active experts and the shared expert with its gate."""
+    h = cfg.hidden
+    if not cfg.is_moe_layer(layer):
+        return 3 * h * cfg.mlp
+    shared = 3 * h * cfg.moe_shared_mlp + (h if cfg.moe_shared_gate else 0)
+    return h * cfg.moe_experts + cfg.moe_top_k * 3 * h * cfg.moe_mlp + shared
+
+
 def lm_flops(cfg: LLMConfig, seq: int) -> int:
-    """Forward FLOPs of one causal LM sequence of `seq` tokens."""
+    """Forward FLOPs of one causal LM sequence of `seq` tokens (active experts only on MoE layers)."""
     h, head_dim = cfg.hidden, cfg.attention_head_dim
-    layer_params = 2 * h * cfg.heads * head_dim + 2 * h * cfg.kv_heads * head_dim + 3 * h * cfg.mlp
-    return 2 * (cfg.layers * layer_params + h * cfg.vocab) * seq + cfg.layers * 2 * seq * seq * cfg.heads * head_dim
+    attention_params = 2 * h * cfg.heads * head_dim + 2 * h * cfg.kv_heads * head_dim
+    weights = sum(attention_params + feed_forward_params(cfg, i) for i in range(cfg.layers))
+    return 2 * (weights + h * cfg.vocab) * seq + cfg.layers * 2 * seq * seq * cfg.heads * head_dim
 
 
 def encoder_flops(params: int, positions: int, layers: int, hidden: int) -> int:

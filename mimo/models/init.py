@@ -124,10 +124,16 @@ def materialize(model: nn.Module, specs: dict[str, ParamInit], device: torch.dev
                 local_view: LocalView = whole) -> None:
     """Allocate `model`'s meta parameters on `device` (its own piece only, e.g. after `to_empty` a DTensor's
     local shard) and fill each from its full initial tensor, one parameter at a time. Not collective.
-    Every parameter must be on meta (a model is materialised once, as a whole)."""
+    Every parameter must be on meta (a model is materialised once, as a whole). Buffers with a rule (zeros, ones,
+    fixed) are made whole on `device`."""
     if not all(p.is_meta for p in model.parameters()):
         raise ValueError("materialize needs a model whose parameters are all on the meta device")
+    buffer_rules = {name: getattr(b, INIT_RULE) for name, b in model.named_buffers() if hasattr(b, INIT_RULE)}
     model.to_empty(device=device)
+    for name, b in model.named_buffers():
+        if name in buffer_rules:  # a buffer is whole on every rank (e.g. the MoE router's balancing bias)
+            rule, arg = buffer_rules[name]
+            b.copy_(ParamInit(tuple(b.shape), b.dtype, rule, arg, 0).full())
     with torch.no_grad():
         for name, p in model.named_parameters():
             index, target = local_view(name, p)

@@ -22,15 +22,17 @@ from mimo.models.layers import (
     rope_cos_sin,
     sliding_window_mask,
 )
+from mimo.models.moe import MoEFeedForward
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm (Llama/Qwen: `input_layernorm` before attention, `post_attention_layernorm` before the MLP);
     with `post_norm`, OLMo 2's: `post_attention_layernorm` on the attention output and
     `post_feedforward_layernorm` on the MLP output, each before its residual add; with `sandwich_norm`,
-    Gemma's: both, plus `pre_feedforward_layernorm` before the MLP."""
+    Gemma's: both, plus `pre_feedforward_layernorm` before the MLP. Layer `index`'s `mlp` is a MoEFeedForward
+    where `cfg.is_moe_layer(index)`."""
 
-    def __init__(self, cfg: LLMConfig):
+    def __init__(self, cfg: LLMConfig, index: int = 0):
         super().__init__()
         self.post_norm, self.sandwich = cfg.post_norm, cfg.sandwich_norm
 
@@ -45,7 +47,9 @@ class DecoderLayer(nn.Module):
                                        softcap=cfg.attn_softcap)
         self.post_attention_layernorm = norm()
         self.pre_feedforward_layernorm = norm() if cfg.sandwich_norm else None
-        self.mlp = SwiGLU(cfg.hidden, cfg.mlp, cfg.mlp_act)
+        moe_count = sum(cfg.is_moe_layer(i) for i in range(cfg.layers))
+        self.mlp = (MoEFeedForward(cfg, moe_count) if cfg.is_moe_layer(index)
+                    else SwiGLU(cfg.hidden, cfg.mlp, cfg.mlp_act))
         self.post_feedforward_layernorm = norm() if cfg.post_norm or cfg.sandwich_norm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -71,7 +75,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(cfg.layers)})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i) for i in range(cfg.layers)})
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps, cfg.norm_offset)
         self.lm_head: nn.Linear | None = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab,
                                                                                     bias=False)

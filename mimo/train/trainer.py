@@ -37,6 +37,7 @@ from mimo.train.optim import MimoOptimizer
 from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve, run_curve
 from mimo.train.precision import apply_module_precision, step_autocast
+from mimo.train.router_loss import ROUTER_KEYS, RouterLosses
 from mimo.train.run_folder import RunFolder
 from mimo.train.threads import set_threads
 from mimo.train.throughput import Throughput
@@ -83,6 +84,7 @@ class Trainer:
         self.prefetched: tuple[int, tuple[list[dict], int, int]] | None = None
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
+        self.router_losses = RouterLosses(self.model, cfg)
         self.run_dir = run_dir or Path(cfg.run.out_dir) / cfg.run.name
         self.run_folder = RunFolder(cfg, self.run_dir, self.rank)
         self.checkpointer = RunCheckpointer(cfg, self.run_dir, module_map(self.model), self.optimizer, self.guard,
@@ -164,6 +166,7 @@ class Trainer:
         scale = 1.0 / n_global.clamp_min(1.0)
         loss_total = torch.zeros((), device=self.device)
         self.out_loss.begin(micro, self.all_reduce_sum, self.device)
+        self.router_losses.begin()
         autocast = step_autocast(self.cfg, self.device)
         for mb in micro:
             with autocast:
@@ -193,9 +196,11 @@ class Trainer:
                     "loss_tokens": int(n_global), "flops": flops}
         loss_total, n_global = self.forward_backward(micro)
         out_objective, out_losses = self.out_loss.end(self.all_reduce_sum)
-        loss = float(loss_total / n_global.clamp_min(1.0)) + out_objective
-        return {**self.update(step, loss), "tokens": tokens, "loss_tokens": int(n_global), "flops": flops,
-                **out_losses}
+        router_objective, router_log = self.router_losses.end(self.all_reduce_sum)
+        loss = float(loss_total / n_global.clamp_min(1.0)) + out_objective + router_objective
+        rec = self.update(step, loss)
+        self.router_losses.after_update(rec["stepped"])
+        return {**rec, "tokens": tokens, "loss_tokens": int(n_global), "flops": flops, **out_losses, **router_log}
 
     def pipeline_step(self, step: int) -> dict:
         """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline.plan) runs every microbatch's
@@ -204,11 +209,14 @@ class Trainer:
         pipe = self.plan.pipeline
         d = self.cfg.data
         batch, problem = read_batch(lambda: self.data.global_batch(step, d.global_batch, d.seed), pipe.needs_data)
+        self.router_losses.begin()
         result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device),
                                  problem=problem)
         self.plan.finalize_grads(self.model)
-        return {**self.update(step, result.loss), "tokens": result.tokens, "loss_tokens": result.loss_tokens,
-                "flops": result.flops}
+        rec = self.update(step, result.loss)
+        self.router_losses.end(self.all_reduce_sum)  # each stage's own MoE layers; not in the logged loss yet
+        self.router_losses.after_update(rec["stepped"])
+        return {**rec, "tokens": result.tokens, "loss_tokens": result.loss_tokens, "flops": result.flops}
 
     def update(self, step: int, loss: float) -> dict:
         """The optimizer step after finalised gradients, or a skip that every rank agrees on when the loss
@@ -271,7 +279,8 @@ class Trainer:
                 losses.append((step, rec["loss"]))
                 if step % cfg.train.log_every == 0 or step == steps - 1 or not rec["stepped"]:
                     logger.log({**{k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "stepped",
-                                                       "bad_steps", *self.out_loss.keys)}, **throughput.interval()})
+                                                       "bad_steps", *self.out_loss.keys)},
+                                **{k: rec[k] for k in ROUTER_KEYS if k in rec}, **throughput.interval()})
                 logger.progress(1, loss=rec["loss"], **throughput.running())
                 if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                     began = time.perf_counter()

@@ -1,0 +1,72 @@
+"""The mixture-of-experts router losses in the step: their scale, their logged values, each expert's load,
+and the sigmoid router's balancing bias.
+
+The losses themselves reach the gradients inside the model (mimo.models.moe: each MoE layer seeds its
+per-row loss sum with `loss_scale` in the backward). Here every MoE layer this rank holds gets
+
+    loss_scale = 1 / (MoE layers of the LM * data.global_batch)
+
+once, a constant of the config, so the objective is the same sum over the global batch's rows on every
+layout. Per step: `begin` clears the layers' statistics, `end` sums them over the LM's data lanes (the
+token copies routed to each expert, the row losses) for the log, and `after_update` moves each sigmoid
+router's `expert_bias` by `moe_bias_rate` toward balance (down where an expert's global load is above the
+mean, up where below), from the same global counts on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mimo.config.schema import Config
+from mimo.models.moe import moe_layers
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+ROUTER_KEYS = ("moe_aux_loss", "moe_z_loss", "moe_load")
+
+
+class RouterLosses:
+    """The step's bookkeeping of the MoE layers of `model` held by this rank (none: every call is a no-op and
+    makes no collective)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: Config):
+        llm = cfg.model.llm
+        self.layers = moe_layers(model)
+        self.names = [name.split(".")[-2] for name in self.layers]  # "language_model.layers.3.mlp" -> "3"
+        self.scale = 1.0 / (max(1, sum(map(llm.is_moe_layer, range(llm.layers)))) * cfg.data.global_batch)
+        self.weights = (llm.moe_aux_loss_weight, llm.moe_z_loss_weight)
+        self.bias_rate = llm.moe_bias_rate
+        self.loads: torch.Tensor | None = None
+        for m in self.layers.values():
+            m.loss_scale = self.scale
+
+    def begin(self) -> None:
+        for m in self.layers.values():
+            m.step_stats = {}
+
+    def end(self, reduce: Reduce) -> tuple[float, dict]:
+        """Collective over the LM's data lanes when this rank holds MoE layers: (the step's weighted router
+        objective, the log: `moe_aux_loss` and `moe_z_loss` (unweighted, per row, averaged over the layers) and
+        `moe_load` {layer: each expert's share of the token copies routed})."""
+        self.loads = None
+        if not self.layers or not all(m.step_stats for m in self.layers.values()):
+            return 0.0, {}
+        rows = torch.stack([torch.cat([m.step_stats["load"], m.step_stats["balance"][None],
+                                       m.step_stats["z_loss"][None]]) for m in self.layers.values()])
+        total = reduce(rows)
+        self.loads = total[:, :-2]
+        balance, z_loss = (float(total[:, i].sum() * self.scale) for i in (-2, -1))
+        shares = self.loads / self.loads.sum(1, keepdim=True).clamp_min(1.0)
+        log = {"moe_aux_loss": balance, "moe_z_loss": z_loss,
+               "moe_load": {name: [round(v, 6) for v in row] for name, row in zip(self.names, shares.tolist())}}
+        return self.weights[0] * balance + self.weights[1] * z_loss, log
+
+    def after_update(self, stepped: bool) -> None:
+        """Move the sigmoid routers' balancing biases by the step's global loads (after a taken step only)."""
+        if not (stepped and self.bias_rate and self.loads is not None):
+            return
+        with torch.no_grad():
+            for m, load in zip(self.layers.values(), self.loads):
+                if m.expert_bias is not None:
+                    m.expert_bias += self.bias_rate * torch.sign(load.mean() - load).to(m.expert_bias)
