@@ -105,6 +105,7 @@ class MoEFeedForward(nn.Module):
         init.zeros_(self.expert_bias)
         # Hooks and settings from outside (see the module docstring); the defaults are one process's.
         self.dispatcher: Dispatcher = local_dispatch
+        self.expert_offset = 0  # the global id of w_*[0]: expert parallelism keeps a slice of the experts
         self.row_stats: Callable[[torch.Tensor], torch.Tensor] = lambda stats: stats
         self.row_shards = 1
         self.loss_scale: float | None = None  # None: 1 / (moe_layers * rows of this forward)
@@ -127,11 +128,10 @@ class MoEFeedForward(nn.Module):
     def expert_compute(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor, first_expert: int,
                        ) -> torch.Tensor:
         """Token rows sorted by expert `[N, H]` -> `[N, H]`: the first `tokens_per_expert[0]` rows through expert
-        `first_expert` (an index into this module's w_*), the next through `first_expert + 1`, ... Reads the
-        counts on the host (one sync) except on the grouped-matmul path."""
-        n = tokens_per_expert.numel()
-        gate, up = self.w_gate[first_expert:first_expert + n], self.w_up[first_expert:first_expert + n]
-        down = self.w_down[first_expert:first_expert + n]
+        `first_expert` (a global expert id; this module's `w_*[0]` is expert `expert_offset`), the next through
+        `first_expert + 1`, ... Reads the counts on the host (one sync) except on the grouped-matmul path."""
+        n, first = tokens_per_expert.numel(), first_expert - self.expert_offset
+        gate, up, down = (w[first:first + n] for w in (self.w_gate, self.w_up, self.w_down))
         if grouped_mm_available(x_sorted):
             offs = torch.cumsum(tokens_per_expert, 0).to(torch.int32)
             inner = self.act(torch._grouped_mm(x_sorted, gate.transpose(1, 2), offs=offs))

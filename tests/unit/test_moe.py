@@ -179,3 +179,16 @@ def test_no_statistics_outside_training():
     moe.eval()
     moe(torch.randn(2, 3, H))
     assert moe.step_stats == {}
+
+
+def test_expert_compute_takes_global_expert_ids_on_a_slice_of_the_experts():
+    """A module holding experts 2..3 only (expert_offset 2, as expert parallelism keeps them) computes what the
+    whole module computes for the same global ids."""
+    moe = make_moe()
+    part = make_moe()
+    with torch.no_grad():
+        for name in ("w_gate", "w_up", "w_down"):
+            setattr(part, name, torch.nn.Parameter(getattr(moe, name)[2:].clone()))
+    part.expert_offset = 2
+    rows, counts = torch.randn(5, H), torch.tensor([3, 2])
+    torch.testing.assert_close(part.expert_compute(rows, counts, 2), moe.expert_compute(rows, counts, 2))
