@@ -1,5 +1,7 @@
-"""Hugging Face out: a trained run or MimoModel as a LLaVA or causal-LM directory (needs the `hf` extra)."""
+"""Hugging Face out: a trained run or MimoModel as a LLaVA, Qwen2-VL / Qwen2.5-VL or causal-LM directory (needs the
+`hf` extra)."""
 
 from mimo.export.hf import export_causal_lm, export_llava, export_run, export_vision_tower
+from mimo.export.qwen2_vl import export_qwen2_vl
 
-__all__ = ["export_causal_lm", "export_llava", "export_run", "export_vision_tower"]
+__all__ = ["export_causal_lm", "export_llava", "export_qwen2_vl", "export_run", "export_vision_tower"]

@@ -9,8 +9,6 @@ with `LlavaForConditionalGeneration` / `AutoModelForCausalLM.from_pretrained`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,8 @@ from torch import nn
 from mimo.config.load import load_config
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import VISION_PREFIXES, hf_act, hf_text_config, hf_vision_config, vision_family_of
-from mimo.export.stream import CheckpointSource, Entry, LiveSource, Source, save_streamed
+from mimo.export.qwen2_vl import export_qwen2_vl
+from mimo.export.stream import CheckpointSource, Entry, LiveSource, SourceOf, gather_entries, prepare_dir, save_streamed
 from mimo.export.tokens import (
     make_readable,
     run_tokenizer,
@@ -30,45 +29,12 @@ from mimo.export.tokens import (
     with_image_token,
 )
 from mimo.hf.build import build_model
-from mimo.hf.names import HFName, llm_names, projector_names, vit_names, with_prefix
+from mimo.hf.names import llm_names, projector_names, vit_names, with_prefix
 from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel
 from mimo.models.vit import VisionTransformer
 from mimo.train.checkpoint.tensors import CheckpointTensors, resolve_checkpoint
-
-
-def _prepare_dir(directory: str | Path) -> Path:
-    out = Path(directory)
-    if out.exists() and ((out / "config.json").exists() or any(out.glob("*.safetensors"))):
-        raise FileExistsError(f"'{out}' already holds a model; export into a new or empty folder")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-SourceOf = Callable[[nn.Module], Source]
-"""Where a module's tensors come from: `LiveSource` (the default) or a run's checkpoint (`export_run`)."""
-
-
-def _gather(module: nn.Module, names: dict[str, HFName], dtype: torch.dtype | None,
-            source_of: SourceOf = LiveSource) -> dict[str, Entry]:
-    """{HF name: Entry}, read from the module's source only when written; the parts of a fused tensor (`Rows`)
-    are concatenated in row order. Shapes are the module's own (a model on the meta device has them)."""
-    src = source_of(module)
-    state = module.state_dict()
-    out: dict[str, Entry] = {}
-    parts: dict[str, list[tuple[int, str]]] = {}
-    for ours, hf in names.items():
-        if isinstance(hf, str):
-            out[hf] = Entry(hf, tuple(state[ours].shape), dtype or src.dtype(ours), partial(src.read, ours))
-        else:
-            parts.setdefault(hf[0], []).append((hf[1], ours))
-    for hf, pieces in parts.items():
-        keys = [ours for _, ours in sorted(pieces)]
-        rows = sum(state[k].shape[0] for k in keys)
-        out[hf] = Entry(hf, (rows, *state[keys[0]].shape[1:]), dtype or src.dtype(keys[0]),
-                        lambda keys=keys, src=src: torch.cat([src.read(k) for k in keys]))
-    return out
 
 
 def save_hf_weights(tensors: dict[str, Entry], directory: Path, max_shard_bytes: int | None = None) -> None:
@@ -105,9 +71,9 @@ def export_causal_lm(lm: DecoderLM, directory: str | Path, dtype: torch.dtype | 
                          "embedding or final norm")
     tok = resolve_tokenizer(tokenizer, None)
     ids = token_ids(tok) if tok is not None else {}
-    tensors = _gather(lm, llm_names(lm), dtype, source_of)
+    tensors = gather_entries(lm, llm_names(lm), dtype, source_of)
     config = hf_text_config(lm.cfg, _dtype_name(tensors), ids)
-    out = _prepare_dir(directory)
+    out = prepare_dir(directory)
     save_hf_weights(tensors, out, max_shard_bytes)
     config.save_pretrained(out)
     if tok is not None:
@@ -171,10 +137,10 @@ def export_vision_tower(vit: VisionTransformer, directory: str | Path, dtype: to
     """The tower alone as a CLIPVisionModel, SiglipVisionModel, Siglip2VisionModel or Dinov2Model directory
     (its `last_hidden_state` is mimo's output with post_norm, its `hidden_states[-1]` without)."""
     prefix = VISION_PREFIXES[vision_family_of(vit.cfg, "the vision tower")]
-    tensors = _gather(vit, with_prefix(vit_names(vit), prefix), dtype)
+    tensors = gather_entries(vit, with_prefix(vit_names(vit), prefix), dtype)
     tensors.update(_unused_tower_tensors(vit, next(iter(tensors.values())).dtype, prefix))
     config = hf_vision_config(vit.cfg, "the vision tower", _dtype_name(tensors))
-    out = _prepare_dir(directory)
+    out = prepare_dir(directory)
     save_hf_weights(tensors, out)
     config.save_pretrained(out)
     make_readable(out)
@@ -191,11 +157,11 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
     tf = require_transformers()
     name, vit, proj = _llava_parts(model)
     lm = model.language_model
-    tensors = _gather(lm, llm_names(lm, "language_model.model.", "language_model."), dtype, source_of)
-    tensors.update(_gather(vit, with_prefix(vit_names(vit), "vision_tower."), dtype, source_of))
+    tensors = gather_entries(lm, llm_names(lm, "language_model.model.", "language_model."), dtype, source_of)
+    tensors.update(gather_entries(vit, with_prefix(vit_names(vit), "vision_tower."), dtype, source_of))
     # The tower's final LayerNorm is unused by LLaVA but expected by the class: store it as the identity.
     tensors.update(_unused_tower_tensors(vit, next(iter(tensors.values())).dtype, "vision_tower.", source_of))
-    tensors.update(_gather(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype, source_of))
+    tensors.update(gather_entries(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype, source_of))
     dt = _dtype_name(tensors)
     vcfg = vit.cfg
     tok = resolve_tokenizer(tokenizer, model.special_token_ids[name])
@@ -208,7 +174,7 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
         projector_hidden_act=hf_act(_act_name(proj.act), f"model.modalities.{name}.projector.act"),
         multimodal_projector_bias=proj.fc1.bias is not None, tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
     config.architectures = ["LlavaForConditionalGeneration"]
-    out = _prepare_dir(directory)
+    out = prepare_dir(directory)
     save_hf_weights(tensors, out, max_shard_bytes)
     config.save_pretrained(out)
     if tok is not None:
@@ -231,9 +197,10 @@ def run_tokenizer_spec(data_tokenizer: str, llm_hf_path: str) -> str:
 def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None,
                max_shard_bytes: int | None = None) -> Path:
     """`mimo export`: a run's weights (its newest complete checkpoint, or the `checkpoints/step_*` folder
-    passed) as a LLaVA directory, or with `lm_only` the LM as a causal LM; the run's tokenizer travels with it
-    (`run_tokenizer_spec`). Streams tensor by tensor from the sharded checkpoint: the model is built on the
-    meta device for its names and shapes only, so the peak is about the largest tensor."""
+    passed) as a LLaVA directory (Qwen2-VL / Qwen2.5-VL for a native_vision modality), or with `lm_only` the LM
+    as a causal LM; the run's tokenizer travels with it (`run_tokenizer_spec`). Streams tensor by tensor from
+    the sharded checkpoint: the model is built on the meta device for its names and shapes only, so the peak is
+    about the largest tensor."""
     run_dir, step_dir = resolve_checkpoint(run)
     cfg = load_config(run_dir / "config.toml")
     with torch.device("meta"):
@@ -247,4 +214,6 @@ def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: to
     tok = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
     if lm_only:
         return export_causal_lm(model.language_model, to, dtype, tok, source_of, max_shard_bytes)
+    if any(m.kind == "native_vision" for m in cfg.model.modalities.values()):
+        return export_qwen2_vl(model, to, dtype, tok, source_of, max_shard_bytes)
     return export_llava(model, to, dtype, tok, source_of, max_shard_bytes)

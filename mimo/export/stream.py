@@ -14,12 +14,14 @@ import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from mimo.hf.files import INDEX
+from mimo.hf.names import HFName
 from mimo.train.checkpoint.tensors import CheckpointTensors
 
 MAX_SHARD_BYTES = 5 * 2**30
@@ -124,3 +126,37 @@ class CheckpointSource:
 
 
 Source = LiveSource | CheckpointSource
+
+
+def prepare_dir(directory: str | Path) -> Path:
+    """`directory`, created if need be; refused if it already holds a model."""
+    out = Path(directory)
+    if out.exists() and ((out / "config.json").exists() or any(out.glob("*.safetensors"))):
+        raise FileExistsError(f"'{out}' already holds a model; export into a new or empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+SourceOf = Callable[[nn.Module], Source]
+"""Where a module's tensors come from: `LiveSource` (the default) or a run's checkpoint (`export_run`)."""
+
+
+def gather_entries(module: nn.Module, names: dict[str, HFName], dtype: torch.dtype | None,
+                   source_of: SourceOf = LiveSource) -> dict[str, Entry]:
+    """{HF name: Entry}, read from the module's source only when written; the parts of a fused tensor (`Rows`)
+    are concatenated in row order. Shapes are the module's own (a model on the meta device has them)."""
+    src = source_of(module)
+    state = module.state_dict()
+    out: dict[str, Entry] = {}
+    parts: dict[str, list[tuple[int, str]]] = {}
+    for ours, hf in names.items():
+        if isinstance(hf, str):
+            out[hf] = Entry(hf, tuple(state[ours].shape), dtype or src.dtype(ours), partial(src.read, ours))
+        else:
+            parts.setdefault(hf[0], []).append((hf[1], ours))
+    for hf, pieces in parts.items():
+        keys = [ours for _, ours in sorted(pieces)]
+        rows = sum(state[k].shape[0] for k in keys)
+        out[hf] = Entry(hf, (rows, *state[keys[0]].shape[1:]), dtype or src.dtype(keys[0]),
+                        lambda keys=keys, src=src: torch.cat([src.read(k) for k in keys]))
+    return out

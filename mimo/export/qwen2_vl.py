@@ -1,0 +1,103 @@
+"""Write a MimoModel with a native-resolution vision modality as a `Qwen2VLForConditionalGeneration` or
+`Qwen2_5_VLForConditionalGeneration` directory (the tower's `family`), streamed one tensor at a time like every
+export (mimo.export.stream), from a live model or a run's checkpoint.
+
+Weights take transformers' 5.x names (`model.visual.*`, the merger as `model.visual.merger.*`,
+`model.language_model.*`, `lm_head`); the video placeholder is `native.video_token_id` (token_id + 1 if unset).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mimo.config.schema import LLMConfig, NativeViTConfig
+from mimo.data.tokenizer import require_transformers
+from mimo.export.config import hf_act, text_architecture
+from mimo.export.stream import LiveSource, SourceOf, gather_entries, prepare_dir, save_streamed
+from mimo.export.tokens import make_readable, run_tokenizer, save_generation_config, token_ids
+from mimo.hf.names import llm_names
+from mimo.models.multimodal import MimoModel
+from mimo.models.native_vit import NativeVisionTower, PatchMerger
+
+ARCHITECTURES = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+                 "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration")}
+
+
+def native_parts(model: MimoModel) -> tuple[str, NativeVisionTower, PatchMerger]:
+    """The one native-resolution modality a Qwen-VL directory holds: its tower and merger."""
+    if len(model.modality_submodules) != 1:
+        raise ValueError(f"a Qwen-VL directory holds one image modality; this model has "
+                         f"{list(model.modality_submodules)}")
+    (name, sub), = model.modality_submodules.items()
+    tower = sub.encoders["visual"] if "visual" in sub.encoders else None
+    merger = sub.input_projections[0] if len(sub.input_projections) == 1 else None
+    if not isinstance(tower, NativeVisionTower) or not isinstance(merger, PatchMerger) or len(sub.encoders) != 1:
+        raise ValueError(f"modality '{name}' must be one native-resolution tower ('visual') and its patch merger "
+                         "(kind = 'native_vision') to become Qwen-VL")
+    return name, tower, merger
+
+
+def qwen_vl_text_config(llm: LLMConfig, dtype: str, ids: dict[str, int | None]) -> dict[str, Any]:
+    """The text_config of a Qwen-VL config: a Qwen2 decoder with M-RoPE."""
+    if text_architecture(llm) != "qwen2" or not llm.mrope_section:
+        raise ValueError("model.llm must be a Qwen2 decoder (qkv_bias = true, no qk_norm or Gemma/OLMo options) with "
+                         "model.llm.mrope_section set to become a Qwen-VL text model")
+    rope = {"rope_type": "default", "rope_theta": llm.rope_theta, "mrope_section": list(llm.mrope_section)}
+    return dict(vocab_size=llm.vocab, hidden_size=llm.hidden, intermediate_size=llm.mlp, num_hidden_layers=llm.layers,
+                num_attention_heads=llm.heads, num_key_value_heads=llm.kv_heads, rms_norm_eps=llm.norm_eps,
+                max_position_embeddings=llm.max_seq, rope_parameters=rope, tie_word_embeddings=llm.tie_embeddings,
+                dtype=dtype, **ids)
+
+
+def qwen_vl_vision_config(v: NativeViTConfig, out: int, field: str) -> dict[str, Any]:
+    """The vision_config of either family (field: the modality's `native` table, for errors)."""
+    common = dict(depth=v.layers, num_heads=v.heads, patch_size=v.patch, temporal_patch_size=v.temporal_patch,
+                  spatial_merge_size=v.merge, in_channels=v.channels, hidden_act=hf_act(v.act, f"{field}.act"),
+                  rope_parameters={"rope_type": "axial", "rope_theta": v.rope_theta})
+    if v.family == "qwen2_vl":
+        if v.mlp % v.hidden:
+            raise ValueError(f"{field}.mlp ({v.mlp}) must be a multiple of {field}.hidden ({v.hidden}): Qwen2-VL's "
+                             "config gives its MLP width as mlp_ratio x embed_dim")
+        return dict(common, embed_dim=v.hidden, hidden_size=out, mlp_ratio=v.mlp // v.hidden)
+    if v.tokens_per_second != int(v.tokens_per_second):
+        raise ValueError(f"{field}.tokens_per_second ({v.tokens_per_second}) must be whole for Qwen2.5-VL's config")
+    return dict(common, hidden_size=v.hidden, out_hidden_size=out, intermediate_size=v.mlp, window_size=v.window,
+                fullatt_block_indexes=list(v.full_attention_layers), tokens_per_second=int(v.tokens_per_second))
+
+
+def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
+                    tokenizer: str | None = None, source_of: SourceOf = LiveSource,
+                    max_shard_bytes: int | None = None) -> Path:
+    """Tower + merger + LM as a Qwen2-VL / Qwen2.5-VL directory that transformers loads with the same logits.
+    With `tokenizer` (`byte` or a Hugging Face tokenizer directory) also its files, bos/eos/pad ids and
+    generation_config.json (no Qwen processor yet: feed `pixel_values` and `grid_thw` as mimo's data makes them).
+    Tensors stream one at a time from `source_of(module)` (default: the model's own)."""
+    tf = require_transformers()
+    name, tower, merger = native_parts(model)
+    lm, v = model.language_model, tower.cfg
+    tensors = gather_entries(lm, llm_names(lm, "model.language_model.", ""), dtype, source_of)
+    tensors.update(gather_entries(tower, {n: f"model.visual.{n}" for n in tower.state_dict()}, dtype, source_of))
+    tensors.update(gather_entries(merger, {n: f"model.visual.merger.{n}" for n in merger.state_dict()}, dtype,
+                                  source_of))
+    dt = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    tok = run_tokenizer(tokenizer, None) if tokenizer else None
+    ids = token_ids(tok) if tok is not None else {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    image = model.special_token_ids[name]
+    config_class, arch = ARCHITECTURES[v.family]
+    config = getattr(tf, config_class)(
+        text_config=qwen_vl_text_config(lm.cfg, dt, ids),
+        vision_config=qwen_vl_vision_config(v, lm.cfg.hidden, f"model.modalities.{name}.native"),
+        image_token_id=image, video_token_id=v.video_token_id if v.video_token_id >= 0 else image + 1,
+        tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
+    config.architectures = [arch]
+    out = prepare_dir(directory)
+    save_streamed(list(tensors.values()), out, max_shard_bytes)
+    config.save_pretrained(out)
+    if tok is not None:
+        tok.save_pretrained(out)
+        save_generation_config(ids, out)
+    make_readable(out)
+    return out

@@ -1,0 +1,44 @@
+"""Qwen-VL out: an imported checkpoint exported again, and a mimo-built native-resolution model, load in
+transformers with the same fp32 logits (images of two sizes and a video in one batch)."""
+
+import pytest
+import torch
+
+from mimo.export import export_qwen2_vl
+from mimo.hf.qwen2_vl import import_qwen2_vl, qwen_vl_inputs
+from mimo.models.build import build_model
+from mimo.models.mrope import mrope_positions
+from tests.support.configs import tiny_native_vlm
+from tests.support.hf_helpers import TOL, rel_diff, transformers
+from tests.unit.test_hf_qwen2_vl import batch, tiny_qwen_vl
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+
+
+@pytest.mark.parametrize("family", list(CLASSES))
+def test_import_then_export_reloads_with_the_same_logits(family, tmp_path):
+    hf = tiny_qwen_vl(family)
+    _, model = import_qwen2_vl(hf)
+    again = getattr(transformers, CLASSES[family]).from_pretrained(export_qwen2_vl(model, tmp_path / "out")).eval()
+    inputs = batch()
+    with torch.no_grad():
+        assert rel_diff(again(**inputs).logits, hf(**inputs).logits) <= TOL
+
+
+@pytest.mark.parametrize("family", list(CLASSES))
+def test_a_mimo_model_exports_to_transformers(family, tmp_path):
+    torch.manual_seed(0)
+    cfg = tiny_native_vlm(family=family, act="silu" if family == "qwen2_5_vl" else "quick_gelu")
+    model = build_model(cfg).eval()
+    hf = getattr(transformers, CLASSES[family]).from_pretrained(export_qwen2_vl(model, tmp_path / "out")).eval()
+    grids = torch.tensor([[1, 8, 4], [1, 4, 4]])
+    ids = torch.tensor([[1, 2] + [60] * 8 + [3, 4, 5, 6], [7] + [60] * 4 + [8, 9, 10, 11, 12, 13, 14, 15, 16]])
+    pixels = torch.randn(48, 3 * 2 * 4 * 4)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, pixel_values=pixels, image_grid_thw=grids, mm_token_type_ids=(ids == 60).int()).logits
+        mine = qwen_vl_inputs(cfg, ids, pixels, grids)
+        assert torch.equal(mine["position_ids"], mrope_positions(ids, 60, grids, 2))
+        ours = model(**mine).logits
+    assert rel_diff(ours, ref) <= TOL
