@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mimo.config.schema import COMPILE_BACKENDS, LANGUAGE, Config, ConfigError
+from mimo.config.schema import COMPILE_BACKENDS, FLOAT8, FLOAT8_RECIPES, LANGUAGE, Config, ConfigError
 
 SIZE_FIELDS = {
     "model.llm": ("vocab", "hidden", "layers", "heads", "kv_heads", "mlp", "max_seq"),
@@ -220,8 +220,13 @@ def validate_train(cfg: Config) -> None:
     for name, dtype in t.module_dtype.items():
         if name not in modules:
             raise ConfigError(f"train.module_dtype.{name}: '{name}' is no module of this model; choose from {modules}")
-        if dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32 or bfloat16")
+        if dtype not in ("float32", "bfloat16", FLOAT8):
+            raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32, bfloat16 or float8")
+        if dtype == FLOAT8 and t.dtype != "bfloat16":
+            raise ConfigError(f"train.module_dtype.{name} = \"float8\" computes the rest of the module in bf16, so it "
+                              f"needs train.dtype = \"bfloat16\" (got \"{t.dtype}\"); set it")
+    if t.float8_recipe not in FLOAT8_RECIPES:
+        raise ConfigError(f"train.float8_recipe = '{t.float8_recipe}'; choose one of {', '.join(FLOAT8_RECIPES)}")
     for name in t.activation_checkpointing:
         if name not in modules:
             raise ConfigError(f"train.activation_checkpointing names '{name}', which is no module of this model; "
@@ -321,7 +326,7 @@ def validate_fast_path_keys(cfg: Config) -> None:
         if t.dtype != "bfloat16":
             raise ConfigError(f"train.master_weights = true turns the weights bf16, so it needs train.dtype = "
                               f"\"bfloat16\" (got \"{t.dtype}\"); set it, or master_weights = false")
-        odd = [n for n, d in t.module_dtype.items() if d != "bfloat16"]
+        odd = [n for n, d in t.module_dtype.items() if d not in ("bfloat16", FLOAT8)]
         if odd:
             raise ConfigError(f"train.module_dtype.{odd[0]} = \"{t.module_dtype[odd[0]]}\" with train.master_weights = "
                               "true, which turns every module's weights bf16; drop the entry or master_weights")

@@ -1,9 +1,9 @@
 """The benchmark's fast paths for `mimo train`: the attention backend, the chunked head + loss, one
-product for each attention's q, k and v, activation checkpointing of chosen modules' blocks, and
-per-block (or, for encoders, whole-module) compilation.
+product for each attention's q, k and v, FP8 linears of chosen modules, activation checkpointing of chosen
+modules' blocks, and per-block (or, for encoders, whole-module) compilation.
 
-Switched on by `train.attention_backend`, `train.chunked_loss`, `train.fuse_qkv`,
-`train.activation_checkpointing`, `train.compile` and `train.encoder_compile`, on every layout, installed
+Switched on by `train.attention_backend`, `train.chunked_loss`, `train.fuse_qkv`, `train.module_dtype.<m> =
+"float8"`, `train.activation_checkpointing`, `train.compile` and `train.encoder_compile`, on every layout, installed
 in that order where torchtitan installs them: after the parallel plan's tensor, context and pipeline
 parallelism, before its data parallelism (`ParallelPlan.parallelize(model, compute_paths=...)`), so FSDP2
 wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not notice.
@@ -29,6 +29,7 @@ from mimo.parallel.data import FSDP_ENTRY_METHODS
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.tensor import enter_head
+from mimo.perf.float8 import Float8Swap, check_float8_layout, convert_float8
 from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backend
@@ -85,18 +86,21 @@ def transformer_blocks(model: MimoModel, module: str) -> list[nn.Module]:
     return [block for encoder in encoders if hasattr(encoder, "layers") for block in encoder.layers.values()]
 
 
-def apply_fast_paths(cfg: Config, model: MimoModel, lm_tp: tuple[ProcessGroup, bool] | None = None) -> None:
+def apply_fast_paths(cfg: Config, model: MimoModel, lm_tp: tuple[ProcessGroup, bool] | None = None,
+                     float8_swap: Float8Swap | None = None) -> None:
     """Install what `cfg.train` asks for on a model laid out up to data parallelism (as the
     `compute_paths` of `ParallelPlan.parallelize`; on one process, on the built model): the loss, fused
-    q/k/v, then checkpointing before compiling, so that the checkpoint is traced into each compiled block.
-    `lm_tp` = (TP group, sequence parallel) of a tensor-parallel LM (`ParallelPlan.lm_tensor_parallel`)
-    makes the chunked loss vocab-parallel."""
+    q/k/v, the FP8 linears (after fused q/k/v, which keeps those three in bf16), then checkpointing before
+    compiling, so that the checkpoint is traced into each compiled block. `lm_tp` = (TP group, sequence
+    parallel) of a tensor-parallel LM (`ParallelPlan.lm_tensor_parallel`) makes the chunked loss vocab-parallel.
+    `float8_swap` replaces torchao's conversion (mimo.perf.float8.convert_float8; the CPU tests' reference)."""
     if torch.device(cfg.train.device).type == "cuda":
         use_sdpa_backend(cfg.train.attention_backend)
     if cfg.train.chunked_loss:
         install_chunked_loss(model, lm_tp)
     if cfg.train.fuse_qkv:
         fuse_qkv(model)
+    convert_float8(cfg, model, float8_swap)
     for name in cfg.train.activation_checkpointing:
         checkpoint_blocks(transformer_blocks(model, name))
     if cfg.train.compile:
@@ -117,6 +121,7 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
                               f"data-parallel reduction, or captures a step that holds no collectives; set "
                               f"train.{key} = false for a layout of {layout.world_size} ranks")
     check_master_weights_layout(cfg, layout)
+    check_float8_layout(cfg, layout)
     lm = layout.grids[LANGUAGE]
     module = cfg.parallel.modules.get(LANGUAGE)
     sharded = lm.cp > 1 or (lm.tp > 1 and module is not None and module.sequence_parallel)

@@ -1,13 +1,14 @@
 """The one validation gate of a run: every user error is refused here, before `init_process_group` and the
 first collective, as a `ConfigError` that names the field and the fix (`mimo: error:` on the command line).
 
-`validate_run(cfg, world)` checks, in this order: the config alone (mimo.config.validate), the device, the
-architecture read from every `hf_path`, the data set against the model (its modalities, its row length, its
-tokenizer), then, on more than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on
-every candidate. Not collective and pure (it reads only the files the config names), so every rank reaches
-the same verdict. The blocks' fast paths run on every layout; the step's one-process keys and
-`train.loss_rows_only` on a sharded sequence are refused (`check_fast_path_layout`). Lower layers keep
-asserts for their own invariants and never repeat these checks.
+`validate_run(cfg, world)` checks, in this order: the config alone (mimo.config.validate), the device (and
+what a "float8" module needs of it: a GPU of compute capability >= 8.9, torchao), the architecture read from
+every `hf_path`, the data set against the model (its modalities, its row length, its tokenizer), then, on more
+than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Not collective
+and pure (it reads only the files the config names), so every rank reaches the same verdict. The blocks' fast
+paths run on every layout; the step's one-process keys and `train.loss_rows_only` on a sharded sequence are
+refused (`check_fast_path_layout`). Lower layers keep asserts for their own invariants and never repeat these
+checks.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mimo.models.audio_features import WHISPER_HOP
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.perf.apply import check_fast_path_layout
+from mimo.perf.float8 import check_float8_support
 from mimo.tasks import DEMO_SETS
 
 BYTE_TEXT_IDS = ByteTokenizer.PAD + 1
@@ -49,6 +51,7 @@ def validate_run(cfg: Config, world: int) -> None:
     """Every check of a run on `world` ranks, config first (see the module docstring). Pure, not collective."""
     validate(cfg)
     check_device(cfg.train.device)
+    check_float8_support(cfg)
     model = resolved_model(cfg.model)
     check_data_set(cfg, model)
     check_tokenizer(cfg, model)
