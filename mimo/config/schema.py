@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 LANGUAGE = "language"
 """The language model's name among the modules (layouts, dtypes, checkpointing)."""
 
-FLOAT8 = "float8"
-"""train.module_dtype's value for a module whose linears compute in FP8 (mimo/perf/float8.py)."""
-FLOAT8_RECIPES = ("tensorwise", "rowwise")
+FLOAT8, FLOAT8_RECIPES = "float8", ("tensorwise", "rowwise")  # train.module_dtype's FP8 value, its recipes
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 """torch.compile backends `train.compile_backend` takes: inductor generates fused kernels; aot_eager traces the
@@ -353,12 +351,10 @@ class TrainConfig:
     eval_every: int = 0
     device: str = "cpu"
     # Compute dtype (float32, or bfloat16 autocast over fp32 weights); module_dtype overrides it for single
-    # modules by name, e.g. {images = "float32"} keeps the vision encoder in fp32 beside a bf16 LM, and
-    # {language = "float8"} (with dtype = "bfloat16", on a GPU of compute capability >= 8.9, with torchao) computes
-    # the LM's linears in FP8 and the rest of it in bf16 (mimo/perf/float8.py).
+    # modules by name, e.g. {images = "float32"} beside a bf16 LM, or {language = "float8"}: FP8 linears, scaled
+    # by float8_recipe ("tensorwise" or "rowwise"), the rest in bf16 (mimo/perf/float8.py).
     dtype: str = "float32"
     module_dtype: dict[str, str] = field(default_factory=dict)
-    # The scaling of the "float8" modules' linears: "tensorwise" (one scale per tensor) or "rowwise" (per row).
     float8_recipe: str = "tensorwise"
     # Intra-op CPU threads per process; 0 = OMP_NUM_THREADS if set, else the usable cores shared among the
     # node's processes, less those the load average says are busy, at most 16 (mimo/train/threads.py).
@@ -416,10 +412,8 @@ class TrainConfig:
         return self.module_dtype.get(module, self.dtype)
 
     def autocast_of(self, module: str) -> str:
-        """The dtype `module`'s autocast runs it in: its dtype, bfloat16 for a "float8" module (whose linears
-        compute in FP8, everything else in bf16)."""
-        dtype = self.dtype_of(module)
-        return "bfloat16" if dtype == FLOAT8 else dtype
+        """The dtype `module`'s autocast runs it in: its dtype, bfloat16 for a "float8" module."""
+        return "bfloat16" if self.dtype_of(module) == FLOAT8 else self.dtype_of(module)
 
 
 @dataclass
