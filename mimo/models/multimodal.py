@@ -205,6 +205,9 @@ class MimoModel(nn.Module):
         self.bridges: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
         self.output_bridges: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...]] = {}
         self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # The Out path's undoing of shard_sequence: this rank's `[B, S_local, H]` LM states -> the whole
+        # `[B, S, H]` (identical on the ranks that shared the sequence), gradient back to this rank's positions.
+        self.gather_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
         # Row positions of the queries this rank's attention runs and of the keys it sees, for masks built
         # from document ids (context parallel: a zigzag of queries, keys in all-gathered order); None: the
         # whole row in order.
@@ -323,8 +326,8 @@ class MimoModel(nn.Module):
             raise ValueError(f"modality '{name}' has no Out path; set model.modalities.{name}.output_token_id")
         if hidden.shape[:2] != input_ids.shape:
             raise ValueError(f"the Out path needs the whole sequence's LM states {tuple(input_ids.shape)}, got "
-                             f"{tuple(hidden.shape[:2])}; it does not support a sharded sequence (sequence or "
-                             "context parallel) yet")
+                             f"{tuple(hidden.shape[:2])}; a sharded sequence (sequence or context parallel) "
+                             "must be made whole first (MimoModel.gather_sequence)")
         return hidden[input_ids == self.output_token_ids[name]]
 
     def output_losses(self, hidden: torch.Tensor, input_ids: torch.Tensor, modality_targets: dict[str, torch.Tensor],
@@ -334,9 +337,12 @@ class MimoModel(nn.Module):
         Targets are sample-aligned, `[B, K, D]`: sample b's first c_b rows are the targets of its c_b
         generation tokens (in order), the rest padding. So any split of the batch by samples keeps the
         targets with their tokens. The decoder runs even on zero tokens, so every rank joins it. With
-        `output_bridges[name]` the rows cross to the modality's layout, are decoded there and come back.
+        `output_bridges[name]` the rows cross to the modality's layout, are decoded there and come back. With
+        `gather_sequence` (a sharded sequence) `hidden` is this rank's positions and is made whole first.
         """
         sums, counts = {}, {}
+        if self.gather_sequence is not None:
+            hidden = self.gather_sequence(hidden)
         for name, targets in modality_targets.items():
             rows = self.output_rows(name, hidden, input_ids)
             per_sample = (input_ids == self.output_token_ids[name]).sum(1)

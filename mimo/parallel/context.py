@@ -29,7 +29,7 @@ from torch.distributed import ProcessGroup
 
 from mimo.models.layers import SelfAttention, attention
 from mimo.models.multimodal import MimoModel
-from mimo.parallel.comm import copy_to_tp, gather_from_sp
+from mimo.parallel.comm import copy_to_tp, gather_from_sp, gather_from_tp
 
 SEQ_DIM = 1
 """Hidden states and per-token tensors are `[B, S, ...]`; CP shards dim 1."""
@@ -80,6 +80,7 @@ class ContextParallel:
         self.sp_tp = sp_tp
         self._positions: dict[tuple[int, torch.device | None], tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._orders: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def positions(self, seq: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Row positions of this rank's queries (zigzag) and of the all-gathered keys, made and copied to
@@ -131,6 +132,22 @@ class ContextParallel:
         self.causal_mask(seq, embeds.device)
         return embeds.index_select(SEQ_DIM, self.local_index(seq, embeds.device))
 
+    def gather_sequence(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[B, S/cp, H]`, this rank's chunks -> the whole `[B, S, H]` in sequence order, on every CP rank
+        (collective over the CP group); backward keeps this rank's positions of a gradient that every CP
+        rank holds whole (the Out path decodes the same rows on each)."""
+        seq = hidden.shape[SEQ_DIM] * self.cp
+        gathered = gather_from_tp(hidden, self.group, SEQ_DIM)
+        return gathered.index_select(SEQ_DIM, self.sequence_order(seq, hidden.device))
+
+    def sequence_order(self, seq: int, device: torch.device) -> torch.Tensor:
+        """Where each sequence position sits among the all-gathered positions (the inverse of
+        `gathered_order`), made once per length and device."""
+        key = (seq, device)
+        if key not in self._orders:
+            self._orders[key] = torch.argsort(gathered_order(seq, self.cp)).to(device)
+        return self._orders[key]
+
     def causal_mask(self, seq: int, device: torch.device) -> torch.Tensor:
         """`[S/cp, S]` bool: local query at position i may see gathered key at position j <= i."""
         key = (seq, device)
@@ -169,7 +186,8 @@ class ContextParallel:
 
     def apply(self, model: MimoModel) -> None:
         """Install CP on a (TP-parallelized, bridged) model in place: sequence sharding before any
-        sequence-parallel split, CP attention in every LM layer, CP entry after every modality bridge."""
+        sequence-parallel split (and the Out path's gather after undoing it), CP attention in every LM
+        layer, CP entry after every modality bridge."""
         inner = model.shard_sequence
 
         def shard(embeds: torch.Tensor) -> torch.Tensor:
@@ -177,6 +195,12 @@ class ContextParallel:
             return inner(local) if inner is not None else local
 
         model.shard_sequence = shard
+        inner_gather = model.gather_sequence
+
+        def gather(hidden: torch.Tensor) -> torch.Tensor:
+            return self.gather_sequence(inner_gather(hidden) if inner_gather is not None else hidden)
+
+        model.gather_sequence = gather
         model.mask_positions = self.positions
         for module in model.language_model.modules():
             if isinstance(module, SelfAttention):

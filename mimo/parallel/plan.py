@@ -37,6 +37,7 @@ from mimo.parallel.tensor import (
     mark_tp_replicated,
     parallelize_lm,
     parallelize_vit,
+    sequence_gather,
     sequence_shard,
     sync_sequence_parallel_grads,
     tp_lm_logits,
@@ -117,17 +118,8 @@ def out_modalities(cfg: Config) -> list[str]:
 def validate_context_parallel(cfg: Config, layout: Layout) -> None:
     """CP/SP constraints known from the config alone (pure); sequence lengths are checked per batch."""
     lm = layout.grids[LANGUAGE]
-    outs = out_modalities(cfg)
-    if lm.cp > 1 and outs:
-        raise ConfigError(f"parallel.modules.language.cp = {lm.cp}: the Out path of {outs} decodes the LM's whole "
-                          "sequence and does not run under context parallel; use cp = 1 or set "
-                          "model.modalities.<name>.output_token_id = -1")
     module = cfg.parallel.modules.get(LANGUAGE)
     sp_tp = lm.tp if module is not None and module.sequence_parallel else 1
-    if sp_tp > 1 and outs:
-        raise ConfigError(f"parallel.modules.language.sequence_parallel = true: the Out path of {outs} decodes the "
-                          "LM's whole sequence, which sequence parallel splits over tp; set it to false or set "
-                          "model.modalities.<name>.output_token_id = -1")
     factor = (2 * lm.cp if lm.cp > 1 else 1) * sp_tp
     if cfg.data.packing and cfg.data.pack_length % factor:
         raise ConfigError(f"data.pack_length ({cfg.data.pack_length}) must be a multiple of {factor} (2 x cp x tp "
@@ -192,6 +184,7 @@ class ParallelPlan:
             model.logits_fn = tp_lm_logits(lm_tp, sp)
             if sp:
                 model.shard_sequence = sequence_shard(lm_tp)
+                model.gather_sequence = sequence_gather(lm_tp)
         for name, sub in model.modality_submodules.items():
             tp = self.layout.grids[name].tp
             if tp > 1 and self.holds(name):
@@ -353,6 +346,14 @@ class ParallelPlan:
         """How the ranks that read data agree on a batch's per-row verdicts (elementwise maximum): among the
         readers on a pipelined layout; None (the data set's all-reduce over the world) where every rank reads."""
         return self.pipeline.agree_among_readers if self.pipeline is not None else None
+
+    def all_reduce_lm_lanes(self, t: torch.Tensor) -> torch.Tensor:
+        """Collective over the LM's data lanes only: sums a per-lane quantity that every TP and CP rank of a
+        lane holds whole (the Out path's output-token counts and decoder losses: its rows are decoded from the
+        whole sequence, `MimoModel.gather_sequence`)."""
+        if self.groups[LANGUAGE].size_of("dp") > 1:
+            dist.all_reduce(t, group=self.groups[LANGUAGE].group("dp"))
+        return t
 
     def all_reduce_lm_data(self, t: torch.Tensor) -> torch.Tensor:
         """Collective over the LM's data lanes and CP ranks: sums a per-lane quantity (token counts, loss

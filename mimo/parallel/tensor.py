@@ -306,6 +306,17 @@ def sequence_shard(tp_group: ProcessGroup) -> Callable[[torch.Tensor], torch.Ten
     return shard
 
 
+def sequence_gather(tp_group: ProcessGroup) -> Callable[[torch.Tensor], torch.Tensor]:
+    """For `MimoModel.gather_sequence`: the TP group's contiguous chunks of `[B, S/tp, H]` -> the whole
+    `[B, S, H]` on every TP rank (all-gather); backward keeps this rank's chunk of the gradient, which
+    every TP rank holds whole (the Out path decodes the same rows on each). Collective in forward."""
+
+    def gather(hidden: torch.Tensor) -> torch.Tensor:
+        return gather_from_tp(hidden, tp_group, SEQ_DIM)
+
+    return gather
+
+
 def enter_head(hidden: torch.Tensor, group: ProcessGroup, sequence_parallel: bool) -> torch.Tensor:
     """Collective. The LM head is column-parallel over the vocabulary: its input enters the TP region
     full-length (gathered from sequence-parallel shards), and its gradient leaves summed over the group."""

@@ -2,7 +2,7 @@
 
 The candidates are a small deterministic set (at most a few dozen): homogeneous layouts (every module
 tp t, dp N/t, replicated or FSDP, the LM with and without sequence parallel), colocated mixes (encoder
-tp_e, LM tp_l, the LM sequence parallel when tp_l > 1 and no Out path decodes its states) and pipelined
+tp_e, LM tp_l, the LM sequence parallel when tp_l > 1) and pipelined
 ones (each encoder alone on the first N/2, N/4 or N/8 ranks, the LM on the rest with the least tp x pp
 that fits). A candidate the
 trainer would refuse (`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that
@@ -25,7 +25,6 @@ from mimo.config.schema import LANGUAGE, Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
-from mimo.parallel.plan import out_modalities
 from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 from mimo.train.gate import check_layout
 
@@ -87,12 +86,11 @@ def colocated_candidates(cfg: Config, gpus: int) -> list[Modules]:
         for fsdp in (False, True) if gpus // tp > 1 else (False,):
             for sp in (False, True) if tp > 1 else (False,):
                 out.append(_colocated(cfg, tp, tp, sp, fsdp))
-    sp_mixes = not out_modalities(cfg)  # the Out path decodes the whole sequence, which SP would split
     if vision(cfg):
         for enc_tp in tps:
             for lm_tp in tps:
                 if enc_tp != lm_tp:
-                    out.append(_colocated(cfg, enc_tp, lm_tp, sp_mixes and lm_tp > 1, False))
+                    out.append(_colocated(cfg, enc_tp, lm_tp, lm_tp > 1, False))
     return out
 
 

@@ -135,6 +135,11 @@ class Trainer:
         """Sum over the LM's data lanes (identity on one process)."""
         return self.plan.all_reduce_lm_data(t) if self.plan is not None else t
 
+    def all_reduce_lanes(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over the LM's data lanes only, not its CP ranks (identity on one process): for the Out path's
+        counts and losses, which every CP rank of a lane holds whole."""
+        return self.plan.all_reduce_lm_lanes(t) if self.plan is not None else t
+
     # The step ----------------------------------------------------------------------------------
     def host_batch(self, step: int) -> tuple[list[dict], int, int]:
         """This rank's microbatches of `step` on the host (checked, with their precomputed positions under
@@ -165,7 +170,7 @@ class Trainer:
         n_global = self.all_reduce_sum(local_tokens.detach().clone())
         scale = 1.0 / n_global.clamp_min(1.0)
         loss_total = torch.zeros((), device=self.device)
-        self.out_loss.begin(micro, self.all_reduce_sum, self.device)
+        self.out_loss.begin(micro, self.all_reduce_lanes, self.device)
         self.router_losses.begin()
         autocast = step_autocast(self.cfg, self.device)
         for mb in micro:
@@ -195,7 +200,7 @@ class Trainer:
             return {**self.after_update_in_step(step, loss, float(norm)), "tokens": tokens,
                     "loss_tokens": int(n_global), "flops": flops}
         loss_total, n_global = self.forward_backward(micro)
-        out_objective, out_losses = self.out_loss.end(self.all_reduce_sum)
+        out_objective, out_losses = self.out_loss.end(self.all_reduce_lanes)
         router_objective, router_log = self.router_losses.end(self.all_reduce_sum)
         loss = float(loss_total / n_global.clamp_min(1.0)) + out_objective + router_objective
         rec = self.update(step, loss)

@@ -5,6 +5,9 @@ process (losses and every gradient within 1e-5 relative):
   tp2 x dp2 + LM dp4 and images dp8 + LM tp2 x dp4: the LM's states at generation tokens cross to the
   modality's lanes, are decoded there and come back for the loss (step 0 raised "has no input on this rank"
   before);
+- the Out path with the LM's sequence sharded: LM tp2 + SP beside images dp4, LM cp2 x dp2 beside images
+  tp2 x dp2 (equal DP, no bridge), LM cp2 x tp2 + SP beside images dp4: the states are gathered whole
+  (`MimoModel.gather_sequence`) before the generation tokens are picked (the gate refused these before);
 - DP degrees that do not divide each other: encoder tp2 x dp3 beside LM tp3 x dp2 on 6 ranks, on the shapes
   demo with 0..3 images per sample (LM lane 0 takes encoder lane 0 and half of lane 1).
 """
@@ -38,6 +41,9 @@ CASES = {
     "out_images_dp4_lm_tp2_dp2": ("out", 4, [f"{LANG}.tp=2"]),
     "out_images_tp2_dp2_lm_dp4": ("out", 4, [f"{IMG}.tp=2"]),
     "out_images_dp8_lm_tp2_dp4": ("out", 8, [f"{LANG}.tp=2"]),
+    "out_images_dp4_lm_tp2_sp_dp2": ("out", 4, [f"{LANG}.tp=2", f"{LANG}.sequence_parallel=true"]),
+    "out_images_tp2_dp2_lm_cp2_dp2": ("out", 4, [f"{IMG}.tp=2", f"{LANG}.cp=2"]),
+    "out_images_dp4_lm_cp2_tp2_sp": ("out", 4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{LANG}.sequence_parallel=true"]),
     "images_tp2_dp3_lm_tp3_dp2": ("shapes", 6, [f"{IMG}.tp=2", f"{LANG}.tp=3"]),
 }
 

@@ -135,13 +135,18 @@ def test_layouts_that_failed_at_the_first_batch_are_refused_at_the_gate():
     assert "module 'images': sequence parallel splits the ViT's 5 tokens" in layout_error(2, *vit)
 
 
-def test_out_path_with_a_sequence_parallel_lm_is_refused_at_the_gate():
-    """The Out path decodes the LM's whole sequence: under LM sequence parallel its first forward raised "does not
-    support a sharded sequence"; the gate names the field instead, and `mimo plan` lists LM tp without SP."""
-    cfg = load_config(T2I, [*TINY_T2I, "--model.llm.heads=4", "--model.llm.kv_heads=2",
-                            "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true"])
-    with pytest.raises(ConfigError, match="parallel.modules.language.sequence_parallel = true: the Out path"):
-        check_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))
+@pytest.mark.parametrize("lm", [
+    ["--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true"],
+    ["--parallel.modules.language.cp=2"],
+    ["--parallel.modules.language.cp=2", "--parallel.modules.language.tp=2",
+     "--parallel.modules.language.sequence_parallel=true"],
+], ids=["tp2_sp", "cp2", "cp2_tp2_sp"])
+def test_out_path_with_a_sharded_lm_sequence_passes_the_gate(lm):
+    """The Out path gathers the LM's sharded sequence whole before it decodes (MimoModel.gather_sequence), so the
+    gate, which refused LM sequence and context parallelism beside it, accepts them; they train like one process
+    in tests/distributed/test_colocated_layouts.py."""
+    cfg = load_config(T2I, [*TINY_T2I, "--model.llm.heads=4", "--model.llm.kv_heads=2", *lm])
+    check_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))
 
 
 @pytest.mark.parametrize("overrides, message", [
