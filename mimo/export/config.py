@@ -32,7 +32,43 @@ FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen2": ("Qwen2
                   "llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
                   "phi3": ("Phi3Config", "Phi3ForCausalLM"), "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
                   "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
-                  "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
+                  "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+                  "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+                  "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+                  "mixtral": ("MixtralConfig", "MixtralForCausalLM")}
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
+
+
+def moe_architecture(cfg: LLMConfig) -> str:
+    """The MoE family that computes this LM: Qwen3-MoE (qk-norm, no shared expert), Qwen2-MoE (qkv bias, a gated
+    shared expert) or Mixtral (neither, every layer MoE, renormalised top-k); otherwise a ValueError naming the
+    fields."""
+    if cfg.moe_gating != "softmax":
+        raise ValueError("model.llm.moe_gating = 'sigmoid' has no Hugging Face family among Qwen2-MoE, Qwen3-MoE and "
+                         "Mixtral (all softmax routers); it cannot be exported")
+    if cfg.qk_norm and not cfg.qkv_bias and not cfg.moe_shared_mlp:
+        return "qwen3_moe"
+    if cfg.qkv_bias and not cfg.qk_norm and cfg.moe_shared_mlp and cfg.moe_shared_gate:
+        return "qwen2_moe"
+    dense = cfg.moe_every != 1 or cfg.moe_dense_layers
+    if not (cfg.qk_norm or cfg.qkv_bias or cfg.moe_shared_mlp or dense) and cfg.moe_norm_topk:
+        return "mixtral"
+    raise ValueError("model.llm.moe_* with qk_norm / qkv_bias: Qwen3-MoE has qk_norm and no shared expert, Qwen2-MoE "
+                     "qkv_bias and a gated shared expert (moe_shared_mlp, moe_shared_gate), Mixtral neither, MoE on "
+                     "every layer and moe_norm_topk = true; no Hugging Face class computes another mix")
+
+
+def moe_fields(cfg: LLMConfig, arch: str) -> dict[str, Any]:
+    """The MoE family's own config fields."""
+    if arch == "mixtral":
+        return {"num_local_experts": cfg.moe_experts, "num_experts_per_tok": cfg.moe_top_k,
+                "intermediate_size": cfg.moe_mlp, "sliding_window": None, "router_jitter_noise": 0.0}
+    out = {"num_experts": cfg.moe_experts, "num_experts_per_tok": cfg.moe_top_k, "moe_intermediate_size": cfg.moe_mlp,
+           "decoder_sparse_step": cfg.moe_every, "mlp_only_layers": list(cfg.moe_dense_layers),
+           "norm_topk_prob": cfg.moe_norm_topk}
+    if arch == "qwen2_moe":
+        out.update(shared_expert_intermediate_size=cfg.moe_shared_mlp, qkv_bias=True, use_sliding_window=False)
+    return out
 
 
 def text_architecture(cfg: LLMConfig) -> str:
@@ -42,7 +78,12 @@ def text_architecture(cfg: LLMConfig) -> str:
     gemma = (cfg.sandwich_norm, cfg.norm_offset, cfg.embed_scale, cfg.mlp_act != "silu", bool(cfg.query_scale),
              bool(cfg.sliding_window or cfg.layer_types or cfg.rope_local_theta),
              bool(cfg.attn_softcap or cfg.logit_softcap))
-    if any(gemma):
+    if cfg.moe_experts:
+        if any(gemma) or any(olmo2):
+            raise ValueError("model.llm.moe_experts with Gemma's or OLMo 2's norms has no Hugging Face class; export "
+                             "takes Qwen2-MoE, Qwen3-MoE or Mixtral")
+        implied = moe_architecture(cfg)
+    elif any(gemma):
         gemma2 = not cfg.qk_norm and not cfg.rope_local_theta
         if not (all(gemma[:3]) and cfg.mlp_act == "gelu_tanh" and not cfg.qkv_bias and not any(olmo2)
                 and (gemma2 or not (cfg.attn_softcap or cfg.logit_softcap))):
@@ -69,6 +110,9 @@ def text_architecture(cfg: LLMConfig) -> str:
         raise ValueError(f"model.llm.family = '{cfg.family}' is not one mimo exports; use one of "
                          f"{list(FAMILY_CLASSES)} or '' (implied by the fields)")
     if cfg.family != implied and not (implied == "llama" and cfg.family in LLAMA_LIKE):
+        if cfg.moe_experts or cfg.family in MOE_FAMILIES:
+            raise ValueError(f"model.llm.family = '{cfg.family}' does not compute this LM (its moe_* / qkv_bias / "
+                             f"qk_norm make it '{implied}'); set model.llm.family = '{implied}' or ''")
         raise ValueError(f"model.llm.family = '{cfg.family}' does not compute this LM (its qkv_bias / qk_norm "
                          f"make it '{implied}'); set model.llm.family = '{implied}' or ''")
     if cfg.family in ("phi3", "olmo2") and cfg.attention_head_dim * cfg.heads != cfg.hidden:
@@ -90,11 +134,13 @@ def hf_text_config(cfg: LLMConfig, dtype: str, token_ids: dict[str, int | None] 
     extra = {"sliding_window": None} if arch in ("mistral", "phi3") else {}
     if arch.startswith("gemma"):
         extra, rope = gemma_fields(cfg, arch), None
-    out = getattr(tf, config_class)(
-        vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.attention_head_dim,
-        max_position_embeddings=cfg.max_seq, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
-        dtype=dtype, **({"rope_parameters": rope} if rope else {}), **extra, **(token_ids or NO_TOKEN_IDS))
+    if arch in MOE_FAMILIES:
+        extra = moe_fields(cfg, arch)
+    fields = dict(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
+                  num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.attention_head_dim,
+                  max_position_embeddings=cfg.max_seq, rms_norm_eps=cfg.norm_eps,
+                  tie_word_embeddings=cfg.tie_embeddings, dtype=dtype, **({"rope_parameters": rope} if rope else {}))
+    out = getattr(tf, config_class)(**{**fields, **extra, **(token_ids or NO_TOKEN_IDS)})
     out.architectures = [model_class]
     return out
 

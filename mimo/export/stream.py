@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from mimo.hf.files import INDEX
-from mimo.hf.names import HFName
+from mimo.hf.names import ExpertStack, HFName
 from mimo.train.checkpoint.tensors import CheckpointTensors
 
 MAX_SHARD_BYTES = 5 * 2**30
@@ -144,13 +144,18 @@ SourceOf = Callable[[nn.Module], Source]
 def gather_entries(module: nn.Module, names: dict[str, HFName], dtype: torch.dtype | None,
                    source_of: SourceOf = LiveSource) -> dict[str, Entry]:
     """{HF name: Entry}, read from the module's source only when written; the parts of a fused tensor (`Rows`)
-    are concatenated in row order. Shapes are the module's own (a model on the meta device has them)."""
+    are concatenated in row order, a stacked tensor (`ExpertStack`) is written one expert at a time (read once
+    for its consecutive experts). Shapes are the module's own (a model on the meta device has them)."""
     src = source_of(module)
     state = module.state_dict()
     out: dict[str, Entry] = {}
     parts: dict[str, list[tuple[int, str]]] = {}
     for ours, hf in names.items():
-        if isinstance(hf, str):
+        if isinstance(hf, ExpertStack):
+            read = _expert_reader(src, ours, len(hf.names))
+            for e, name in enumerate(hf.names):
+                out[name] = Entry(name, tuple(state[ours].shape[1:]), dtype or src.dtype(ours), partial(read, e))
+        elif isinstance(hf, str):
             out[hf] = Entry(hf, tuple(state[ours].shape), dtype or src.dtype(ours), partial(src.read, ours))
         else:
             parts.setdefault(hf[0], []).append((hf[1], ours))
@@ -160,3 +165,19 @@ def gather_entries(module: nn.Module, names: dict[str, HFName], dtype: torch.dty
         out[hf] = Entry(hf, (rows, *state[keys[0]].shape[1:]), dtype or src.dtype(keys[0]),
                         lambda keys=keys, src=src: torch.cat([src.read(k) for k in keys]))
     return out
+
+
+def _expert_reader(src: Source, name: str, experts: int) -> Callable[[int], torch.Tensor]:
+    """`read(e)`: expert e of the stacked tensor `name`, read from `src` once and held until its last expert is
+    taken (the writer takes them in a row, so the peak stays one tensor)."""
+    held: list[torch.Tensor] = []
+
+    def read(e: int) -> torch.Tensor:
+        if not held:
+            held.append(src.read(name))
+        piece = held[0][e].clone()
+        if e == experts - 1:
+            held.clear()
+        return piece
+
+    return read

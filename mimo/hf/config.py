@@ -12,7 +12,8 @@ from typing import Any
 from mimo.config.schema import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
 from mimo.models.layers import LLAMA3_ROPE_KEYS
 
-LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "gemma2", "gemma3_text")
+LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "gemma2", "gemma3_text", "qwen2_moe", "qwen3_moe",
+             "mixtral")
 VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip", "clip": "clip", "siglip": "siglip",
                 "dinov2": "dinov2", "siglip2_vision_model": "siglip2", "siglip2": "siglip2"}
 HF_TO_MIMO_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
@@ -59,28 +60,47 @@ def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMC
     _refuse(d, "hidden_act", "silu", where, "mimo's MLP is SwiGLU with SiLU")
     _refuse(d, "mlp_bias", False, where, "mimo's MLP has no biases")
     _refuse(d, "use_sliding_window", False, where, "mimo has no sliding-window attention")
-    if mt in ("mistral", "phi3"):
+    if mt in ("mistral", "phi3", "mixtral"):
         _refuse(d, "sliding_window", None, where, "mimo has no sliding-window attention (Mistral checkpoints from "
                 "v0.2 on set it to null)")
     if mt == "phi3":
         _refuse({**d, **(d.get("rope_parameters") or {})}, "partial_rotary_factor", 1.0, where,
                 "mimo rotates every dimension of a head")
-    if mt != "qwen2":
+    if mt not in ("qwen2", "qwen2_moe"):
         _refuse(d, "attention_bias", False, where, "an output-projection bias mimo's attention does not have")
     heads = d["num_attention_heads"]
     head_dim = d.get("head_dim") or d["hidden_size"] // heads
     gemma = _gemma(d, where, mt) if mt.startswith("gemma") else {}
     theta, scaling = (gemma.pop("rope_theta"), {}) if gemma else _rope(d, where)
     base = base or LLMConfig()
-    return LLMConfig(**gemma, vocab=d["vocab_size"], hidden=d["hidden_size"], layers=d["num_hidden_layers"],
-                     heads=heads, kv_heads=d.get("num_key_value_heads") or heads, mlp=d["intermediate_size"],
-                     qkv_bias=mt == "qwen2", tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+    qkv_bias = mt == "qwen2" or (mt == "qwen2_moe" and bool(d.get("qkv_bias", True)))
+    return LLMConfig(**gemma, **_moe(d, mt, where, base), vocab=d["vocab_size"], hidden=d["hidden_size"],
+                     layers=d["num_hidden_layers"], heads=heads, kv_heads=d.get("num_key_value_heads") or heads,
+                     mlp=d["intermediate_size"], qkv_bias=qkv_bias,
+                     tie_embeddings=bool(d.get("tie_word_embeddings", False)),
                      rope_theta=theta, norm_eps=d.get("rms_norm_eps", 1e-6),
                      max_seq=d.get("max_position_embeddings", base.max_seq), init_std=base.init_std,
-                     qk_norm=mt in ("qwen3", "olmo2", "gemma3_text"), qk_norm_full=mt == "olmo2",
+                     qk_norm=mt in ("qwen3", "olmo2", "gemma3_text", "qwen3_moe"), qk_norm_full=mt == "olmo2",
                      post_norm=mt == "olmo2",
                      head_dim=0 if head_dim * heads == d["hidden_size"] else head_dim,
                      rope_scaling=scaling, family=mt, hf_path=base.hf_path)
+
+
+def _moe(d: dict[str, Any], mt: str, where: str, base: LLMConfig) -> dict[str, Any]:
+    """The LLMConfig moe_* fields of a Qwen2-MoE, Qwen3-MoE or Mixtral config (none for a dense family); the
+    router losses' weights are training settings and come from `base`."""
+    if mt not in ("qwen2_moe", "qwen3_moe", "mixtral"):
+        return {}
+    train = dict(moe_aux_loss_weight=base.moe_aux_loss_weight, moe_z_loss_weight=base.moe_z_loss_weight)
+    if mt == "mixtral":
+        _refuse(d, "router_jitter_noise", 0.0, where, "mimo's router adds no noise to its inputs")
+        return dict(moe_experts=d["num_local_experts"], moe_top_k=d["num_experts_per_tok"],
+                    moe_mlp=d["intermediate_size"], moe_norm_topk=True, **train)
+    shared = int(d.get("shared_expert_intermediate_size") or 0) if mt == "qwen2_moe" else 0
+    return dict(moe_experts=d.get("num_experts") or d.get("num_local_experts"), moe_top_k=d["num_experts_per_tok"],
+                moe_mlp=d["moe_intermediate_size"], moe_every=d.get("decoder_sparse_step", 1),
+                moe_dense_layers=list(d.get("mlp_only_layers") or []), moe_norm_topk=bool(d.get("norm_topk_prob")),
+                moe_shared_mlp=shared, moe_shared_gate=shared > 0, **train)
 
 
 GEMMA3_LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "full"}

@@ -63,6 +63,25 @@ class RowsSlice:
         return self.whole[(slice(self.start + lo, self.start + hi), *index[1:])]
 
 
+class StackSlice:
+    """A `TensorSlice` over several equal-shape tensors stacked along a new dim 0 (a mixture of experts' per-expert
+    tensors as mimo's `[E, ...]`): indexing dim 0 picks the tensors, and only those are read."""
+
+    def __init__(self, parts: list[TensorSlice]):
+        self.parts = parts
+
+    def get_shape(self) -> list[int]:
+        return [len(self.parts), *self.parts[0].get_shape()]
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        index = index if isinstance(index, tuple) else (index,)
+        first = index[0] if index else slice(None)
+        if not isinstance(first, slice) or first.step not in (None, 1):
+            raise ValueError(f"stacked expert tensors are read by contiguous expert ranges, not {first!r}")
+        lo, hi, _ = first.indices(len(self.parts))
+        return torch.stack([part[index[1:]] if index[1:] else part[:] for part in self.parts[lo:hi]])
+
+
 class WeightSource(ABC):
     """Names, lazy slices and config of one set of HF weights; `where(name)` says which file holds a tensor."""
 

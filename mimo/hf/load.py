@@ -25,8 +25,17 @@ from mimo.hf.config import (
     projector_config_from_hf,
     vit_config_from_hf,
 )
-from mimo.hf.files import RowsSlice, TensorSlice, WeightSource, open_source
-from mimo.hf.names import HFName, audio_names, llm_names, projector_names, vit_anchor, vit_names, with_prefix
+from mimo.hf.files import RowsSlice, StackSlice, TensorSlice, WeightSource, open_source
+from mimo.hf.names import (
+    ExpertStack,
+    HFName,
+    audio_names,
+    llm_names,
+    projector_names,
+    vit_anchor,
+    vit_names,
+    with_prefix,
+)
 from mimo.hf.placement import DeviceSpec, DTypeSpec, empty_module, is_meta, resolve_dtype
 from mimo.models.audio import AudioEncoder
 from mimo.models.llm import DecoderLM
@@ -58,8 +67,7 @@ def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSo
         for name, hf in mapping.items():
             target = targets[name]
             target = target.to_local() if isinstance(target, DTensor) else target  # an FSDP2 shard: fill its piece
-            hf_name, part = (hf, None) if isinstance(hf, str) else (hf[0], hf[1:])
-            sl = src.get_slice(hf_name) if part is None else RowsSlice(src.get_slice(hf_name), *part)
+            sl, hf_name, part = hf_slice(src, hf)
             # Without a shard function a whole tensor goes straight into the parameter (no second copy).
             tensor = shard_fn(name, sl) if shard_fn else (sl[:] if part else sl)
             shape = tuple(tensor.shape) if shard_fn or part else tuple(tensor.get_shape())
@@ -67,6 +75,8 @@ def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSo
                 target = target.view(shape)  # DINOv2's [1, 1, H] cls token and [1, N, H] positions
             if shape != tuple(target.shape):
                 what = f"tensor '{hf_name}'" + (f" rows {part[0]}:{part[1]}" if part else "")
+                if isinstance(hf, ExpertStack):
+                    what = f"the stack of {len(hf.names)} expert tensors from '{hf_name}'"
                 raise ValueError(f"{what} in '{src.where(hf_name)}' has shape {shape}, "
                                  f"but mimo's '{name}' needs {tuple(target.shape)}; the checkpoint and the config "
                                  "(or the shard function) disagree")
@@ -75,6 +85,15 @@ def load_hf_weights(module: nn.Module, source: str | Path | nn.Module | WeightSo
                     target.copy_(tensor)
                 else:
                     src.read_into(hf_name, target.data)
+
+
+def hf_slice(src: WeightSource, hf: HFName) -> tuple[TensorSlice, str, tuple | None]:
+    """(the lazy slice, the checkpoint name for messages, the part (rows, or the stack's size) or None: whole)."""
+    if isinstance(hf, ExpertStack):
+        return StackSlice([src.get_slice(n) for n in hf.names]), hf.names[0], (0, len(hf.names))
+    if isinstance(hf, str):
+        return src.get_slice(hf), hf, None
+    return RowsSlice(src.get_slice(hf[0]), *hf[1:]), hf[0], hf[1:]
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:

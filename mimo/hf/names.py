@@ -4,10 +4,14 @@ Maps are built from the module's own state-dict names, so they follow whatever t
 pipeline stage with layers 4..7, an untied head or not, optional biases and norms, tensor-parallel shards
 (which keep their names). Each function returns {mimo name: HF name without the checkpoint's prefix}; where
 the checkpoint fuses several of mimo's tensors into one (Phi-3's qkv_proj and gate_up_proj) the HF name is a
-`Rows` part: (name, first row, end row) of the fused tensor.
+`Rows` part: (name, first row, end row) of the fused tensor; where it splits one of mimo's tensors into several
+(a mixture of experts' stacked `w_gate` `[E, ...]`, one tensor per expert in the checkpoint) it is an
+`ExpertStack` of the per-expert names, expert 0 first.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -17,7 +21,19 @@ from mimo.models.llm import DecoderLM
 from mimo.models.vit import VisionTransformer
 
 Rows = tuple[str, int, int]
-HFName = str | Rows
+
+
+@dataclass(frozen=True)
+class ExpertStack:
+    """mimo's `[E, ...]` tensor is these E checkpoint tensors stacked along dim 0."""
+
+    names: tuple[str, ...]
+
+
+HFName = str | Rows | ExpertStack
+# Where each MoE family keeps a layer's router, experts (gate, up, down) and shared expert, after "layers.<i>.".
+MOE_NAMES = {"mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts.{}.", ("w1", "w3", "w2")),
+             "qwen": ("mlp.gate", "mlp.experts.{}.", ("gate_proj", "up_proj", "down_proj"))}
 
 
 def _names(module: nn.Module) -> list[str]:
@@ -29,6 +45,8 @@ def llm_names(lm: DecoderLM, body: str = "model.", head: str = "") -> dict[str, 
     lm_head.weight. Phi-3 fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj` (full-model rows, so a
     tensor-parallel shard function slices within each part)."""
     names: dict[str, HFName] = {n: (head + n if n == "lm_head.weight" else body + n) for n in _names(lm)}
+    if lm.cfg.moe_experts:
+        names.update(moe_names(lm, body))
     if lm.cfg.family == "phi3":
         q, kv, mlp = lm.cfg.heads * lm.head_dim, lm.cfg.kv_heads * lm.head_dim, lm.cfg.mlp
         parts = {"self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
@@ -42,6 +60,28 @@ def llm_names(lm: DecoderLM, body: str = "model.", head: str = "") -> dict[str, 
                 fused, start, end = parts[module]
                 names[n] = (f"{body}layers.{layer}.{fused}.{leaf}", start, end)
     return names
+
+
+def moe_names(lm: DecoderLM, body: str) -> dict[str, HFName]:
+    """The MoE layers' tensors: router, each of w_gate / w_up / w_down as the stack of its experts' tensors
+    (global expert ids from the module's `expert_offset`), Qwen2-MoE's shared expert and its gate."""
+    router, expert, (gate, up, down) = MOE_NAMES["mixtral" if lm.cfg.family == "mixtral" else "qwen"]
+    out: dict[str, HFName] = {}
+    for key, layer in lm.layers.items():
+        moe = layer.mlp
+        if not hasattr(moe, "router"):
+            continue
+        at = f"layers.{key}.mlp."
+        experts = range(moe.expert_offset, moe.expert_offset + moe.w_gate.shape[0])
+        out[at + "router.weight"] = f"{body}layers.{key}.{router}.weight"
+        for ours, theirs in (("w_gate", gate), ("w_up", up), ("w_down", down)):
+            out[at + ours] = ExpertStack(tuple(f"{body}layers.{key}.{expert.format(e)}{theirs}.weight"
+                                               for e in experts))
+        for part in ("gate_proj", "up_proj", "down_proj") if moe.shared is not None else ():
+            out[at + f"shared.{part}.weight"] = f"{body}layers.{key}.mlp.shared_expert.{part}.weight"
+        if moe.shared_gate is not None:
+            out[at + "shared_gate.weight"] = f"{body}layers.{key}.mlp.shared_expert_gate.weight"
+    return out
 
 
 _VIT_EMBEDDINGS = ("class_embedding", "patch_embedding.", "position_embedding.")
@@ -95,4 +135,9 @@ def projector_names(projector: nn.Module) -> dict[str, str]:
 
 
 def with_prefix(names: dict[str, HFName], prefix: str) -> dict[str, HFName]:
-    return {k: prefix + v if isinstance(v, str) else (prefix + v[0], *v[1:]) for k, v in names.items()}
+    def prefixed(v: HFName) -> HFName:
+        if isinstance(v, ExpertStack):
+            return ExpertStack(tuple(prefix + n for n in v.names))
+        return prefix + v if isinstance(v, str) else (prefix + v[0], *v[1:])
+
+    return {k: prefixed(v) for k, v in names.items()}

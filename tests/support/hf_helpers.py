@@ -34,6 +34,15 @@ def save(model: torch.nn.Module, directory: Path) -> Path:
     return directory
 
 
+# Eight experts, two per token; Qwen3-MoE with a dense layer (mlp_only_layers) and renormalised weights, Qwen2-MoE
+# with its gated shared expert and plain top-k weights.
+MOE_FIELDS = {"qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True,
+                                mlp_only_layers=[1], num_hidden_layers=3),
+              "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=False,
+                                shared_expert_intermediate_size=40),
+              "mixtral": dict(num_local_experts=8, num_experts_per_tok=2)}
+
+
 def tiny_text_config(family: str, **extra):
     """A two-layer config of `family` with GQA and a head_dim that differs from hidden/heads for Qwen3 and
     Mistral."""
@@ -41,10 +50,13 @@ def tiny_text_config(family: str, **extra):
                   num_key_value_heads=2, rms_norm_eps=1e-6, initializer_range=0.2, max_position_embeddings=128)
     cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig,
            "mistral": transformers.MistralConfig, "phi3": transformers.Phi3Config, "olmo2": transformers.Olmo2Config,
-           "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig}
-    if family in ("qwen3", "mistral", "gemma2", "gemma3_text"):
+           "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig,
+           "qwen3_moe": transformers.Qwen3MoeConfig, "qwen2_moe": transformers.Qwen2MoeConfig,
+           "mixtral": transformers.MixtralConfig}
+    common.update(MOE_FIELDS.get(family, {}))
+    if family in ("qwen3", "mistral", "gemma2", "gemma3_text", "qwen3_moe", "mixtral"):
         common["head_dim"] = 16
-    if family == "mistral":
+    if family in ("mistral", "mixtral"):
         common["sliding_window"] = None
     if family == "gemma3_text":  # a window shorter than the test rows, sliding and full layers, two RoPE thetas
         common.update(sliding_window=5, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,

@@ -1,0 +1,83 @@
+"""Mixture-of-experts LMs both ways against transformers in fp32 (<= 1e-5 relative, random configs, a left-padded
+batch): Qwen3-MoE (with a dense layer), Qwen2-MoE (gated shared expert) and Mixtral, alone and as the LM of a
+LLaVA model; the export loads as the same class with the same logits."""
+
+import pytest
+import torch
+
+from mimo.export import export_causal_lm, export_llava
+from mimo.export.config import text_architecture
+from mimo.hf import import_llava, import_llm
+from mimo.hf.files import DirectorySource
+from mimo.hf.load import dim_shard_fn, hf_slice
+from mimo.hf.names import ExpertStack, llm_names
+from tests.support.configs import tiny_llm
+from tests.support.hf_helpers import (
+    TOL,
+    llava_logits,
+    perturb,
+    rel_diff,
+    save,
+    tiny_causal_lm,
+    tiny_text_config,
+    tiny_vision_config,
+    transformers,
+)
+from tests.unit.test_hf_lm import compare
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+FAMILIES = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_moe_lm_both_ways(family, tmp_path):
+    hf = perturb(tiny_causal_lm(family))
+    lm = import_llm(save(hf, tmp_path / "hf"))
+    assert lm.cfg.moe_experts == 8 and lm.cfg.family == family
+    assert [lm.cfg.is_moe_layer(i) for i in range(lm.cfg.layers)] == ([True, False, True] if family == "qwen3_moe"
+                                                                        else [True, True])
+    assert max(compare(lm, hf)) <= TOL
+    out = export_causal_lm(lm, tmp_path / "out")
+    again, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(again).__name__ == FAMILIES[family] and not info["missing_keys"] and not info["unexpected_keys"]
+    assert max(compare(lm, again.float().eval())) <= TOL
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_llava_with_moe_lm_both_ways(family, tmp_path):
+    torch.manual_seed(0)
+    config = transformers.LlavaConfig(
+        vision_config=tiny_vision_config("clip").to_dict(), text_config=tiny_text_config(family).to_dict(),
+        image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy="default")
+    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
+    _, model = import_llava(save(hf, tmp_path / "hf"))
+    ours, ref, ids, pixels = llava_logits(hf, model)
+    assert rel_diff(ours, ref) <= TOL
+    out = export_llava(model, tmp_path / "out")
+    again = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
+    assert again.config.text_config.model_type == family
+    with torch.no_grad():
+        assert rel_diff(again(input_ids=ids, pixel_values=pixels).logits, ours) <= TOL
+
+
+def test_an_expert_shard_reads_only_its_experts(tmp_path):
+    """Expert parallelism's view: rank 1 of 4 reads experts 2 and 3 of the stacked w_up, nothing else."""
+    directory = save(perturb(tiny_causal_lm("mixtral")), tmp_path / "hf")
+    lm = import_llm(directory)
+    stack = llm_names(lm)["layers.0.mlp.w_up"]
+    assert isinstance(stack, ExpertStack) and stack.names[2] == "model.layers.0.block_sparse_moe.experts.2.w3.weight"
+    with DirectorySource(directory) as src:
+        sl, _, _ = hf_slice(src, stack)
+        piece = dim_shard_fn(lambda _: 0, 1, 4)("layers.0.mlp.w_up", sl)
+    assert torch.equal(piece, lm.layers["0"].mlp.w_up.detach()[2:4])
+
+
+@pytest.mark.parametrize("changes, fields", [
+    ({"moe_gating": "sigmoid"}, "moe_gating = 'sigmoid'"),
+    ({"qk_norm": True, "qkv_bias": False, "moe_shared_mlp": 8}, "no Hugging Face class"),
+    ({"qkv_bias": False, "moe_norm_topk": False}, "no Hugging Face class"),
+])
+def test_moe_lms_no_family_computes_are_refused_naming_the_fields(changes, fields):
+    with pytest.raises(ValueError, match=fields):
+        text_architecture(tiny_llm(moe_experts=4, moe_mlp=8, **changes))
