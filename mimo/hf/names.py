@@ -65,7 +65,8 @@ def llm_names(lm: DecoderLM, body: str = "model.", head: str = "") -> dict[str, 
 def moe_names(lm: DecoderLM, body: str) -> dict[str, HFName]:
     """The MoE layers' tensors: router, each of w_gate / w_up / w_down as the stack of its experts' tensors
     (global expert ids from the module's `expert_offset`), Qwen2-MoE's shared expert and its gate."""
-    router, expert, (gate, up, down) = MOE_NAMES["mixtral" if lm.cfg.family == "mixtral" else "qwen"]
+    mixtral = not (lm.cfg.qk_norm or lm.cfg.qkv_bias)  # Qwen3-MoE has qk_norm, Qwen2-MoE qkv_bias (as export)
+    router, expert, (gate, up, down) = MOE_NAMES["mixtral" if mixtral else "qwen"]
     out: dict[str, HFName] = {}
     for key, layer in lm.layers.items():
         moe = layer.mlp
