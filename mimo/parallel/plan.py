@@ -153,7 +153,10 @@ class ParallelPlan:
         self.norm_sq_reduce = norm_sq_reducer(names)
         lm = self.layout.grids[LANGUAGE]
         sp_tp = lm.tp if self._flag(LANGUAGE, "sequence_parallel") else 1
-        self.context = ContextParallel(self.groups[LANGUAGE].group("cp"), sp_tp) if lm.cp > 1 else None
+        held = lm.cp > 1 and self.holds(LANGUAGE)
+        self.context = ContextParallel(self.groups[LANGUAGE].group("cp"), sp_tp) if held else None
+        if self.pipeline is not None:
+            self.pipeline.context = self.context
 
     def _flag(self, name: str, field: str) -> bool:
         m = self.module_cfg[name]

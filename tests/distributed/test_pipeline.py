@@ -48,15 +48,26 @@ LAYOUTS = {
 }
 
 
-def _module(offset: int, tp: int, pp: int, dp: int, sp: bool = False) -> ModuleLayoutConfig:
-    return ModuleLayoutConfig(offset=offset, size=tp * pp * dp, tp=tp, pp=pp, sequence_parallel=sp)
+# Context parallel across the pipeline: LM (tp, pp, dp, cp) behind a bridge (pp 1) and cut into stages,
+# beside an encoder that is itself pipelined; with sequence parallel inside the CP ranks too.
+CP_LAYOUTS = {
+    4: [((1, 1, 2), (1, 1, 1, 2), False, False)],
+    8: [((1, 2, 1), (1, 3, 1, 2), True, False), ((1, 2, 2), (2, 1, 1, 2), False, True),
+        ((1, 1, 2), (1, 3, 1, 2), False, False)],
+}
 
 
-def _config(enc: tuple[int, int, int], lm: tuple[int, int, int], tied: bool, sp: bool = False) -> Config:
+def _module(offset: int, tp: int, pp: int, dp: int, sp: bool = False, cp: int = 1) -> ModuleLayoutConfig:
+    return ModuleLayoutConfig(offset=offset, size=tp * pp * dp * cp, tp=tp, pp=pp, cp=cp, sequence_parallel=sp)
+
+
+def _config(enc: tuple[int, int, int], lm: tuple[int, ...], tied: bool, sp: bool = False) -> Config:
     enc_size = enc[0] * enc[1] * enc[2]
+    tp, pp, dp, *cp = lm
+    lm_module = _module(enc_size, tp, pp, dp, sp, *cp)
     # PARITY_OPTIM's clip below the norm exercises the global norm across disjoint modules.
     return tiny_vlm(tiny_llm(layers=3, init_std=0.1, tie_embeddings=tied), tiny_vit(layers=2, init_std=0.1), IMG,
-                    {"images": _module(0, *enc), "language": _module(enc_size, *lm, sp)}, MICRO, PER_MB * MICRO)
+                    {"images": _module(0, *enc), "language": lm_module}, MICRO, PER_MB * MICRO)
 
 
 def _batch() -> dict:
@@ -126,6 +137,19 @@ def _all_cases(rank: int, world: int) -> list[float]:
 def test_pipelined_layouts_equal_single_process(world):
     worst = run_distributed(_all_cases, world, timeout=600)[0]
     for (enc, lm, _, _), w in zip(LAYOUTS[world], worst):
+        print(f"encoder {enc} LM {lm}: max relative diff {w:.2e}")
+
+
+def _all_cp_cases(rank: int, world: int) -> list[float]:
+    return [_run_case(rank, world, *case) for case in CP_LAYOUTS[world]]
+
+
+@pytest.mark.parametrize("world", sorted(CP_LAYOUTS))
+def test_context_parallel_across_the_pipeline_equals_single_process(world):
+    """LM cp2 behind a pipeline bridge, cp2 x pp3 (with a pipelined encoder and tied embeddings, or without),
+    and cp2 x tp2 + SP: each CP rank runs its zigzag positions through every LM stage."""
+    worst = run_distributed(_all_cp_cases, world, timeout=600)[0]
+    for (enc, lm, _, _), w in zip(CP_LAYOUTS[world], worst):
         print(f"encoder {enc} LM {lm}: max relative diff {w:.2e}")
 
 

@@ -56,8 +56,9 @@ class PipelineBridge:
     Construct on every rank, in the same order (it creates the leaders' pair groups). Per microbatch,
     in schedule order: the encoder's last stage calls `send_forward` then, later, `recv_backward`; the
     LM's first stage calls `recv_forward` then, later, `send_backward`. Other ranks never call it.
-    `tp_group` is this rank's TP group when it sits on a boundary stage. `per_microbatch` divides by both
-    modules' dp (`validate_plan` checks it before any collective).
+    `tp_group` is this rank's TP group when it sits on a boundary stage (on the LM's side its TP x CP
+    group: CP ranks take the same rows). `per_microbatch` divides by both modules' dp (`validate_plan`
+    checks it before any collective).
     """
 
     def __init__(self, name: str, encoder: Grid, language: Grid, per_microbatch: int, rank: int,

@@ -29,6 +29,7 @@ from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge.pipelined import PipelineBridge
+from mimo.parallel.context import ContextParallel
 from mimo.parallel.grid import Grid, GridGroups, member_group, pair_groups
 from mimo.parallel.layout import Layout
 from mimo.parallel.p2p import Outbox
@@ -67,9 +68,6 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
     if cfg.model.llm.layers < lm.pp:
         raise ConfigError(f"parallel.modules.language.pp ({lm.pp}) exceeds model.llm.layers "
                           f"({cfg.model.llm.layers}); every stage needs a layer, use pp <= {cfg.model.llm.layers}")
-    if lm.cp > 1:
-        raise ConfigError(f"parallel.modules.language.cp = {lm.cp}: context parallelism is not available with modules "
-                          "on disjoint ranks or pp > 1 yet; use cp = 1 or a colocated layout")
     if cfg.data.packing:
         raise ConfigError("data.packing: packed sequences need per-document attention masks, which the pipeline "
                           "schedule does not pass between stages; set data.packing = false or use a colocated layout")
@@ -144,10 +142,14 @@ class PipelinePlan:
         self.bridges = {}
         for name in cfg.model.modalities:
             boundary = (self.module == name and self.last) or (self.module == LANGUAGE and self.first)
+            # The LM's first stage serves the rows to its lane's TP and CP ranks (each builds the whole sequence).
+            replicas = ("tp", "cp") if self.module == LANGUAGE else "tp"
             self.bridges[name] = PipelineBridge(name, layout.grids[name], layout.grids[LANGUAGE], per_mb, rank,
-                                                self.groups.group("tp") if boundary else None)
+                                                self.groups.group(replicas) if boundary else None)
         self.embedding_group = self._build_embedding_group()
         self.reader_group, _ = member_group([data_readers(layout)])
+        # The LM's context parallel (set by ParallelPlan on LM ranks when cp > 1): cuts the text microbatches.
+        self.context: ContextParallel | None = None
 
     def _build_links(self) -> tuple[StageLink | None, StageLink | None]:
         pairs = [p for g in self.layout.grids.values() for p in _stage_pairs(g)]
@@ -248,7 +250,6 @@ class PipelinePlan:
         m = self.cfg.parallel.microbatches
         outbox = Outbox()
         kw = {"prev": self.prev, "next_": self.next, "outbox": outbox, "device": device, "autocast": autocast}
-        dp = self.grid.dp
         local_tokens = torch.zeros((), device=device)
         tokens = 0
         encoder = None
@@ -262,8 +263,9 @@ class PipelinePlan:
             if self.first:
                 tokens = sum(mb["input_ids"].numel() for mb in text)
             n_global = local_tokens.detach().clone()
-            if self.last and dp > 1 and backward:
-                dist.all_reduce(n_global, group=self.groups.group("dp"))
+            lanes = ("cp", "dp") if self.grid.cp > 1 else "dp"  # CP ranks hold different label positions
+            if self.last and self.groups.size_of(lanes) > 1 and backward:
+                dist.all_reduce(n_global, group=self.groups.group(lanes))
             stage = LMStage(model, self.first, self.last, self.bridges if self.first else {}, text,
                             1.0 / n_global.clamp_min(1.0), **kw)
         else:
@@ -290,6 +292,8 @@ class PipelinePlan:
             if problem is None and self.module == LANGUAGE and self.needs_data:
                 check_vocabulary(model, batch)
                 text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)]
+                if self.context is not None:
+                    text = [self.context.shard_batch(mb) for mb in text]
             elif problem is None and self.module != LANGUAGE and self.first:
                 check_batch(model, batch, [self.module])
                 inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp)
@@ -301,13 +305,14 @@ class PipelinePlan:
 
     def _report(self, stage: LMStage | EncoderStage, local_tokens: torch.Tensor, tokens: int, flops: int,
                 device: torch.device) -> StepResult:
-        """Collective over the world: loss sum, loss tokens and input tokens, counted once per LM lane;
-        the step's FLOPs, counted once."""
+        """Collective over the world: loss sum, loss tokens and input tokens, counted once per LM lane (the
+        first two summed over its CP ranks); the step's FLOPs, counted once."""
         report = torch.zeros(4, dtype=torch.float64, device=device)
-        if self.module == LANGUAGE and self.groups.rank_in(("tp", "cp")) == 0:
-            if self.last:
+        if self.module == LANGUAGE and self.groups.rank_in("tp") == 0:
+            if self.last:  # each CP rank's share of the lane's loss positions
                 report[0], report[1] = stage.loss_sum.double(), local_tokens.double()
-            report[2] = tokens
+            if self.groups.rank_in("cp") == 0:  # every CP rank holds the lane's whole input ids
+                report[2] = tokens
         report[3] = flops
         dist.all_reduce(report)
         loss_sum, n, total, flops = report.tolist()

@@ -76,7 +76,9 @@ class _Stage:
 
 class LMStage(_Stage):
     """A stage of the language model. The first stage embeds text, takes every modality's rows from its
-    bridge and aligns them; the last one returns the scaled loss and sums the loss for the log."""
+    bridge and aligns them (then `MimoModel.shard_sequence` keeps this rank's positions under CP and SP);
+    the last one returns the scaled loss and sums the loss for the log. Under context parallel every
+    stage holds this CP rank's positions and the text microbatches come cut (`ContextParallel.shard_batch`)."""
 
     def __init__(self, model: MimoModel, first: bool, last: bool, bridges: dict[str, PipelineBridge],
                  text: list[dict] | None, scale: torch.Tensor, **kw):
@@ -92,10 +94,14 @@ class LMStage(_Stage):
                              "schedule; train packed data on a colocated layout")
         model = self.model
         width = model.language_model.cfg.hidden
-        rows = {name: bridge.recv_forward((ids == model.special_token_ids[name]).sum(1), width, self.device)
-                for name, bridge in self.bridges.items()}
+        counts = {name: (ids == model.special_token_ids[name]).sum(1) for name in self.bridges}
+        rows = {name: bridge.recv_forward(counts[name], width, self.device) for name, bridge in self.bridges.items()}
+        # The model's own crossing hooks (context parallel's entry: the rows' gradient summed over CP) sit
+        # between the received leaves, whose gradient goes back over the bridge, and the alignment.
+        entered = {name: model.bridges[name](r, counts[name]) if name in model.bridges else r
+                   for name, r in rows.items()}
         with self.autocast():
-            embeds = model.embed_with_rows(ids, rows)
+            embeds = model.embed_with_rows(ids, entered)
         if model.shard_sequence is not None:
             embeds = model.shard_sequence(embeds)
         pos = mb.get("position_ids")
