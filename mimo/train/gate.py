@@ -5,10 +5,11 @@ first collective, as a `ConfigError` that names the field and the fix (`mimo: er
 what a "float8" module needs of it: a GPU of compute capability >= 8.9, torchao), the architecture read from
 every `hf_path`, the data set against the model (its modalities, its row length, its tokenizer), then, on more
 than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Not collective
-and pure (it reads only the files the config names), so every rank reaches the same verdict. The blocks' fast
-paths run on every layout; the step's one-process keys and `train.loss_rows_only` on a sharded sequence are
-refused (`check_fast_path_layout`). Lower layers keep asserts for their own invariants and never repeat these
-checks.
+and pure (it reads only the files the config names), so every rank reaches the same verdict. LM features a
+fast path would drop are refused on every world size (`check_lm_features`, e.g. Gemma 2's logit soft-cap
+under the chunked loss). The blocks' fast paths run on every layout; the step's one-process keys and
+`train.loss_rows_only` on a sharded sequence are refused (`check_fast_path_layout`). Lower layers keep
+asserts for their own invariants and never repeat these checks.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer
 from mimo.hf.build import resolve_hf_architecture
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP
+from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import validate_plan
+from mimo.parallel.plan import check_lm_features, validate_plan
 from mimo.perf.apply import check_fast_path_layout
 from mimo.perf.float8 import check_float8_support
 from mimo.tasks import DEMO_SETS
@@ -52,13 +54,14 @@ def validate_run(cfg: Config, world: int) -> None:
     validate(cfg)
     check_device(cfg.train.device)
     check_float8_support(cfg)
-    model = resolved_model(cfg.model)
-    check_data_set(cfg, model)
-    check_tokenizer(cfg, model)
-    if world > 1:
-        resolved = copy.copy(cfg)
-        resolved.model = model
-        check_layout(resolved, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world))
+    layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world) if world > 1 else None
+    resolved = copy.copy(cfg)
+    resolved.model = resolved_model(cfg.model)
+    check_lm_features(resolved, layout.grids[LANGUAGE] if layout is not None else Grid())
+    check_data_set(cfg, resolved.model)
+    check_tokenizer(cfg, resolved.model)
+    if layout is not None:
+        check_layout(resolved, layout)
 
 
 def check_device(device: str) -> None:

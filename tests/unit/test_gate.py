@@ -66,6 +66,9 @@ ITEM_7 = {  # case -> (overrides, what the message must say: the field, then the
     "global_batch = 0": (["--data.global_batch=0"], r"data.global_batch = 0 must be >= 1"),
     "optim.lr = -1": (["--optim.lr=-1"], r"optim.lr = -1.0 must be >= 0"),
     "data.workers = -1": (["--data.workers=-1"], r"data.workers = -1 must be >= 0"),
+    "logit softcap with the chunked loss on one process": (
+        ["--model.llm.logit_softcap=30.0", "--train.chunked_loss=true"],
+        r"model.llm.logit_softcap = 30.0 \(Gemma 2\) caps the logits.*set train.chunked_loss = false"),
     "byte 97 as placeholder": (["--model.modalities.images.token_id=97"],
                                r"model.modalities.images.token_id \(97\) is an id the byte tokenizer writes for text.*"
                                r"use an id it never writes"),
