@@ -15,7 +15,7 @@ from typing import Any
 
 import tomllib
 
-from mimo.config.schema import Config, ConfigError
+from mimo.config.schema import Config, ConfigError, TrainConfig
 from mimo.config.validate import validate
 
 
@@ -69,7 +69,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else k
-        if k not in hints:
+        if k not in names:
             where = f"'{prefix}'" if prefix else "the top level"
             raise ConfigError(f"unknown config key '{key}'; valid keys in {where}: {', '.join(names)}")
         kwargs[k] = _coerce(v, hints[k], key)
@@ -135,7 +135,8 @@ def from_dict(data: dict[str, Any]) -> Config:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a TOML file (or the defaults), apply dotted overrides, and validate the whole tree."""
+    """Load a TOML file (or the defaults), apply dotted overrides, and validate the whole tree; records the
+    train keys left at their defaults (`TrainConfig.left_unset`)."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -148,6 +149,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         data = _merge(data, parse_overrides(overrides))
     cfg = from_dict(data)
     validate(cfg)
+    given = data.get("train", {})
+    cfg.train.left_unset = frozenset(f.name for f in dataclasses.fields(TrainConfig) if f.name not in given)
     return cfg
 
 

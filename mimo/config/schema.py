@@ -7,6 +7,7 @@ fields that depend on one another.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 LANGUAGE = "language"
 """The language model's name among the modules (layouts, dtypes, checkpointing)."""
@@ -359,6 +360,10 @@ class TrainConfig:
     # Intra-op CPU threads per process; 0 = OMP_NUM_THREADS if set, else the usable cores shared among the
     # node's processes, less those the load average says are busy, at most 16 (mimo/train/threads.py).
     threads: int = 0
+    # On CUDA, the fast-path keys left unset take the fastest measured values the layout accepts
+    # (mimo.perf.gpu_defaults: bf16 with master weights, compile, the chunked loss, ...); false: they keep the
+    # defaults written here, as on a CPU.
+    gpu_defaults: bool = True
     # GPU fast paths of mimo.perf (benchmarks/ measures them), on every layout: torch.compile each transformer
     # block, the output head + cross-entropy over row chunks without full fp32 logits (vocab-parallel under
     # TP), each attention's q, k and v from one product (each rank's own shards under TP).
@@ -406,6 +411,11 @@ class TrainConfig:
     # Steps at the start of a run left out of the steady-state rates (summary.json's steady_*, the progress bar):
     # compilation, autotuning and a captured step's eager warm-up and capture happen in them.
     throughput_warmup: int = 3
+
+    # The train keys the TOML file and the command line left at their defaults (`load_config` fills it in; a
+    # Config built in Python leaves none, so its defaults hold everywhere). On CUDA the gate turns those of
+    # mimo.perf.gpu_defaults to the fastest measured values the layout accepts. Not a field: never dumped.
+    left_unset: ClassVar[frozenset[str]] = frozenset()
 
     def dtype_of(self, module: str) -> str:
         """The compute dtype of `module` ("language" or a modality name): module_dtype's, else dtype."""

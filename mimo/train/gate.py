@@ -4,11 +4,13 @@ first collective, as a `ConfigError` that names the field and the fix (`mimo: er
 `validate_run(cfg, world)` checks, in this order: the config alone (mimo.config.validate), the device (and
 what a "float8" module needs of it: a GPU of compute capability >= 8.9, torchao), the architecture read from
 every `hf_path`, the data set against the model (its modalities, its row length, its tokenizer), then, on more
-than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Not collective
-and pure (it reads only the files the config names), so every rank reaches the same verdict. LM features a
-fast path would drop are refused on every world size (`check_lm_features`, e.g. Gemma 2's logit soft-cap
-under the chunked loss). The blocks' fast paths run on every layout; the step's one-process keys and
-`train.loss_rows_only` on a sharded sequence are refused (`check_fast_path_layout`). Lower layers keep
+than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Before the
+model's checks, on CUDA, the fast-path keys the user left unset take their GPU defaults where the layout
+accepts them (mimo.perf.gpu_defaults), the one change the gate makes to the config. Not collective (it reads
+only the files the config names), so every rank reaches the same verdict. LM features a fast path would drop
+are refused on every world size (`check_lm_features`, e.g. Gemma 2's logit soft-cap under the chunked loss).
+The blocks' fast paths run on every layout; the step's one-process keys and `train.loss_rows_only` on a
+sharded sequence are refused (`check_fast_path_layout`). Lower layers keep
 asserts for their own invariants and never repeat these checks.
 """
 
@@ -37,6 +39,7 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.plan import check_lm_features, validate_plan
 from mimo.perf.apply import check_fast_path_layout
 from mimo.perf.float8 import check_float8_support
+from mimo.perf.gpu_defaults import apply_gpu_defaults
 from mimo.tasks import DEMO_SETS
 
 BYTE_TEXT_IDS = ByteTokenizer.PAD + 1
@@ -49,19 +52,23 @@ def launch_world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def validate_run(cfg: Config, world: int) -> None:
-    """Every check of a run on `world` ranks, config first (see the module docstring). Pure, not collective."""
+def validate_run(cfg: Config, world: int) -> dict[str, object]:
+    """Every check of a run on `world` ranks, config first (see the module docstring); on CUDA it sets the unset
+    fast-path keys to their GPU defaults in place (mimo.perf.gpu_defaults) and returns those it set.
+    Not collective: every rank reaches the same verdict and values."""
     validate(cfg)
     check_device(cfg.train.device)
     check_float8_support(cfg)
     layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world) if world > 1 else None
-    resolved = copy.copy(cfg)
+    resolved = copy.copy(cfg)  # shares cfg.train, which the GPU defaults set
     resolved.model = resolved_model(cfg.model)
+    applied = apply_gpu_defaults(resolved, layout)
     check_lm_features(resolved, layout.grids[LANGUAGE] if layout is not None else Grid())
     check_data_set(cfg, resolved.model)
     check_tokenizer(cfg, resolved.model)
     if layout is not None:
         check_layout(resolved, layout)
+    return applied
 
 
 def check_device(device: str) -> None:

@@ -49,16 +49,26 @@ def module_map(model: MimoModel) -> dict[str, torch.nn.Module]:
     return {"language": model.language_model, **dict(model.modality_submodules.items())}
 
 
+def gpu_defaults_note(applied: dict[str, object]) -> str:
+    """The line that tells the user which unset train keys took their GPU defaults ("" if none)."""
+    if not applied:
+        return ""
+    keys = ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in applied.items())
+    return f"mimo: GPU defaults for the train keys left unset: {keys} (set any of them to change it)"
+
+
 class Trainer:
     """The training loop. On one process it is plain PyTorch; under torchrun a ParallelPlan lays each
     module out on its own grid and supplies the few collectives the loop needs."""
 
     def __init__(self, cfg: Config, run_dir: Path | None = None):
         self.cfg = cfg
-        validate_run(cfg, launch_world_size())
+        applied = validate_run(cfg, launch_world_size())
         note = set_threads(cfg.train.threads)
-        if note and int(os.environ.get("RANK", "0")) == 0:
-            print(note, file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:
+            for line in (note, gpu_defaults_note(applied)):
+                if line:
+                    print(line, file=sys.stderr)
         if cfg.run.wandb:
             require_wandb()
         self.rank, self.world = init_distributed(torch.device(cfg.train.device).type, cfg.parallel.timeout_s)

@@ -37,13 +37,15 @@ def out(tmp_path_factory) -> Path:
 
 @functools.cache
 def _one_gpu_plain(out: Path) -> tuple[float, ...]:
-    return tuple(loss_curve(out, "one_gpu_plain", "demo_vlm.toml", 1, "--train.device=cuda", timeout=600))
+    return tuple(loss_curve(out, "one_gpu_plain", "demo_vlm.toml", 1, "--train.device=cuda",
+                            "--train.gpu_defaults=false", timeout=600))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_fast_path_on_two_gpus_follows_the_one_gpu_plain_curve(out, layout):
     name = layout.split(":")[0].replace(" ", "_").replace("+", "")
-    losses = loss_curve(out, f"fast_{name}", "demo_vlm.toml", 2, "--train.device=cuda", *FAST, *LAYOUTS[layout],
+    losses = loss_curve(out, f"fast_{name}", "demo_vlm.toml", 2, "--train.device=cuda", "--train.gpu_defaults=false",
+                        *FAST, *LAYOUTS[layout],
                         timeout=900)
     reference = _one_gpu_plain(out)
     assert len(losses) == len(reference) == 20

@@ -100,7 +100,8 @@ def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
     assert rel(out, ref) < 1e-2
 
 
-SYNTHETIC = ["--train.device=cuda", "--data.name=synthetic", "--data.seq_len=64", "--data.global_batch=4",
+SYNTHETIC = ["--train.device=cuda", "--train.gpu_defaults=false", "--data.name=synthetic", "--data.seq_len=64",
+             "--data.global_batch=4",
              "--data.repeat_batches=2",
              "--optim.clip=0", "--optim.lr=1e-3", "--train.log_every=1"]
 FAST = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.grad_table=true",
@@ -143,9 +144,22 @@ def test_captured_step_replays_the_eager_step(tmp_path, extra):
         assert abs(a - b) <= 1e-3 * a, (i, a, b)
 
 
+def test_mimo_train_on_a_gpu_defaults_to_the_fast_path(tmp_path):
+    """A config naming only train.device = "cuda" trains with the GPU defaults (mimo.perf.gpu_defaults): the
+    same losses, to 1e-3, as the same run with those keys set by hand (the step graph left off in both)."""
+    plain = [k for k in SYNTHETIC if "gpu_defaults" not in k]
+    explicit = [k for k in FAST if "step_graph" not in k and "lm_update_early" not in k]
+    defaults = Trainer(tiny_config(tmp_path / "defaults", *plain, "--train.steps=6"))
+    assert defaults.cfg.train.master_weights and defaults.cfg.train.compile and defaults.captured is None
+    ran = [defaults.train_step(i)["loss"] for i in range(6)]
+    by_hand, _ = _step_losses(tmp_path / "by_hand", 6, *explicit)
+    for i, (a, b) in enumerate(zip(ran, by_hand)):
+        assert abs(a - b) <= 1e-3 * b, (i, a, b)
+
+
 def _trainer_losses(out, *switches: str) -> list[float]:
-    return train_losses(out, "--train.device=cuda", "--train.dtype=bfloat16", "--train.steps=6",
-                        "--data.global_batch=16", *switches)
+    return train_losses(out, "--train.device=cuda", "--train.gpu_defaults=false", "--train.dtype=bfloat16",
+                        "--train.steps=6", "--data.global_batch=16", *switches)
 
 
 def test_mimo_train_on_a_gpu_with_checkpointing_and_an_fp32_encoder(tmp_path):
