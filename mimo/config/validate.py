@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mimo.config.schema import COMPILE_BACKENDS, FLOAT8, FLOAT8_RECIPES, LANGUAGE, Config, ConfigError
+from mimo.config.schema import COMPILE_BACKENDS, LANGUAGE, Config, ConfigError
+from mimo.config.train_config import FLOAT8, FLOAT8_RECIPES
 
 SIZE_FIELDS = {
     "model.llm": ("vocab", "hidden", "layers", "heads", "kv_heads", "mlp", "max_seq"),

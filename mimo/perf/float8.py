@@ -31,7 +31,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mimo.config.schema import FLOAT8, LANGUAGE, Config, ConfigError
+from mimo.config.schema import LANGUAGE, Config, ConfigError
+from mimo.config.train_config import FLOAT8
 from mimo.models.layers import SelfAttention
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.layout import Layout
