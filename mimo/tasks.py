@@ -12,6 +12,7 @@ from mimo.config.schema import Config
 from mimo.data.audio_demo import build_avlm_data
 from mimo.data.demo import DemoVLMData
 from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
+from mimo.data.native_data import build_native_data
 from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
 from mimo.data.text_to_image import build_text_to_image_data
 from mimo.eval.answers import evaluate_answers
@@ -31,7 +32,8 @@ def build_demo_data(cfg: Config, model: MimoModel) -> Any:
     if cfg.data.name in DEMO_SETS:
         return DEMO_SETS[cfg.data.name][0](cfg, model)
     if cfg.data.name in IMAGE_TEXT_SETS:
-        return build_image_text_data(cfg, model)
+        native = any(m.kind == "native_vision" for m in cfg.model.modalities.values())
+        return (build_native_data if native else build_image_text_data)(cfg, model)
     if cfg.data.name != "shapes":
         raise ValueError(f"data.name = '{cfg.data.name}' is not a known data set; use one of "
                          f"{', '.join(['shapes', *DEMO_SETS, *IMAGE_TEXT_SETS])}")

@@ -3,7 +3,7 @@ sample fails with the same message everywhere instead of in one data lane or pip
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -45,12 +45,14 @@ def check_token_ids(batch: dict, vocab: int, placeholder_ids: Iterable[int] = ()
                              "or fix the data")
 
 
-def check_placeholders(batch: dict, name: str, token_id: int, rows_per_input: int | None) -> None:
+def check_placeholders(batch: dict, name: str, token_id: int,
+                       rows_per_input: int | Callable[[dict], torch.Tensor] | None) -> None:
     """Each sample's placeholder tokens of modality `name` against the rows its inputs will become, on
     the whole global batch, so that every rank holding the batch raises the same error before any
     collective (a mismatch found later, in one data lane or pipeline stage, would leave the other ranks
     waiting). Rows per input come from the inputs' `output_lengths` (clips) or `rows_per_input` (an
-    encoder with a fixed number, e.g. a ViT); with neither, the alignment's own check applies.
+    encoder with a fixed number, e.g. a ViT, or a function of the encoder's inputs, e.g. a native-resolution
+    tower's of `grid_thw`); with neither, the alignment's own check applies.
     """
     ids = batch["input_ids"]
     kwargs = next(iter(batch.get("modality_inputs", {}).get(name, {}).values()), {})
@@ -58,6 +60,8 @@ def check_placeholders(batch: dict, name: str, token_id: int, rows_per_input: in
     n = int(counts.sum())
     if OUTPUT_LENGTHS in kwargs:
         per_input = kwargs[OUTPUT_LENGTHS].long().cpu()
+    elif callable(rows_per_input):
+        per_input = rows_per_input(kwargs).long().cpu()
     elif rows_per_input is not None:
         per_input = torch.full((n,), rows_per_input, dtype=torch.long)
     else:
@@ -91,5 +95,5 @@ def check_batch(model: MimoModel, batch: dict, modalities: Iterable[str] | None 
         encoders = model.modality_submodules[name].encoders
         if len(encoders) == 1:
             (encoder,) = encoders.values()
-            check_placeholders(batch, name, model.special_token_ids[name],
-                               getattr(encoder, "tokens_per_image", None))
+            rows = getattr(encoder, "rows_per_input", None) or getattr(encoder, "tokens_per_image", None)
+            check_placeholders(batch, name, model.special_token_ids[name], rows)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mimo.config.schema import Config
-from mimo.data.batching import to_device
+from mimo.data.batching import COUNTS, to_device
 from mimo.data.jsonl import read_manifest
 from mimo.data.media import MediaSpec, media_specs
 from mimo.data.samples import BadSample, BatchFailed, Record, encode_text, special_ids
@@ -122,7 +122,9 @@ def _agree_max(flags: torch.Tensor) -> torch.Tensor:
 class ImageTextData(SeededBatches):
     """A set of image/audio-text records with the trainer's data interface (`global_batch(step, size, seed)`).
     `media` lists the inputs of every sample (by default one image of `image_size` giving `image_tokens`
-    placeholders of `image_token_id`, for modality `modality`)."""
+    placeholders of `image_token_id`, for modality `modality`). `reader` decodes one request in the workers."""
+
+    reader: type = _Samples
 
     def __init__(self, records: list[Record], tokenizer: Any, image_size: int, image_tokens: int, image_token_id: int,
                  seq_len: int, modality: str = "images", workers: int = 0,
@@ -188,7 +190,7 @@ class ImageTextData(SeededBatches):
     # Batches ----------------------------------------------------------------------------------------
     def _items(self, step: int, global_batch: int, seed: int) -> list[Item]:
         if self._iter is None or step != self._next_step:
-            loader = DataLoader(_Samples(self), batch_sampler=_StepRequests(self, step, global_batch, seed),
+            loader = DataLoader(self.reader(self), batch_sampler=_StepRequests(self, step, global_batch, seed),
                                 num_workers=self.workers, collate_fn=list, worker_init_fn=_own_session,
                                 timeout=WORKER_TIMEOUT_S if self.workers else 0)
             self._iter = iter(loader)
@@ -213,7 +215,7 @@ class ImageTextData(SeededBatches):
         carry no loss). Collective through `agree`, like `global_batch`; skips count in the held-out report."""
         ev = self.held_out
         indices = list(range(index * global_batch, min((index + 1) * global_batch, len(ev.records))))
-        reader = _Samples(ev)
+        reader = ev.reader(ev)
         items = [reader[request] for request in ev.requests(indices)]
         return ev._agreed_batch(items, indices, global_batch, f"held-out batch {index}")
 
@@ -284,12 +286,12 @@ class ImageTextData(SeededBatches):
         total, tokens, used = 0.0, 0, 0
         for lo in range(0, min(samples, len(src.records)), batch_size):
             rows = list(range(lo, min(lo + batch_size, samples, len(src.records))))
-            reader = _Samples(src)
+            reader = src.reader(src)
             items = [reader[(r - lo, r, True, frozenset(m.name for m in src.media))] for r in rows]
             bad = torch.tensor([it[5] != USABLE for it in items])
             batch = src._assemble(items, len(rows), bad)
             batch = to_device(batch, torch.device(device))
-            out = model(**batch)
+            out = model(**{k: v for k, v in batch.items() if k != COUNTS})
             total += float(out.loss_sum)
             tokens += int((batch["labels"] != IGNORE_INDEX).sum())
             used += int((bad == 0).sum())
@@ -318,17 +320,19 @@ def load_tokenizer_spec(spec: str) -> Any:
     return load_tokenizer(spec)
 
 
-def build_image_text_data(cfg: Config, model: MimoModel) -> ImageTextData:
+def build_image_text_data(cfg: Config, model: MimoModel, data_class: type = ImageTextData,
+                          media: list | None = None) -> ImageTextData:
     """The data set for data.name = "webdataset" or "jsonl": one vision modality, one audio modality, or one
-    of each (every sample then holds an image and a clip)."""
-    media = media_specs(cfg, model)
+    of each (every sample then holds an image and a clip); or `data_class` over `media` (native resolution:
+    mimo.data.native_data)."""
+    media = media or media_specs(cfg, model)
     reader = (read_webdataset if cfg.data.name == "webdataset"
               else partial(read_manifest, image_root=cfg.data.image_root))
     tokenizer = load_tokenizer_spec(cfg.data.tokenizer)
 
     def data_set(records: list[Record], problems: list[str], workers: int) -> ImageTextData:
-        return ImageTextData(records, tokenizer, 0, 0, 0, cfg.data.seq_len, workers=workers, source_problems=problems,
-                             vocab=cfg.model.llm.vocab, media=media)
+        return data_class(records, tokenizer, 0, 0, 0, cfg.data.seq_len, workers=workers, source_problems=problems,
+                          vocab=cfg.model.llm.vocab, media=media)
 
     data = data_set(*reader(cfg.data.path), cfg.data.workers)
     if cfg.data.eval_path:

@@ -3,7 +3,8 @@ one array of such objects (the LLaVA-Pretrain / LLaVA-Instruct layout).
 
 `{"image": "imgs/0001.jpg", "caption": "a red circle"}`, or with chat turns
 `{"image": ..., "conversations": [{"from": "human", "value": "<image>\\nwhat?"}, {"from": "gpt", ...}]}`
-(`"messages"` with role/content works too); `"audio": "clips/1.flac"` names a clip (relative to the
+(`"messages"` with role/content works too); `"video": ["f0.jpg", "f1.jpg", ...]` (with `"fps"`, default 2)
+names a video's frames for native-resolution models; `"audio": "clips/1.flac"` names a clip (relative to the
 manifest's folder), alone with its transcript (`"text"`) or beside an image. Relative image paths start
 from `image_root` (data.image_root), by default the manifest's folder. A line that is not valid JSON
 becomes a skipped sample, counted like an unreadable image; a .json file that is not one array of objects
@@ -13,6 +14,7 @@ is refused whole.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from mimo.config.schema import ConfigError
@@ -56,9 +58,19 @@ def _json_array(p: Path, field: str) -> list:
 
 
 def _record(key: str, meta: object, root: Path, where: str, folder: Path) -> Record:
-    """A record of one sample object: its image path from `root`, its audio path from the manifest's `folder`."""
+    """A record of one sample object: its image path (or video frames) from `root`, its audio path from the
+    manifest's `folder`."""
     image = meta.get("image") if isinstance(meta, dict) else None
     audio = meta.get("audio") if isinstance(meta, dict) else None
+    video = meta.get("video") if isinstance(meta, dict) else None
+    if video is not None:
+        fps = meta.get("fps", 2.0)
+        if not (isinstance(video, list) and video and all(isinstance(v, str) for v in video)):
+            return Record(key, problem=f'{where}: "video" must be a non-empty list of frame image paths')
+        if not isinstance(fps, (int, float)) or fps <= 0:
+            return Record(key, problem=f'{where}: "fps" must be a positive number of frames per second')
+        rec = record_from_json(key, meta, None)
+        return replace(rec, frames=tuple(ImageRef(str(resolve_image_path(root, v))) for v in video), fps=float(fps))
     if not isinstance(image, str) and not isinstance(audio, str):
         return Record(key, problem=f'{where} has no "image" path' + ('' if audio is None else ' or "audio" path'))
     return record_from_json(key, meta, ImageRef(str(resolve_image_path(root, image))) if isinstance(image, str)

@@ -66,6 +66,9 @@ class Record:
     turns: tuple[tuple[str, str], ...] = ()
     problem: str = ""
     audio: ImageRef | None = None  # where the clip's encoded bytes live (wav, flac, ...), for audio models
+    # A video for native-resolution models: its frames' images in order, sampled at `fps` frames per second.
+    frames: tuple[ImageRef, ...] = ()
+    fps: float = 2.0
 
 
 def record_from_json(key: str, meta: Any, image: ImageRef | None, audio: ImageRef | None = None) -> Record:

@@ -18,6 +18,7 @@ from torch import nn
 from mimo.config.schema import NativeViTConfig
 from mimo.models import init
 from mimo.models.layers import MLP, RMSNorm, SwiGLU
+from mimo.models.sample_rows import leading_rows
 
 
 def patch_coordinates(grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
@@ -137,13 +138,22 @@ class NativeVisionTower(nn.Module):
             return 0
         return self.cfg.window // self.cfg.merge // self.cfg.patch * self.cfg.merge
 
+    def rows_per_input(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """LM rows each item of the encoder inputs gives: t * h * w / merge^2 of its `grid_thw`."""
+        return inputs["grid_thw"].prod(-1) // self.cfg.merge**2
+
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """`pixel_values` `[N, C*T*P*P]` packed, or `[n, most patches, C*T*P*P]` padded per item (the data
+        pipeline's, so that batches split by items); `grid_thw` `[n, 3]`."""
         cfg = self.cfg
-        if pixel_values.dim() != 2 or pixel_values.shape[1] != cfg.patch_pixels:
+        if pixel_values.dim() not in (2, 3) or pixel_values.shape[-1] != cfg.patch_pixels:
             raise ValueError(f"pixel_values must be [patches, {cfg.patch_pixels}] (channels x temporal_patch x "
-                             f"patch^2), got {tuple(pixel_values.shape)}")
+                             f"patch^2) or [items, patches, {cfg.patch_pixels}], got {tuple(pixel_values.shape)}")
         coords = patch_coordinates(grid_thw.cpu(), cfg.merge)
-        if len(coords) == 0:  # a stand-in input of a batch without images: zeros, one frame each
+        if pixel_values.dim() == 3:
+            pixel_values = leading_rows(pixel_values, grid_thw.prod(-1), "pixel_values (padded per item)")
+        if len(coords) == 0:  # a stand-in input of a batch without images: one merge cell of zeros
+            pixel_values = pixel_values.new_zeros(cfg.merge**2, cfg.patch_pixels)
             coords = torch.zeros(len(pixel_values), 4, dtype=torch.long)
         if len(coords) != len(pixel_values):
             raise ValueError(f"grid_thw {grid_thw.tolist()} gives {len(coords)} patches, pixel_values holds "

@@ -119,11 +119,11 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
     known = ["shapes", *DEMO_SETS, *IMAGE_TEXT_SETS]
     if name not in known:
         raise ConfigError(f"data.name = '{name}' is not a known data set; use one of {', '.join(known)}")
-    real = [["vision"], ["audio"], ["audio", "vision"]]
+    real = [["vision"], ["audio"], ["audio", "vision"], ["native_vision"]]
     needs = {"avlm": ["audio", "vision"], "text_to_image": kinds}.get(name, ["vision"])
     if kinds != needs and not (name in IMAGE_TEXT_SETS and kinds in real):
         what = {"avlm": "one vision and one audio modality", "synthetic": "exactly one vision modality"}.get(
-            name, "one vision modality, one audio modality, or one of each")
+            name, "one vision modality, one audio modality, one of each, or one native_vision modality")
         raise ConfigError(f"data.name = '{name}' needs {what} under model.modalities; this model has "
                           f"{dict(zip(model.modalities, kinds)) or 'none'}")
     if cfg.data.image_root and not os.path.isdir(cfg.data.image_root):
@@ -151,6 +151,9 @@ def check_real_data_rows(cfg: Config, model: ModelConfig) -> None:
     for name, m in model.modalities.items():
         if m.kind == "vision":
             placeholders += m.vit.tokens_per_image
+            continue
+        if m.kind == "native_vision":  # the fewest an image gives; a sample whose image gives more may be skipped
+            placeholders += m.native.min_pixels // (m.native.patch * m.native.merge) ** 2
             continue
         samples = clip_samples(cfg, m.audio.max_positions)
         if samples // WHISPER_HOP > 2 * m.audio.max_positions:
