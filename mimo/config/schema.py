@@ -277,6 +277,9 @@ class ModuleLayoutConfig:
     pp: int = 1
     sequence_parallel: bool = False
     fsdp: bool = False
+    # Expert parallelism (the language model's MoE layers only): ep consecutive dp ranks split the experts and
+    # exchange tokens by all-to-all; must divide dp and model.llm.moe_experts. 1 = every rank holds every expert.
+    ep: int = 1
 
 
 @dataclass

@@ -47,12 +47,13 @@ class GradReducer:
     bucket plan covers the parameters that require grad at construction time.
     """
 
-    def __init__(self, module: nn.Module, group: ProcessGroup, bucket_mb: float = 25.0):
+    def __init__(self, module: nn.Module, group: ProcessGroup, bucket_mb: float = 25.0,
+                 params: Sequence[nn.Parameter] | None = None):
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}; 25 is a good default")
         self.group = group
         self.size = dist.get_world_size(group)
-        params = [p for p in module.parameters() if p.requires_grad]
+        params = [p for p in (module.parameters() if params is None else params) if p.requires_grad]
         for p in params:
             setattr(p, REPLICAS, getattr(p, REPLICAS, 1) * self.size)
         self.buckets = _plan_buckets(params, int(bucket_mb * 2**20))

@@ -2,9 +2,9 @@
 
 A model laid out on the meta device (tensor-parallel slices, pipeline stages, FSDP2 shards) holds only
 this rank's pieces. `local_view` names, for every parameter, the index of its piece in the full tensor
-(the TP chunk along its split dim, then the FSDP shard inside that chunk) and the tensor that holds it (a
-DTensor's local shard). `mimo.models.init.materialize` fills the pieces from the seeded full tensors;
-`mimo.hf.load` reads the same pieces out of safetensors files. Neither communicates.
+(the TP chunk along its split dim or an expert-parallel rank's experts, then the FSDP shard inside that)
+and the tensor that holds it (a DTensor's local shard). `mimo.models.init.materialize` fills the pieces
+from the seeded full tensors; `mimo.hf.load` reads the same pieces out of safetensors files. Neither communicates.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from mimo.config.schema import LANGUAGE
 from mimo.models.init import Index, LocalView
+from mimo.parallel.expert.layout import expert_slice
 from mimo.parallel.tensor import tp_shard_dim
 
 TPRank = Callable[[str], tuple[int, int]]
@@ -43,6 +44,10 @@ def local_view(model: nn.Module, full_shapes: dict[str, tuple[int, ...]], tp_ran
         if dim is not None and tp > 1:
             sizes[dim] = full[dim] // tp
             starts[dim] = rank * sizes[dim]
+        experts = expert_slice(owner, key)
+        if experts is not None:  # this rank's experts: its slice of dim 0
+            sizes[0] = full[0] // experts[1]
+            starts[0] = experts[0] * sizes[0]
         target = p
         if isinstance(p, DTensor):
             shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)

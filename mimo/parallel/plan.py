@@ -13,12 +13,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
+from torch.distributed.device_mesh import DeviceMesh
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.data.batching import split_microbatches
 from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge.colocated import ColocatedBridge
+from mimo.parallel.comm import collective_device
 from mimo.parallel.context import ContextParallel
 from mimo.parallel.data import (
     BF16_COMPUTE,
@@ -27,6 +29,13 @@ from mimo.parallel.data import (
     GradReducer,
     apply_fsdp,
     norm_sq_reducer,
+)
+from mimo.parallel.expert.layout import (
+    expert_degree,
+    expert_params,
+    expert_slice,
+    shard_experts,
+    validate_expert_parallel,
 )
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout, check_heads_divisible
@@ -90,6 +99,7 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
             raise ConfigError(f"parallel.modules.{name}.cp = {grid.cp}: context parallelism applies to the LM only; "
                               "use cp = 1 for modality encoders")
     validate_context_parallel(cfg, layout)
+    validate_expert_parallel(cfg, layout)
     outs = out_modalities(cfg)
     sharded = [n for n in outs if n in cfg.parallel.modules and cfg.parallel.modules[n].fsdp]  # decoders live there
     if outs and sharded and not FSDP_REDUCES_UNUSED_PARAMS:
@@ -157,6 +167,9 @@ class ParallelPlan:
         self.context = ContextParallel(self.groups[LANGUAGE].group("cp"), sp_tp) if held else None
         if self.pipeline is not None:
             self.pipeline.context = self.context
+        # Expert parallelism: the LM's ep groups (tokens exchanged) and edp groups (expert gradients summed).
+        self.ep = expert_degree(cfg)
+        self.expert_groups = lm.build_expert(self.ep, LANGUAGE) if self.ep > 1 else (None, None)
 
     def _flag(self, name: str, field: str) -> bool:
         m = self.module_cfg[name]
@@ -188,6 +201,9 @@ class ParallelPlan:
             if sp:
                 model.shard_sequence = sequence_shard(lm_tp)
                 model.gather_sequence = sequence_gather(lm_tp)
+        if self.ep > 1 and self.holds(LANGUAGE):
+            group = self.expert_groups[0]
+            shard_experts(model.language_model, dist.get_rank(group), self.ep, group)
         for name, sub in model.modality_submodules.items():
             tp = self.layout.grids[name].tp
             if tp > 1 and self.holds(name):
@@ -229,7 +245,8 @@ class ParallelPlan:
 
     def apply_data_parallel(self, model: MimoModel, sharded: bool) -> None:
         """For every module with more than one data lane here: FSDP2 (`sharded`, on meta or real parameters)
-        or else a bucketed gradient all-reduce over the materialised parameters."""
+        or else a bucketed gradient all-reduce over the materialised parameters (an expert-parallel LM's
+        expert weights over their edp group, the rest over all its lanes)."""
         for name, module in self.modules(model).items():
             lanes = self.data_dims(name)
             if self.groups[name].size_of(lanes) == 1 or not self.holds(name) or self._flag(name, "fsdp") != sharded:
@@ -242,8 +259,20 @@ class ParallelPlan:
                 own = ("embed_tokens",) if name == LANGUAGE and not self.cfg.model.llm.tie_embeddings else ()
                 apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry, own_units=own,
                            mp_policy=BF16_COMPUTE if self.cfg.train.master_weights else None)
+            elif name == LANGUAGE and self.ep > 1:
+                experts = expert_params(module)
+                ids = {id(p) for p in experts}
+                self.reducers[name] = GradReducer(module, self.groups[name].group(lanes),
+                                                  params=[p for p in module.parameters() if id(p) not in ids])
+                self.reducers[f"{name}.experts"] = GradReducer(module, self.expert_groups[1], params=experts)
             else:
                 self.reducers[name] = GradReducer(module, self.groups[name].group(lanes))
+
+    def expert_mesh(self) -> DeviceMesh | None:
+        """The LM's ep group as a 1-D DeviceMesh (checkpoints shard expert weights over it); None without
+        expert parallelism or where this rank does not hold the LM. Not collective."""
+        group = self.expert_groups[0]
+        return DeviceMesh.from_group(group, collective_device(group).type, mesh_dim_names=("ep",)) if group else None
 
     def master_state_group(self, name: str) -> ProcessGroup | None:
         """The group module `name`'s fp32 master state is sharded over under train.master_weights (ZeRO-1): its
@@ -295,6 +324,10 @@ class ParallelPlan:
                 parts = [torch.empty_like(t) for _ in range(tp)]
                 dist.all_gather(parts, t.contiguous(), group=self.groups[name].group("tp"))
                 t = torch.cat(parts, dim=dim)
+            if expert_slice(owners[id(p)], pname) is not None:
+                parts = [torch.empty_like(t) for _ in range(self.ep)]
+                dist.all_gather(parts, t.contiguous(), group=self.expert_groups[0])
+                t = torch.cat(parts)
             if keep:
                 out[pname] = t.clone()
         return out if self.pipeline is None else self.pipeline.gather_to_rank0(out)

@@ -32,6 +32,7 @@ from torch.distributed import ProcessGroup
 
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import IGNORE_INDEX, loss_weights
+from mimo.models.moe import MoEFeedForward
 from mimo.models.multimodal import LossFn
 from mimo.models.vit import VisionTransformer
 from mimo.parallel.comm import (
@@ -226,17 +227,17 @@ def mark_tp_replicated(module: nn.Module, tp: int) -> None:
             setattr(p, REPLICAS, tp)
 
 
-def _parallelize_block(attn: nn.Module, mlp: nn.Module, columns: tuple[str, ...], rows: tuple[str, ...],
+def _parallelize_block(attn: nn.Module, mlp: nn.Module | None, columns: tuple[str, ...], rows: tuple[str, ...],
                        group: ProcessGroup, sequence_parallel: bool) -> None:
-    """Shard one transformer block's attention (q/k/v -> o) and MLP (`columns` -> `rows`)."""
+    """Shard one transformer block's attention (q/k/v -> o) and MLP (`columns` -> `rows`; None: attention only)."""
     for name in ("q_proj", "k_proj", "v_proj"):
         setattr(attn, name, ColumnParallelLinear(getattr(attn, name), group))
     attn.o_proj = RowParallelLinear(attn.o_proj, group, sequence_parallel)
-    for name in columns:
+    for name in columns if mlp is not None else ():
         setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), group))
-    for name in rows:
+    for name in rows if mlp is not None else ():
         setattr(mlp, name, RowParallelLinear(getattr(mlp, name), group, sequence_parallel))
-    for block in (attn, mlp):
+    for block in (attn, mlp) if mlp is not None else (attn,):
         block.register_forward_pre_hook(_EnterTPRegion(group, sequence_parallel))
     for norm in (attn.q_norm, attn.k_norm):
         if norm is not None:
@@ -245,7 +246,8 @@ def _parallelize_block(attn: nn.Module, mlp: nn.Module, columns: tuple[str, ...]
 
 def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: bool) -> None:
     """Shard `lm` in place over `tp_group`: q/k/v/gate/up column-parallel, o/down row-parallel, the
-    embedding (and an untied head) split by vocabulary. Not collective.
+    embedding (and an untied head) split by vocabulary. Not collective. A mixture-of-experts MLP is not split:
+    its router and experts run TP-replicated on the replicated input (expert parallelism splits the experts).
 
     With sequence parallel the LM runs on this rank's sequence shard: set `MimoModel.shard_sequence`
     to `sequence_shard(tp_group)`. Either way set `MimoModel.loss_fn` to `tp_lm_loss(...)` and
@@ -258,8 +260,10 @@ def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: boo
     if lm.lm_head is not None:
         lm.lm_head = ColumnParallelLinear(lm.lm_head, tp_group)
     for layer in lm.layers.values():
-        _parallelize_block(layer.self_attn, layer.mlp, ("gate_proj", "up_proj"), ("down_proj",), tp_group,
-                           sequence_parallel)
+        mlp = None if isinstance(layer.mlp, MoEFeedForward) else layer.mlp
+        _parallelize_block(layer.self_attn, mlp, ("gate_proj", "up_proj"), ("down_proj",), tp_group, sequence_parallel)
+        if sequence_parallel and mlp is None:  # each TP rank routes its own sequence shard
+            _mark_partial(layer.mlp)
         if sequence_parallel:
             for norm in (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
                          layer.post_feedforward_layernorm):

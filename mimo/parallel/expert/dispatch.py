@@ -51,7 +51,8 @@ def all_to_all_moe(x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Ten
     """Collective over `group` (the expert-parallel ranks). `x` `[T, H]` tokens, `weights` and `expert_ids`
     `[T, k]` their routing; returns `[T, H]`: sum over the k choices of weight x expert(token), computed by
     this rank's experts for every rank's copies routed to them. `expert_compute` runs this rank's
-    `num_experts / ep` experts (global ids from `rank * num_experts / ep`) on rows sorted by local expert."""
+    `num_experts / ep` experts (global ids from `rank * num_experts / ep`, rank in `group`, which it is passed)
+    on rows sorted by local expert."""
     ep, rank = dist.get_world_size(group), dist.get_rank(group)
     if num_experts % ep:
         raise ValueError(f"{num_experts} experts cannot be split over {ep} expert-parallel ranks (the gate's check)")
@@ -68,3 +69,15 @@ def all_to_all_moe(x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Ten
     back = all_to_all_rows(done, recv_rows, send_rows, group)
     per_choice = back[_inverse(order)].view(tokens, k, x.shape[-1])
     return (per_choice * weights.unsqueeze(-1).to(per_choice.dtype)).sum(1)
+
+
+class ExpertParallelDispatch:
+    """`MoEFeedForward.dispatcher` under expert parallelism over `group`: the layer's `w_*` hold this rank's
+    experts only (its slice of dim 0 and `expert_offset`, see mimo.parallel.expert.layout), and `route` still
+    names global experts. Collective over `group` in forward and backward."""
+
+    def __init__(self, group: ProcessGroup):
+        self.group = group
+
+    def __call__(self, moe, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        return all_to_all_moe(x, weights, expert_ids, moe.num_experts, moe.expert_compute, self.group)

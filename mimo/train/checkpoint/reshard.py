@@ -4,8 +4,9 @@ DCP reshards by FQN, global shape and offsets. DTensors (FSDP2) carry those alre
 replicated tensors (DP) are whole. Tensor parallelism here (parallel/tensor.py) holds plain local
 chunks under the single-device names; saved as they are, DCP would take one rank's chunk for the
 whole tensor. So before saving and loading, each plain tensor whose shape differs from the full
-model's in one dim is wrapped as a DTensor sharded on that dim over its module's TP mesh (the wrap
-shares storage, nothing is copied). The full shapes come from the model built on the meta device.
+model's in one dim is wrapped as a DTensor sharded on that dim over its module's TP mesh, or an
+expert-parallel LM's expert weights on dim 0 over its ep mesh (parallel/expert/) (the wrap shares
+storage, nothing is copied). The full shapes come from the model built on the meta device.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from mimo.config.schema import ModelConfig
 from mimo.hf.build import build_model
+from mimo.parallel.expert.layout import is_expert_key
 
 MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
@@ -52,14 +54,16 @@ def to_global(key: str, t: torch.Tensor, full: torch.Size | None, tp_mesh: Devic
     return DTensor.from_local(t, tp_mesh, [Shard(dims[0])], run_check=False)
 
 
-def globalize(tree: dict, shapes: dict[str, torch.Size], tp_meshes: dict[str, DeviceMesh], prefix: str = "") -> dict:
-    """The training-state tree with every tensor passed through `to_global` (module = second key part)."""
+def globalize(tree: dict, shapes: dict[str, torch.Size], tp_meshes: dict[str, DeviceMesh],
+              expert_mesh: DeviceMesh | None = None, prefix: str = "") -> dict:
+    """The training-state tree with every tensor passed through `to_global` (module = second key part); an
+    expert-parallel LM's expert weights and moments are chunks of dim 0 over `expert_mesh` (its ep group)."""
     out = {}
     for k, v in tree.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(v, dict):
-            out[k] = globalize(v, shapes, tp_meshes, key)
+            out[k] = globalize(v, shapes, tp_meshes, expert_mesh, key)
         else:
-            module = key.split(".")[1]
-            out[k] = to_global(key, v, shapes.get(key), tp_meshes.get(module))
+            mesh = expert_mesh if expert_mesh is not None and is_expert_key(key) else tp_meshes.get(key.split(".")[1])
+            out[k] = to_global(key, v, shapes.get(key), mesh)
     return out

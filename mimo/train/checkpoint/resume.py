@@ -104,7 +104,8 @@ class RunCheckpointer:
         if plan is not None:
             self.tp_meshes = {n: plan.groups[n].device_mesh("tp") for n in modules
                               if plan.layout.grids[n].tp > 1 and plan.groups[n].member}
-        self.shapes = full_shapes(cfg.model) if self.tp_meshes else {}
+        self.expert_mesh = plan.expert_mesh() if plan is not None else None
+        self.shapes = full_shapes(cfg.model) if self.tp_meshes or self.expert_mesh else {}
         self.resumed_from: str | None = None
         self.wall_before = 0.0
         """Seconds the run's earlier segments trained (state.json's wall_s of the checkpoint loaded)."""
@@ -126,7 +127,7 @@ class RunCheckpointer:
             print(f"mimo: checkpoint: {message}", file=sys.stderr, flush=True)
 
     def _to_dcp(self, tree: dict) -> dict:
-        return globalize(tree, self.shapes, self.tp_meshes) if self.tp_meshes else tree
+        return globalize(tree, self.shapes, self.tp_meshes, self.expert_mesh) if self.shapes else tree
 
     # Saving ----------------------------------------------------------------------------------------
     def save(self, next_step: int, reason: str) -> Path:

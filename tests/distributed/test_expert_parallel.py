@@ -1,0 +1,159 @@
+"""Expert parallelism equals single-process training: ep2 and ep4 over the LM's dp, and ep2 x tp2 (TP on attention).
+
+All cases run in one spawn of 4 gloo ranks, the VLM colocated on all of them. The parallel model is built on
+the meta device, so each rank materialises only its experts (with the single-process values for its slices).
+Routers: a softmax top-2 router with both router losses, and an imbalanced one (sigmoid top-1 with a balancing
+bias that sends every token to expert 0, so the other experts' ranks receive nothing). Each case is checked
+against one process on the same seeded model and batch: loss-token count, loss, every gradient and every
+weight after one AdamW step with clipping, max |diff| <= 1e-5 x max |ref|.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from mimo.config.schema import Config, ConfigError, ModuleLayoutConfig
+from mimo.data.batching import COUNTS
+from mimo.models.build import build_model
+from mimo.models.loss import loss_weights
+from mimo.models.moe import moe_layers
+from mimo.parallel.layout import Layout
+from mimo.parallel.plan import ParallelPlan, validate_plan
+from mimo.train.optim import MimoOptimizer
+from mimo.train.trainer import module_map
+from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
+from tests.support.dist import run_distributed
+from tests.support.parity import close, freeze_key_biases, grads_then_step
+
+RTOL = 1e-5
+N, S, IMG, TOKENS_PER_IMAGE = 8, 12, 60, 4
+IMAGES = [0, 1, 2, 1, 0, 1, 1, 0]
+ROUTERS = {
+    "softmax": dict(moe_top_k=2, moe_aux_loss_weight=0.1, moe_z_loss_weight=0.01),
+    "all_to_one": dict(moe_top_k=1, moe_gating="sigmoid"),
+}
+
+
+def _config(lm: dict, router: str, micro: int) -> Config:
+    llm = tiny_llm(init_std=0.1, moe_experts=4, moe_mlp=16, **ROUTERS[router])
+    return tiny_vlm(llm, tiny_vit(init_std=0.1), IMG,
+                    {"language": ModuleLayoutConfig(**lm), "images": ModuleLayoutConfig()}, micro, N)
+
+
+def _batch() -> dict:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 50, (N, S), generator=g)
+    labels = torch.randint(1, 50, (N, S), generator=g)
+    for i, k in enumerate(IMAGES):
+        ids[i, 1:1 + k * TOKENS_PER_IMAGE] = IMG
+        labels[i, :k * TOKENS_PER_IMAGE] = -100
+    pixels = torch.randn(sum(IMAGES), 3, 8, 8, generator=g)
+    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(S).expand(N, S).contiguous(),
+            "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}}, COUNTS: {"images": torch.tensor(IMAGES)}}
+
+
+def _prepare(model, router: str) -> None:
+    """The same router-loss scale on every layout (what the trainer sets), and the imbalanced router's bias."""
+    layers = moe_layers(model)
+    for moe in layers.values():
+        moe.loss_scale = 1.0 / (len(layers) * N)
+        if router == "all_to_one":
+            moe.expert_bias[0] = 100.0
+    freeze_key_biases(model)
+
+
+def _reference(cfg: Config, batch: dict, router: str) -> dict:
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    _prepare(model, router)
+    model.train()
+    out = model(**{k: v for k, v in batch.items() if k != COUNTS})
+    (out.loss_sum / out.num_tokens).backward()
+    grads, params = grads_then_step(cfg, model)
+    return {"tokens": out.num_tokens, "loss": (out.loss_sum / out.num_tokens).detach(), "grads": grads,
+            "params": params}
+
+
+def _run_case(rank: int, world: int, lm: dict, router: str, micro: int) -> float:
+    what = f"lm {lm} router {router} micro {micro}"
+    cfg = _config(lm, router, micro)
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world))
+    batch = _batch()
+    ref = _reference(cfg, copy.deepcopy(batch), router)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        par = build_model(cfg.model)
+    plan = ParallelPlan(cfg, rank, world)
+    plan.parallelize(par)
+    _prepare(par, router)
+    par.train()
+    held = {n: p.shape[0] for n, p in par.named_parameters() if n.endswith("w_gate")}
+    assert all(e == 4 // lm["ep"] for e in held.values()), f"{what}: this rank holds {held} experts"
+    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    micro_batches = plan.microbatches(batch)
+    tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro_batches)
+    n_global = plan.all_reduce_lm_data(tokens.clone())
+    assert n_global == ref["tokens"], what
+    loss = torch.zeros(())
+    for mb in micro_batches:
+        out = par(**mb)
+        (out.loss_sum / n_global).backward()
+        loss += out.loss_sum.detach()
+    worst = close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"], RTOL)
+    plan.finalize_grads(par)
+    grads = plan.gather_full(par, grads=True)
+    stepped, _, _ = opt.step(0)
+    assert stepped, what
+    params = plan.gather_full(par)
+    if rank == 0:
+        assert grads.keys() == ref["grads"].keys()
+        for name, g in grads.items():
+            worst = max(worst, close(f"{what} grad {name}", g, ref["grads"][name], RTOL))
+        for name, p in params.items():
+            worst = max(worst, close(f"{what} weight after step {name}", p, ref["params"][name], RTOL))
+    return worst
+
+
+CASES = [
+    (dict(ep=2), "softmax", 1),
+    (dict(ep=4), "softmax", 2),
+    (dict(ep=2), "all_to_one", 1),
+    (dict(ep=4), "all_to_one", 1),
+    (dict(ep=2, tp=2), "softmax", 1),
+    (dict(ep=2, tp=2), "all_to_one", 2),
+]
+
+
+def _all_cases(rank: int, world: int) -> list[float]:
+    return [_run_case(rank, world, lm, router, micro) for lm, router, micro in CASES]
+
+
+def test_expert_parallel_equals_single_process():
+    worst = run_distributed(_all_cases, 4, timeout=600)
+    print("max relative diff per case (rank 0):", [f"{w:.2e}" for w in worst[0]])
+
+
+@pytest.mark.parametrize(("lm", "world", "message"), [
+    (dict(ep=3), 4, r"parallel.modules.language.ep = 3 must divide the LM's dp \(4"),
+    (dict(ep=4, tp=2), 4, r"ep = 4 must divide the LM's dp \(2; experts are carved out of data parallelism"),
+    (dict(ep=8), 8, r"ep = 8 must divide model.llm.moe_experts \(4\)"),
+    (dict(ep=0), 4, r"parallel.modules.language.ep = 0 must be >= 1"),
+    (dict(ep=2, fsdp=True), 4, r"ep = 2 with fsdp = true is not supported yet"),
+    (dict(ep=2, cp=2), 4, r"ep = 2 with cp > 1 is not supported yet"),
+])
+def test_gate_refuses_expert_layouts_it_cannot_run(lm, world, message):
+    cfg = _config(lm, "softmax", 1)
+    with pytest.raises(ConfigError, match=message):
+        validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world))
+
+
+def test_gate_refuses_ep_without_experts_or_off_the_language_model():
+    cfg = _config(dict(ep=2), "softmax", 1)
+    cfg.model.llm.moe_experts = 0
+    with pytest.raises(ConfigError, match="ep = 2 needs an MoE language model; set model.llm.moe_experts"):
+        validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))
+    cfg = _config(dict(), "softmax", 1)
+    cfg.parallel.modules["images"].ep = 2
+    with pytest.raises(ConfigError, match="parallel.modules.images.ep = 2: expert parallelism applies to the lang"):
+        validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))
