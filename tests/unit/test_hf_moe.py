@@ -2,15 +2,19 @@
 batch): Qwen3-MoE (with a dense layer), Qwen2-MoE (gated shared expert) and Mixtral, alone and as the LM of a
 LLaVA model; the export loads as the same class with the same logits."""
 
+import copy
+
 import pytest
 import torch
 
 from mimo.export import export_causal_lm, export_llava
 from mimo.export.config import text_architecture
 from mimo.hf import import_llava, import_llm
+from mimo.hf.build import build_model
 from mimo.hf.files import DirectorySource
 from mimo.hf.load import dim_shard_fn, hf_slice
 from mimo.hf.names import ExpertStack, llm_names
+from mimo.train.trainer import Trainer
 from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import (
     TOL,
@@ -23,6 +27,7 @@ from tests.support.hf_helpers import (
     tiny_vision_config,
     transformers,
 )
+from tests.support.tiny_run import metrics, tiny_config
 from tests.unit.test_hf_lm import compare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,3 +86,16 @@ def test_an_expert_shard_reads_only_its_experts(tmp_path):
 def test_moe_lms_no_family_computes_are_refused_naming_the_fields(changes, fields):
     with pytest.raises(ValueError, match=fields):
         text_architecture(tiny_llm(moe_experts=4, moe_mlp=8, **changes))
+
+
+def test_an_hf_path_moe_lm_builds_with_its_weights_and_trains(tmp_path):
+    """model.llm.hf_path on a Qwen2-MoE directory: the built VLM's LM is transformers' (logits within 1e-5) and
+    `mimo train` trains it, logging each layer's expert loads."""
+    directory = save(perturb(tiny_causal_lm("qwen2_moe", vocab_size=272)), tmp_path / "hf")
+    cfg = tiny_config(tmp_path, f"--model.llm.hf_path={directory}", "--train.steps=2",
+                      "--model.llm.moe_aux_loss_weight=0.01")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).float().eval()
+    assert max(compare(build_model(copy.deepcopy(cfg.model)).language_model.eval(), hf)) <= TOL
+    Trainer(cfg).train()
+    rows = [r for r in metrics(tmp_path) if "moe_load" in r]
+    assert len(rows) == 2 and set(rows[0]["moe_load"]) == {"0", "1"} and rows[0]["moe_aux_loss"] > 0

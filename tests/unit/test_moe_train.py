@@ -98,3 +98,17 @@ def test_the_sigmoid_routers_bias_moves_toward_balance(tmp_path):
     for moe, load in zip(moe_layers(trainer.model).values(), loads):
         want = 0.01 * torch.sign(load.mean() - load)
         assert torch.equal(moe.expert_bias, want) and want.abs().sum() > 0
+
+
+@pytest.mark.parametrize("fast_path", [['--train.activation_checkpointing=["language"]'],
+                                       ["--train.compile=true", "--train.compile_backend=aot_eager"]])
+def test_checkpointed_and_compiled_blocks_train_the_router_like_eager(tmp_path, fast_path):
+    """A recompute in the backward records no second load, and the router losses' gradients survive both paths:
+    the same losses and loads over steps whose weights depend on them."""
+    runs = []
+    for name, extra in (("eager", []), ("fast", fast_path)):
+        Trainer(tiny_config(tmp_path / name, *MOE, "--train.steps=3", *extra)).train()
+        runs.append([(r["loss"], r["moe_load"]) for r in metrics(tmp_path / name) if "moe_load" in r])
+    assert len(runs[0]) == 3
+    for (loss_a, load_a), (loss_b, load_b) in zip(*runs):
+        assert loss_a == pytest.approx(loss_b, rel=1e-6) and load_a == load_b
