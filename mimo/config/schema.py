@@ -317,6 +317,10 @@ class DataConfig:
     # sample attending only to itself with positions restarting; pack_length must hold the longest sample.
     packing: bool = False
     pack_length: int = 0
+    # Balanced data lanes: each step's rows reordered by estimated cost (encoder work of its inputs plus the LM's)
+    # so that every data lane and microbatch gets about the same work; the step's samples are unchanged, and so
+    # are the loss and gradients (mimo/data/lanes.py).
+    balance_lanes: bool = False
     # For name = "synthetic" (random tokens and images, for benchmarks) and "shapes": images per sample. With
     # min_images_per_sample >= 0 each sample draws its count uniformly from min_images_per_sample..images_per_sample
     # (0 = text-only samples); -1 = exactly images_per_sample. Synthetic placeholders open each seq_len-token row.

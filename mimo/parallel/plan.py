@@ -348,6 +348,11 @@ class ParallelPlan:
         """Rows of a global batch must be a multiple of this (see `batch_multiple`)."""
         return batch_multiple(self.layout, self.cfg.parallel.microbatches)
 
+    def data_lanes(self) -> int:
+        """The finest data lanes of a microbatch: the lcm of the modules' DP degrees (each module's DP lane
+        is a run of consecutive ones, see mimo.data.lanes)."""
+        return math.lcm(*(g.dp for g in self.layout.grids.values()))
+
     def holds(self, name: str) -> bool:
         """Whether this rank runs (a stage of) module `name`; always true on colocated layouts."""
         return self.groups[name].member

@@ -16,6 +16,7 @@ from mimo.config.load import dump_toml, to_dict
 from mimo.config.schema import Config
 from mimo.data.batching import pinned, split_microbatches, to_device, with_precomputed_rows
 from mimo.data.checks import check_batch
+from mimo.data.lanes import LANE_KEYS, LaneBalancer
 from mimo.data.packing import PackedBatches
 from mimo.hf.build import build_model, load_hf_weights_into
 from mimo.models.flops import train_step_flops
@@ -86,12 +87,14 @@ class Trainer:
         if cfg.data.packing:
             rows = self.plan.batch_multiple() if self.plan is not None else cfg.parallel.microbatches
             self.data = PackedBatches(self.data, cfg.data.pack_length, rows)
-        if hasattr(self.data, "shard_for"):
-            self.data.shard_for(self.local_microbatches, cfg.data.global_batch,
-                                self.plan.agree_on_data() if self.plan is not None else None)
+        self.balancer = LaneBalancer(cfg.model, self.plan.data_lanes() if self.plan is not None else 1,
+                                     cfg.parallel.microbatches) if cfg.data.balance_lanes else None
+        if hasattr(self.data, "shard_for"):  # balanced lanes reorder rows by the whole batch: every rank decodes it
+            self.data.shard_for(self.local_microbatches if self.balancer is None else lambda batch: [batch],
+                                cfg.data.global_batch, self.plan.agree_on_data() if self.plan is not None else None)
         self.optimizer = self.build_optimizer()
         self.captured = CapturedStep(self.device_step, self.device) if cfg.train.step_graph else None
-        self.prefetched: tuple[int, tuple[list[dict], int, int]] | None = None
+        self.prefetched: tuple[int, tuple[list[dict], int, int, dict]] | None = None
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
         self.router_losses = RouterLosses(self.model, cfg)
@@ -151,21 +154,28 @@ class Trainer:
         return self.plan.all_reduce_lm_lanes(t) if self.plan is not None else t
 
     # The step ----------------------------------------------------------------------------------
-    def host_batch(self, step: int) -> tuple[list[dict], int, int]:
-        """This rank's microbatches of `step` on the host (checked, with their precomputed positions under
-        train.step_graph or loss_rows_only), the global batch's tokens and model FLOPs; the prefetched ones
-        where `prefetch` made them."""
+    def host_batch(self, step: int) -> tuple[list[dict], int, int, dict]:
+        """This rank's microbatches of `step` on the host (checked, rows balanced between lanes under
+        data.balance_lanes, with their precomputed positions under train.step_graph or loss_rows_only), the
+        global batch's tokens, model FLOPs and lane imbalance figures; the prefetched ones where `prefetch`
+        made them."""
         if self.prefetched is not None and self.prefetched[0] == step:
             return self.prefetched[1]
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
         check_batch(self.model, batch)
+        batch, lanes = self.balance(batch)
         micro = self.local_microbatches(batch)
         t = self.cfg.train
         if t.step_graph or t.loss_rows_only:
             micro = [with_precomputed_rows(mb, self.model.special_token_ids, t.loss_rows_only) for mb in micro]
         if self.captured is not None:
             micro = [pinned(mb) for mb in micro]
-        return micro, int(batch["input_ids"].numel()), train_step_flops(self.cfg.model, batch)
+        return micro, int(batch["input_ids"].numel()), train_step_flops(self.cfg.model, batch), lanes
+
+    def balance(self, batch: dict) -> tuple[dict, dict]:
+        """The global batch with its rows balanced between data lanes and the imbalance figures
+        (mimo.data.lanes) under data.balance_lanes; else the batch itself and no figures. Not collective."""
+        return self.balancer(batch) if self.balancer is not None else (batch, {})
 
     def prefetch(self, step: int) -> None:
         """Under train.step_graph, while the device runs the step before: make `step`'s host batch, where the
@@ -200,7 +210,7 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         if self.plan is not None and self.plan.pipeline is not None:
             return self.pipeline_step(step)
-        host, tokens, flops = self.host_batch(step)
+        host, tokens, flops, lanes = self.host_batch(step)
         micro = [to_device(mb, self.device) for mb in host]
         self.optimizer.begin(step)
         if self.captured is not None:
@@ -208,14 +218,15 @@ class Trainer:
             self.prefetch(step + 1)
             loss = float(loss_total / n_global.clamp_min(1.0))
             return {**self.after_update_in_step(step, loss, float(norm)), "tokens": tokens,
-                    "loss_tokens": int(n_global), "flops": flops}
+                    "loss_tokens": int(n_global), "flops": flops, **lanes}
         loss_total, n_global = self.forward_backward(micro)
         out_objective, out_losses = self.out_loss.end(self.all_reduce_lanes)
         router_objective, router_log = self.router_losses.end(self.all_reduce_sum)
         loss = float(loss_total / n_global.clamp_min(1.0)) + out_objective + router_objective
         rec = self.update(step, loss)
         self.router_losses.after_update(rec["stepped"])
-        return {**rec, "tokens": tokens, "loss_tokens": int(n_global), "flops": flops, **out_losses, **router_log}
+        return {**rec, "tokens": tokens, "loss_tokens": int(n_global), "flops": flops, **out_losses, **router_log,
+                **lanes}
 
     def pipeline_step(self, step: int) -> dict:
         """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline.plan) runs every microbatch's
@@ -224,6 +235,7 @@ class Trainer:
         pipe = self.plan.pipeline
         d = self.cfg.data
         batch, problem = read_batch(lambda: self.data.global_batch(step, d.global_batch, d.seed), pipe.needs_data)
+        batch, lanes = self.balance(batch) if batch is not None else (batch, {})
         self.router_losses.begin()
         result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device),
                                  problem=problem)
@@ -231,7 +243,7 @@ class Trainer:
         rec = self.update(step, result.loss)
         self.router_losses.end(self.all_reduce_sum)  # each stage's own MoE layers; not in the logged loss yet
         self.router_losses.after_update(rec["stepped"])
-        return {**rec, "tokens": result.tokens, "loss_tokens": result.loss_tokens, "flops": result.flops}
+        return {**rec, "tokens": result.tokens, "loss_tokens": result.loss_tokens, "flops": result.flops, **lanes}
 
     def update(self, step: int, loss: float) -> dict:
         """The optimizer step after finalised gradients, or a skip that every rank agrees on when the loss
@@ -295,7 +307,8 @@ class Trainer:
                 if step % cfg.train.log_every == 0 or step == steps - 1 or not rec["stepped"]:
                     logger.log({**{k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "stepped",
                                                        "bad_steps", *self.out_loss.keys)},
-                                **{k: rec[k] for k in ROUTER_KEYS if k in rec}, **throughput.interval()})
+                                **{k: rec[k] for k in (*ROUTER_KEYS, *LANE_KEYS) if k in rec},
+                                **throughput.interval()})
                 logger.progress(1, loss=rec["loss"], **throughput.running())
                 if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                     began = time.perf_counter()
@@ -314,6 +327,8 @@ class Trainer:
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
                    "wall_s": round(self.checkpointer.run_wall_s(), 2), **throughput.summary(wall),
                    "world_size": self.world, "checkpoint": str(final)}
+        if self.balancer is not None:
+            summary["lane_imbalance"] = self.balancer.summary()
         if start:
             summary.update(resumed_at_step=start, segment_wall_s=round(wall, 2))
         return self.finish(summary, losses, start, logger)
