@@ -72,6 +72,11 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
                           "there, not with --image/--audio")
     requests = requests or pair_inputs(texts, args.image or [], args.audio or [])
     cfg, model = load_run(args.run)
+    native = [n for n, m in cfg.model.modalities.items() if m.kind == "native_vision"]
+    if native:
+        raise ConfigError(f"mimo generate does not decode with M-RoPE yet (issue 31), and '{args.run}' has the "
+                          f"native_vision modality '{native[0]}'; export it (mimo export) and generate with "
+                          "transformers' Qwen2-VL / Qwen2.5-VL")
     set_threads(cfg.train.threads)
     if args.out:
         if not model.output_token_ids:

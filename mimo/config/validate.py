@@ -138,6 +138,10 @@ def validate_mrope(llm: Any) -> None:
                           f"width) >= 0 summing to head_dim / 2 = {half}, e.g. {example}; or [] for one-axis RoPE")
 
 
+NATIVE_ACTS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "relu")
+"""Activations of a native-resolution tower's MLP (mimo.models.layers.ACTIVATIONS' names)."""
+
+
 def validate_native_vision(key: str, v: Any, llm: Any) -> None:
     """A kind = "native_vision" modality's `native` table, and the M-RoPE its LM needs."""
     key = f"{key}.native"
@@ -153,6 +157,14 @@ def validate_native_vision(key: str, v: Any, llm: Any) -> None:
     outside = [i for i in v.full_attention_layers if not 0 <= i < v.layers]
     if outside:
         raise ConfigError(f"{key}.full_attention_layers has {outside}, outside the tower's layers 0..{v.layers - 1}")
+    if not (v.rope_theta > 0 and v.tokens_per_second > 0):
+        raise ConfigError(f"{key}.rope_theta ({v.rope_theta}) and {key}.tokens_per_second ({v.tokens_per_second}) "
+                          "must be > 0")
+    if v.act not in NATIVE_ACTS:
+        raise ConfigError(f"{key}.act = '{v.act}' is not one of {', '.join(NATIVE_ACTS)}")
+    if v.video_token_id != -1 and not 0 <= v.video_token_id < llm.vocab and not llm.hf_path:
+        raise ConfigError(f"{key}.video_token_id ({v.video_token_id}) must lie in [0, model.llm.vocab={llm.vocab}) "
+                          "or be -1 (token_id + 1 on export)")
     if v.max_pixels < v.min_pixels or v.min_pixels < (v.patch * v.merge) ** 2:
         raise ConfigError(f"{key}: need (patch x merge)^2 = {(v.patch * v.merge) ** 2} <= min_pixels ({v.min_pixels}) "
                           f"<= max_pixels ({v.max_pixels}); raise max_pixels or lower min_pixels")

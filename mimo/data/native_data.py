@@ -7,6 +7,8 @@ image's header for the grid (the placeholders and M-RoPE positions follow from i
 the pixels. A batch holds `position_ids` `[B, S, 3]` (mimo.models.mrope), each usable row's item as
 `pixel_values` `[items, most patches, C*T*P*P]` (padded; the tower keeps each item's `grid_thw` patches) and
 `modality_counts` (1 per usable row, 0 per skipped one), so microbatches split by samples as for any modality.
+A row whose item a rank encodes without reading its text holds the item's placeholders alone, so that the batch's
+checks see every item's rows.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class NativeImageTextData(ImageTextData):
             grid = EMPTY_GRID if item is None else item[1]
             grids.append(grid)
             patches.append(None if item is None else item[0])
+            if row_ids is None and item is not None:  # an item this rank encodes but whose text it does not read
+                ids[row, : tokens_of(grid, spec.cfg)] = spec.token_id
             if row_ids is not None:
                 ids[row, : len(row_ids)] = torch.tensor(row_ids)
                 labels[row, : len(row_labels)] = torch.tensor(row_labels)

@@ -99,6 +99,9 @@ def test_mimo_train_then_export_on_native_resolution_data(tmp_path):
     assert len(losses) == 6 and losses[-1] < losses[0]
     summary = json.loads((run / "n" / "summary.json").read_text())
     assert summary["eval"]["data"]["corrupt_samples"] == 1
+    with pytest.raises(SystemExit) as refused:
+        main(["generate", "--run", str(run / "n"), "--prompt", "hi"])
+    assert refused.value.code == 2
     cli(["export", "--run", str(run / "n"), "--to", str(tmp_path / "hf")])
     hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
     cfg = load_config(run / "n" / "config.toml")

@@ -5,8 +5,8 @@ naming the field."""
 import pytest
 import torch
 
-from mimo.config.schema import Config, ConfigError
-from mimo.config.validate import validate_model
+from mimo.config.schema import Config, ConfigError, DataConfig
+from mimo.config.validate import validate_data, validate_model
 from mimo.models.build import build_model
 from mimo.models.mrope import mrope_positions
 from tests.support.configs import tiny_native_vlm
@@ -64,7 +64,8 @@ def test_text_only_batch_and_mrope_forward():
 @pytest.mark.parametrize("change, field", [
     ({"window": 12}, "native.window"), ({"family": "qwen3_vl"}, "native.family"),
     ({"full_attention_layers": [5]}, "native.full_attention_layers"), ({"min_pixels": 4}, "native: need"),
-    ({"heads": 3}, "native.hidden")])
+    ({"heads": 3}, "native.hidden"), ({"act": "swish"}, "native.act"), ({"rope_theta": 0.0}, "native.rope_theta"),
+    ({"video_token_id": 64}, "native.video_token_id")])
 def test_bad_native_configs_name_the_field(change, field):
     with pytest.raises(ConfigError, match=f"model.modalities.images.{field}"):
         validate_model(Config(model=tiny_native_vlm(**change)))
@@ -78,3 +79,11 @@ def test_native_vision_needs_mrope_and_a_fitting_section():
     model.llm.mrope_section = [1, 1, 1]
     with pytest.raises(ConfigError, match="model.llm.mrope_section = .1, 1, 1. must be three sizes"):
         validate_model(Config(model=model))
+
+
+def test_native_data_needs_a_real_data_set_and_no_packing():
+    with pytest.raises(ConfigError, match="kind = 'native_vision' trains on data.name = 'jsonl' or 'webdataset'"):
+        validate_data(Config(model=tiny_native_vlm(), data=DataConfig(name="shapes")))
+    with pytest.raises(ConfigError, match="data.packing = true with the native_vision modality 'images'"):
+        validate_data(Config(model=tiny_native_vlm(), data=DataConfig(name="jsonl", path="m.jsonl", packing=True,
+                                                                         pack_length=64)))

@@ -164,7 +164,8 @@ class EncoderStage(_Stage):
 
     def _rows(self, y: torch.Tensor, x: torch.Tensor | dict, counts: torch.Tensor,
               n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projected rows `[n, H]` and rows per sample from the last stage's output (`n` inputs)."""
+        """Projected rows `[n, H]` and rows per sample from the last stage's output (`n` inputs): `[n, s, h]`
+        outputs give s each, else the inputs' `output_lengths` or the encoder's `rows_per_input(inputs)` say."""
         if n == 0:
             return torch.zeros(0, self.lm_hidden, device=self.device), torch.zeros_like(counts)
         if y.dim() == 3:
@@ -172,6 +173,8 @@ class EncoderStage(_Stage):
             y = y.reshape(-1, y.shape[-1])
         elif isinstance(x, dict) and OUTPUT_LENGTHS in x:
             per_input = x[OUTPUT_LENGTHS].long()
+        elif isinstance(x, dict) and hasattr(self.encoder, "rows_per_input"):  # projected rows of each input
+            per_input = self.encoder.rows_per_input(x).long()
         else:
             raise ValueError(f"encoder '{self.encoder_name}' returned rows without a per-input length; return "
                              f"[n, s, h] or pass '{OUTPUT_LENGTHS}' with its inputs")
