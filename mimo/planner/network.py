@@ -1,0 +1,62 @@
+"""Bandwidth-latency models of the collectives a step runs (what `mimo plan` charges for communication).
+
+A group of n ranks moving B bytes (the size of one rank's full tensor):
+
+    all-reduce       2 (n-1)/n B / bw + 2 (n-1) lat      (ring: a reduce-scatter, then an all-gather)
+    all-gather       (n-1)/n B / bw + (n-1) lat          (B = the gathered tensor)
+    reduce-scatter   (n-1)/n B / bw + (n-1) lat          (B = the tensor before it is scattered)
+    send             B / bw + lat                        (one pipeline or bridge message)
+
+bw and lat are the NVLink figures when every rank of the group sits on one node, else the network's (one
+NIC per GPU, so a group spanning nodes runs at the per-GPU network bandwidth). Rank r sits on node
+r // gpus_per_node; grids place tp fastest, then cp, dp, pp (parallel/grid.py), so a group is the ranks
+offset + stride * i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Network:
+    """Link figures: bandwidths in GB/s per GPU and direction (what one rank can move), latencies in seconds."""
+
+    nvlink_gbps: float = 360.0
+    nvlink_latency_s: float = 5e-6
+    network_gbps: float = 45.0
+    network_latency_s: float = 15e-6
+    gpus_per_node: int = 8
+
+    def spans_nodes(self, first: int, stride: int, size: int) -> bool:
+        """Whether the ranks first + stride * i (i < size) sit on more than one node."""
+        last = first + stride * (size - 1)
+        return first // self.gpus_per_node != last // self.gpus_per_node
+
+    def link(self, first: int, stride: int, size: int) -> tuple[float, float]:
+        """(bytes per second, latency) of a group of ranks first + stride * i."""
+        if self.spans_nodes(first, stride, size):
+            return self.network_gbps * 1e9, self.network_latency_s
+        return self.nvlink_gbps * 1e9, self.nvlink_latency_s
+
+    def all_reduce(self, nbytes: float, first: int, stride: int, size: int) -> float:
+        if size <= 1 or nbytes <= 0:
+            return 0.0
+        bw, lat = self.link(first, stride, size)
+        return 2 * (size - 1) / size * nbytes / bw + 2 * (size - 1) * lat
+
+    def all_gather(self, nbytes: float, first: int, stride: int, size: int) -> float:
+        if size <= 1 or nbytes <= 0:
+            return 0.0
+        bw, lat = self.link(first, stride, size)
+        return (size - 1) / size * nbytes / bw + (size - 1) * lat
+
+    reduce_scatter = all_gather
+    """The same cost as an all-gather of the unscattered tensor."""
+
+    def send(self, nbytes: float, src: int, dst: int) -> float:
+        """One point-to-point message from rank src to rank dst."""
+        if nbytes <= 0 or src == dst:
+            return 0.0
+        bw, lat = self.link(min(src, dst), abs(dst - src), 2)
+        return nbytes / bw + lat

@@ -1,0 +1,130 @@
+"""The step simulator: pipeline schedules run on a clock, with their bubbles.
+
+A pipeline is a DAG of *virtual stages* (vstages), each run by one rank (a rank may run several: the
+interleaved schedule). Every rank executes its list of ops in a fixed order; an op starts when its rank is
+free and its inputs have arrived:
+
+- `F(t)` at vstage v: after `F(t)` of every predecessor of v, plus that predecessor's send time;
+- `B(t)` at vstage v: after `B(t)` of every successor of v, plus v's send time (the gradient comes back
+  over the same link); at a vstage without successors (the loss), after its own `F(t)`.
+
+The ops of the multi-module 1F1B are mimo's own (`mimo.parallel.pipeline.schedule.run_1f1b`, driven with a
+recording stage, so the simulated order is the trained one by construction); the interleaved order is
+Megatron's (virtual stage `chunk * pp + rank`, chunks of pp microbatches). Times are per microbatch per
+vstage. Pure Python, no device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mimo.parallel.pipeline.schedule import run_1f1b, warmup_microbatches
+
+Op = tuple[str, int, int]
+"""("F" or "B", microbatch, vstage)."""
+
+
+@dataclass
+class Timeline:
+    """What the clock gave: each op's (start, end) per rank, in execution order, and the makespan."""
+
+    events: list[list[tuple[Op, float, float]]]
+    makespan: float
+    busy: list[float] = field(default_factory=list)
+
+    def bubble(self, rank: int) -> float:
+        """Seconds rank `rank` waited inside the makespan."""
+        return self.makespan - self.busy[rank]
+
+
+class _Recorder:
+    """A `Stage` for run_1f1b that writes down the ops it is asked to run."""
+
+    def __init__(self, vstage: int):
+        self.vstage, self.ops, self.in_flight = vstage, [], []
+
+    def forward(self, t: int) -> None:
+        self.ops.append(("F", t, self.vstage))
+        self.in_flight.append(t)
+
+    def backward(self) -> None:
+        self.ops.append(("B", self.in_flight.pop(0), self.vstage))
+
+
+def one_f_one_b_ops(stage: int, total_stages: int, microbatches: int) -> list[Op]:
+    """The ops of DAG stage `stage` (encoders first, then the LM) in the order mimo's schedule runs them."""
+    rec = _Recorder(stage)
+    run_1f1b(rec, microbatches, warmup_microbatches(total_stages, stage, microbatches))
+    return rec.ops
+
+
+def interleaved_ops(rank: int, pp: int, chunks: int, microbatches: int) -> list[Op]:
+    """Megatron's interleaved 1F1B order for `rank` of `pp` ranks holding `chunks` model chunks each
+    (vstage = chunk * pp + rank); microbatches must divide by pp."""
+    if microbatches % pp:
+        raise ValueError(f"the interleaved schedule needs microbatches ({microbatches}) divisible by pp ({pp})")
+    total = microbatches * chunks
+    warmup = min((pp - rank - 1) * 2 + (chunks - 1) * pp, total)
+
+    def op(kind: str, k: int) -> Op:
+        chunk = (k // pp) % chunks
+        chunk = chunks - 1 - chunk if kind == "B" else chunk
+        return kind, (k // (pp * chunks)) * pp + k % pp, chunk * pp + rank
+
+    ops = [op("F", k) for k in range(warmup)]
+    for i in range(total - warmup):
+        ops += [op("F", warmup + i), op("B", i)]
+    return ops + [op("B", k) for k in range(total - warmup, total)]
+
+
+def simulate(rank_ops: list[list[Op]], preds: dict[int, list[int]], forward_s: dict[int, float],
+             backward_s: dict[int, float], send_s: dict[int, float] | None = None) -> Timeline:
+    """Run every rank's ops on a clock. `preds[v]`: the vstages feeding v; `send_s[v]`: the time of v's
+    message to each successor (and of the gradient back). Raises on an order that cannot finish."""
+    send_s = send_s or {}
+    succs: dict[int, list[int]] = {v: [] for v in preds}
+    for v, ps in preds.items():
+        for p in ps:
+            succs[p].append(v)
+    done: dict[Op, float] = {}
+    free = [0.0] * len(rank_ops)
+    nxt = [0] * len(rank_ops)
+    events: list[list[tuple[Op, float, float]]] = [[] for _ in rank_ops]
+    busy = [0.0] * len(rank_ops)
+    remaining = sum(map(len, rank_ops))
+    while remaining:
+        progressed = False
+        for r, ops in enumerate(rank_ops):
+            while nxt[r] < len(ops):
+                op = ops[nxt[r]]
+                ready = _ready(op, preds, succs, send_s, done)
+                if ready is None:
+                    break
+                kind, _, v = op
+                start = max(free[r], ready)
+                end = start + (forward_s[v] if kind == "F" else backward_s[v])
+                done[op], free[r] = end, end
+                events[r].append((op, start, end))
+                busy[r] += end - start
+                nxt[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {r: ops[nxt[r]] for r, ops in enumerate(rank_ops) if nxt[r] < len(ops)}
+            raise ValueError(f"the schedule cannot finish: every rank waits ({stuck})")
+    return Timeline(events, max(free, default=0.0), busy)
+
+
+def _ready(op: Op, preds: dict[int, list[int]], succs: dict[int, list[int]], send_s: dict[int, float],
+           done: dict[Op, float]) -> float | None:
+    """When op's inputs have arrived, or None when one of them is not computed yet."""
+    kind, t, v = op
+    if kind == "F":
+        needs = [(("F", t, p), send_s.get(p, 0.0)) for p in preds[v]]
+    elif succs[v]:
+        needs = [(("B", t, s), send_s.get(v, 0.0)) for s in succs[v]]
+    else:
+        needs = [(("F", t, v), 0.0)]
+    if any(n not in done for n, _ in needs):
+        return None
+    return max((done[n] + lag for n, lag in needs), default=0.0)
