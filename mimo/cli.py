@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
@@ -200,22 +201,50 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-PLAN_HELP = """Suggest parallel layouts for N GPUs and estimate each one's peak memory per GPU, from the
-config's model (model.*), data.global_batch, data.seq_len, parallel.microbatches, train.dtype and
-train.activation_checkpointing. Every row passes the same checks as `mimo train`; the best is printed
-first as the [parallel...] tables to paste into the config. Overrides work as for train, e.g.
+PLAN_HELP = """Suggest parallel layouts for N GPUs, predict each one's step time and estimate its peak memory per
+GPU, from the config's model (model.*), data, parallel.microbatches and train.* (dtype, fast paths,
+activation checkpointing). Every row passes the same checks as `mimo train`; the layouts that fit are ranked
+by predicted step time and the fastest is printed first as the [parallel...] tables to paste into the
+config. Overrides work as for train, e.g.
 `mimo plan configs/demo_vlm.toml --gpus 8 --model.llm.hidden=4096 --model.llm.layers=32`.
-Ranking (from BENCHMARKS.md): among layouts that fit, plain data parallelism, then FSDP, then the
-LM alone tensor parallel, then layouts that split the encoder too, then pipelined ones.
-The memory model is an estimate; mimo/planner/memory.py states it."""
+The time comes from a device profile (--profile; by default the shipped one of train.device: H200 for
+cuda, a CPU's for cpu) and the link figures below; `mimo plan CONFIG --calibrate --out FILE` measures this
+machine's device at the config's shapes and writes a profile. The models are estimates:
+mimo/planner/predict.py and mimo/planner/memory.py state them."""
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.planner.candidates import default_gpu_memory_gib, make_plan, render
+    from mimo.planner.candidates import make_plan
+    from mimo.planner.network import Network
+    from mimo.planner.profile import load_profile
+    from mimo.planner.report import default_gpu_memory_gib, render, to_json
 
     cfg = load_config(args.config, overrides)
+    if args.calibrate:
+        return _calibrate(cfg, args.out)
+    network = Network(nvlink_gbps=args.nvlink_gbps, network_gbps=args.network_gbps, gpus_per_node=args.gpus_per_node)
+    gpus = args.gpus if args.gpus is not None else (args.nodes or 0) * args.gpus_per_node
+    if args.gpus is None and args.nodes is None:
+        raise ConfigError("mimo plan needs --gpus N (or --nodes N with --gpus-per-node), e.g. --gpus 8")
     memory = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
-    print(render(cfg, make_plan(cfg, args.gpus, memory)))
+    profile = load_profile(args.profile) if args.profile else None
+    plan = make_plan(cfg, gpus, memory, profile, network)
+    print(to_json(cfg, plan) if args.json else render(cfg, plan))
+    return 0
+
+
+def _calibrate(cfg, out: str) -> int:
+    import torch
+
+    from mimo.planner.calibrate import calibrate
+
+    device = "cuda" if cfg.train.device == "cuda" and torch.cuda.is_available() else "cpu"
+    profile = calibrate(cfg, device)
+    profile.save(Path(out))
+    print(f"mimo: profile of {profile.device} written to {out}: products {profile.matmul_tflops:.1f} TFLOP/s "
+          f"(+{profile.matmul_fixed_s * 1e6:.1f} us each), attention {profile.attention_tflops:.1f} TFLOP/s, memory "
+          f"{profile.memory_gbps:.0f} GB/s, layer factors "
+          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(profile.layer_factor.items())))
     return 0
 
 
@@ -266,9 +295,21 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="suggest layouts and estimate memory per GPU for N GPUs", description=PLAN_HELP,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     pl.add_argument("config", help="path of a TOML config, e.g. configs/demo_vlm.toml")
-    pl.add_argument("--gpus", type=int, required=True, help="number of GPUs to plan for, e.g. 8")
+    pl.add_argument("--gpus", type=int, default=None, help="number of GPUs to plan for, e.g. 8 (up to thousands)")
+    pl.add_argument("--nodes", type=int, default=None, help="instead of --gpus: nodes of --gpus-per-node GPUs")
     pl.add_argument("--gpu-memory-gib", type=float, default=None,
                     help="memory of one GPU in GiB (default: this machine's GPU, else 80)")
+    pl.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by NVLink in one node (default 8)")
+    pl.add_argument("--nvlink-gbps", type=float, default=360.0,
+                    help="bandwidth per GPU inside a node, GB/s per direction (default 360: H100/H200 NVLink)")
+    pl.add_argument("--network-gbps", type=float, default=45.0,
+                    help="bandwidth per GPU between nodes, GB/s (default 45: one 400 Gb/s NIC per GPU)")
+    pl.add_argument("--profile", default=None, help="a device profile (JSON) from --calibrate (default: the shipped "
+                    "one of train.device, mimo/planner/profiles/)")
+    pl.add_argument("--json", action="store_true", help="print every candidate as JSON (fields: README.md)")
+    pl.add_argument("--calibrate", action="store_true", help="measure this machine's device (train.device) at the "
+                    "config's shapes and write a profile to --out instead of planning")
+    pl.add_argument("--out", default="profile.json", help="where --calibrate writes (default profile.json)")
     pl.set_defaults(func=cmd_plan)
     return p
 

@@ -1,23 +1,20 @@
 """`mimo plan`: candidate layouts for N GPUs, each checked by the gate's `check_layout`, costed and ranked.
 
-The candidates are a small deterministic set (at most a few dozen): homogeneous layouts (every module
+The candidates are a small deterministic set (at most a few hundred): homogeneous layouts (every module
 tp t, dp N/t, replicated or FSDP, the LM with and without sequence parallel), colocated mixes (encoder
 tp_e, LM tp_l, the LM sequence parallel when tp_l > 1) and pipelined
 ones (each encoder alone on the first N/2, N/4 or N/8 ranks, the LM on the rest with the least tp x pp
-that fits). A candidate the
-trainer would refuse (`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that
-cannot run. Memory comes from `mimo.planner.memory`.
+that fits). Tensor parallelism stays inside a node (tp <= gpus per node). A candidate the trainer would
+refuse (`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that cannot run.
+Memory comes from `mimo.planner.memory`, the predicted step time from `mimo.planner.predict`.
 
-Ranking (the reasons are in BENCHMARKS.md): among layouts that fit, plain DP, then FSDP, then colocated
-with the encoder data parallel and the smallest LM tp, then layouts that split the encoder too, then
-pipelined; ties by lower memory. When nothing fits, the lowest estimate comes first.
+Ranking: layouts that fit by predicted step time (ties by memory); then the rest by memory alone. The
+preference class (plain DP, FSDP, LM tp, split encoder, pipelined) only names the kind of each row.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +23,9 @@ from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
+from mimo.planner.network import Network
+from mimo.planner.predict import Prediction, Setting, predict
+from mimo.planner.profile import Profile, shipped_profile
 from mimo.train.gate import check_layout
 
 PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)
@@ -48,6 +48,7 @@ class Row:
     fits: bool
     klass: int
     why: str
+    prediction: Prediction
 
     @property
     def peak_gib(self) -> float:
@@ -62,6 +63,8 @@ class Plan:
     gpus: int
     gpu_memory_gib: float
     sizes: dict[str, ModuleSize]
+    profile: Profile
+    network: Network
 
 
 def divisors(n: int) -> list[int]:
@@ -78,10 +81,11 @@ def vision(cfg: Config) -> list[str]:
     return [n for n, m in cfg.model.modalities.items() if m.kind == "vision"]
 
 
-def colocated_candidates(cfg: Config, gpus: int) -> list[Modules]:
-    """Every module on all ranks: homogeneous (same tp, with/without FSDP and LM SP) and encoder/LM tp mixes."""
+def colocated_candidates(cfg: Config, gpus: int, gpus_per_node: int = 8) -> list[Modules]:
+    """Every module on all ranks: homogeneous (same tp, with/without FSDP and LM SP) and encoder/LM tp mixes,
+    tp inside a node."""
     out: list[Modules] = []
-    tps = divisors(gpus)
+    tps = [t for t in divisors(gpus) if t <= max(gpus_per_node, 1)]
     for tp in tps:
         for fsdp in (False, True) if gpus // tp > 1 else (False,):
             for sp in (False, True) if tp > 1 else (False,):
@@ -106,7 +110,8 @@ def _lm_split_cost(r: Row) -> tuple:
     return lm.tp * lm.pp, lm.tp, r.usage.peak
 
 
-def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row | None]) -> list[Row]:
+def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row | None],
+                         gpus_per_node: int = 8) -> list[Row]:
     """Each encoder dp on its own N/share ranks, the LM on the rest: per split, of the LM layouts the
     trainer accepts, the one with the least tp x pp (then tp, then memory) that fits, else the one with
     the lowest estimate."""
@@ -118,7 +123,8 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
             continue
         mods = {n: ModuleLayoutConfig(offset=i * enc, size=enc) for i, n in enumerate(names)}
         options = [cost({**mods, LANGUAGE: ModuleLayoutConfig(offset=enc * len(names), size=rest, tp=tp, pp=pp)})
-                   for tp in divisors(rest) for pp in divisors(rest // tp)]
+                   for tp in divisors(rest) if tp <= max(gpus_per_node, 1) for pp in divisors(rest // tp)
+                   if pp <= cfg.model.llm.layers]
         rows = [r for r in options if r is not None]
         fitting = [r for r in rows if r.fits]
         if fitting:
@@ -129,11 +135,12 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
 
 
 def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
-    """The Layout, or None when the trainer would refuse it (the same checks as `mimo train`)."""
+    """The Layout, or None when the trainer would refuse it (the same checks as `mimo train`, which checks the
+    layout of more than one rank only)."""
     try:
         layout = Layout.from_config(modules, cfg.model.module_names, gpus)
-        planned = with_modules(cfg, modules)
-        check_layout(planned, layout)
+        if gpus > 1:
+            check_layout(with_modules(cfg, modules), layout)
     except ValueError:  # ConfigError included
         return None
     return layout
@@ -176,8 +183,10 @@ def why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float) 
     return f"pipelined: {ranks} {'idles' if len(enc) == 1 else 'idle'} while the LM runs (1F1B)"
 
 
-def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float) -> Plan:
-    """Every valid candidate for `gpus` GPUs of `gpu_memory_gib` GiB, costed and ranked best first."""
+def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float, profile: Profile | None = None,
+              network: Network | None = None) -> Plan:
+    """Every valid candidate for `gpus` GPUs of `gpu_memory_gib` GiB, costed and ranked best first; the time
+    from `profile` (default: the shipped one of train.device) and `network` (default: `Network()`)."""
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}; pass the number of GPUs to plan for, e.g. --gpus 8")
     if gpu_memory_gib <= 0:
@@ -185,6 +194,9 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float) -> Plan:
     cfg = with_hf_shapes(cfg)  # the trainer's checks below see the real heads, vocab and mlp
     sizes = module_sizes(cfg)
     limit = gpu_memory_gib * GIB
+    profile = profile or shipped_profile(cfg.train.device)
+    network = network or Network()
+    setting = Setting(cfg, sizes, profile, network)
 
     def cost(modules: Modules) -> Row | None:
         """The costed row, or None when the trainer would refuse the layout."""
@@ -193,24 +205,25 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float) -> Plan:
             return None
         usage = estimate(cfg, layout, sizes, modules)
         klass, ok = preference(layout, modules), usage.peak <= limit
-        return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib))
+        return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib),
+                   predict(setting, layout, modules))
 
-    rows = [r for r in map(cost, colocated_candidates(cfg, gpus)) if r is not None]
-    rows += pipelined_candidates(cfg, gpus, cost)
+    rows = [r for r in map(cost, colocated_candidates(cfg, gpus, network.gpus_per_node)) if r is not None]
+    rows += pipelined_candidates(cfg, gpus, cost, network.gpus_per_node)
     if not rows:
         raise ConfigError(f"--gpus {gpus}: no candidate layout for {gpus} GPUs passes the config's checks "
                           f"(data.global_batch = {cfg.data.global_batch} must divide by parallel.microbatches x "
                           f"every module's dp; heads, vocab and mlp by tp); use a GPU count that divides "
                           f"data.global_batch, e.g. --gpus {_nearest_divisor(cfg.data.global_batch, gpus)}")
     rows.sort(key=_rank_key)
-    return Plan(rows, gpus, gpu_memory_gib, sizes)
+    return Plan(rows, gpus, gpu_memory_gib, sizes, profile, network)
 
 
 def _rank_key(row: Row) -> tuple:
-    """Fitting rows by preference class, LM tp, encoder tp, then memory; the rest by memory alone."""
+    """Fitting rows by predicted step time, then memory; the rest by memory alone."""
     if not row.fits:
-        return (1, 0, 0, 0, row.usage.peak)
-    return (0, row.klass, row.layout.grids[LANGUAGE].tp, encoder_tp(row.layout), row.usage.peak)
+        return (1, row.usage.peak, 0.0)
+    return (0, round(row.prediction.step_s, 12), row.usage.peak)
 
 
 def _nearest_divisor(batch: int, gpus: int) -> int:
@@ -263,54 +276,8 @@ def to_toml(modules: Modules, microbatches: int, layout: Layout) -> str:
     return "\n".join(lines)
 
 
-def _params(n: int) -> str:
+def param_count_text(n: int) -> str:
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= div:
             return f"{n / div:.2f}{unit}"
     return str(n)
-
-
-def render(cfg: Config, plan: Plan) -> str:
-    """The suggestion as TOML, then the table of every candidate, then the model's assumptions."""
-    best = plan.rows[0]
-    seq = plan.sizes[LANGUAGE].tokens_per_sample
-    micro = cfg.parallel.microbatches
-    model = ", ".join(f"{n} {_params(s.params)} params" for n, s in plan.sizes.items())
-    ckpt = cfg.train.activation_checkpointing
-    apart = ", ".join(f"{n} {d}" for n, d in cfg.train.module_dtype.items())
-    out = [f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''} of {plan.gpu_memory_gib:g} GiB; {model}; global batch "
-           f"{cfg.data.global_batch} x seq_len {seq}, {micro} microbatch{'es' if micro > 1 else ''}, "
-           f"{cfg.train.dtype}" + (f" ({apart})" if apart else "")
-           + (f", activation checkpointing of {', '.join(ckpt)}" if ckpt else ""), ""]
-    if best.fits:
-        out.append(f"suggested: {label(best.layout, best.modules)} (estimated {best.peak_gib:.1f} GiB per GPU) - "
-                   f"{best.why}")
-    else:
-        fixes = "raise parallel.microbatches, shorten data.seq_len, lower data.global_batch or add GPUs."
-        if any(n not in ckpt for n in plan.sizes):
-            every = json.dumps(list(plan.sizes))
-            fixes = f"checkpoint activations (train.activation_checkpointing = {every}), {fixes}"
-        out.append(f"warning: no candidate fits in {plan.gpu_memory_gib:g} GiB; the lowest estimate is "
-                   f"{best.peak_gib:.1f} GiB. {fixes[0].upper()}{fixes[1:]}")
-    out += ["", to_toml(best.modules, micro, best.layout)]
-    head = ("#", "layout", "kind", "peak GiB", "states", "acts", "fits", "why")
-    table = [head] + [(str(i + 1), label(r.layout, r.modules), KIND[r.klass], f"{r.peak_gib:.2f}",
-                       f"{r.usage.states / GIB:.2f}", f"{r.usage.activations / GIB:.2f}",
-                       "yes" if r.fits else "no", r.why) for i, r in enumerate(plan.rows)]
-    widths = [max(len(row[c]) for row in table) for c in range(len(head) - 1)]
-    for row in table:
-        out.append("  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1])
-    out += ["", "Estimate per GPU (mimo/planner/memory.py): 16 B per trainable parameter (fp32 weights, "
-            "grads, AdamW moments) / tp for sharded weights, / dp with FSDP; activations ~34 B x tokens x hidden "
-            "per layer (bf16, flash attention; 10+24/tp under TP, 34/tp with SP; x2 in float32) plus fp32 logits "
-            "and their grad; 1F1B stages hold up to min(stages, microbatches) microbatches; + 2 GiB fixed."]
-    return "\n".join(out)
-
-
-def default_gpu_memory_gib() -> float:
-    """The local GPU's memory where CUDA is available, else 80 GiB (an H100/A100-80GB)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return math.floor(torch.cuda.get_device_properties(0).total_memory / GIB * 10) / 10
-    return 80.0

@@ -99,8 +99,9 @@ def test_bad_module_dtypes_name_the_field(tmp_path, override, message):
 
 
 def test_the_memory_estimate_follows_each_modules_dtype(tmp_path):
-    from mimo.planner.candidates import layout_of, make_plan, render
+    from mimo.planner.candidates import layout_of, make_plan
     from mimo.planner.memory import estimate, module_sizes
+    from mimo.planner.report import render
 
     def activations(*overrides: str) -> float:
         cfg = tiny_config(tmp_path, *overrides)

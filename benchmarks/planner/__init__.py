@@ -1,0 +1,1 @@
+"""Configs of the planner's checks against measured steps (benchmarks/bench_planner.py)."""

@@ -1,0 +1,240 @@
+"""Predicted step time of one layout: the pieces of mimo.planner.cost put on the schedule mimo runs.
+
+- **Colocated layouts** (no pipeline): every GPU runs each module in turn, microbatch after microbatch
+  (gradient accumulation): per microbatch the encoders' forward, the bridge, the LM's forward and
+  backward, the bridge back, the encoders' backward. The colocated bridge all-gathers the LM lane's rows
+  from its k encoder lanes in the forward (fan-in) or the encoder lane's gradient in the backward (fan-out).
+- **Pipelined layouts**: the multi-module 1F1B of mimo.parallel.pipeline.schedule on the simulator's clock
+  (mimo.planner.simulate), each stage's forward and backward per microbatch from its layers (the LM's head
+  on its last stage), each boundary's message from the network model (the pipeline bridge's leader send plus
+  its broadcast to the TP group).
+- **After the backward** (both): each module's gradients are all-reduced over its dp x cp group (bf16 with
+  `train.master_weights`, which also all-gathers the updated bf16 weights; fp32 otherwise). mimo runs the
+  reduction after the whole backward, so it is exposed; `overlap_dp=True` models a reduction that hides
+  under the last microbatch's backward. FSDP all-gathers each layer's weights in the forward and again in
+  the backward and reduce-scatters its gradient, per microbatch, prefetched under the compute (only the
+  excess shows, and at least the first layer's gather and the last layer's scatter, which nothing hides).
+  Then the gradient norm (one read of the gradients) and AdamW (28 bytes per parameter of this rank's
+  shard) at the profile's memory bandwidth; under a pipeline the slowest stage's tail counts.
+
+MFU is the model FLOPs of mimo.models.flops (what `mimo train` reports) over step time x GPUs x
+`train.peak_tflops`; tokens per second per GPU count every row token of the global batch, as the trainer does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mimo.config.schema import LANGUAGE, Config, ModuleLayoutConfig
+from mimo.models.flops import TRAIN_FACTOR, audio_flops, lm_flops, projector_flops, vit_flops
+from mimo.parallel.grid import Grid
+from mimo.parallel.layout import Layout
+from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.parallel.pipeline.split import stage_layers
+from mimo.planner.cost import (
+    Piece,
+    audio_frames,
+    decoder_layer,
+    encoder_edges,
+    encoder_layer,
+    encoder_rows,
+    inputs_per_sample,
+    lm_head,
+    memory_s,
+)
+from mimo.planner.memory import STATE_BYTES, ModuleSize
+from mimo.planner.network import Network
+from mimo.planner.profile import Profile
+from mimo.planner.simulate import one_f_one_b_ops, simulate
+
+ADAMW_BYTES = 28
+"""AdamW's traffic per parameter: read weight, gradient and two moments, write weight and moments."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One layout's predicted step: seconds in total and by part, rates, and the pipeline's bubble."""
+
+    step_s: float
+    compute_s: float
+    comm_s: float
+    reduce_s: float
+    optimizer_s: float
+    bubble_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a prediction needs besides the layout."""
+
+    cfg: Config
+    sizes: dict[str, ModuleSize]
+    profile: Profile
+    network: Network
+    overlap_dp: bool = False
+
+
+def model_flops(cfg: Config, seq: int) -> float:
+    """Model FLOPs of one training step over the global batch (mimo.models.flops' formulas, average inputs)."""
+    batch, lm_h = cfg.data.global_batch, cfg.model.llm.hidden
+    forward = batch * lm_flops(cfg.model.llm, seq)
+    for name, m in cfg.model.modalities.items():
+        n = batch * inputs_per_sample(cfg, name)
+        rows = n * encoder_rows(cfg, name)
+        if m.kind == "audio":
+            forward += n * audio_flops(m.audio, audio_frames(cfg, name)) + projector_flops(m.audio.hidden, lm_h, rows)
+        else:
+            forward += n * vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_h, rows)
+    return TRAIN_FACTOR * forward
+
+
+def _text_rows(s: Setting, seq: int) -> float:
+    """Loss rows of one sample: the row minus the placeholders its inputs fill."""
+    filled = sum(inputs_per_sample(s.cfg, n) * encoder_rows(s.cfg, n) for n in s.cfg.model.modalities)
+    return max(seq - filled, 1.0)
+
+
+def module_piece(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, stage: int = 0) -> Piece:
+    """One microbatch through stage `stage` of module `name` on one rank of `grid`."""
+    cfg, size = s.cfg, s.sizes[name]
+    samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
+    layers = len(stage_layers(size.layers, grid.pp, stage))
+    last = stage == grid.pp - 1
+    if name == LANGUAGE:
+        seq = size.tokens_per_sample
+        piece = _times(decoder_layer(cfg, s.profile, s.network, grid, flags, samples, seq), layers)
+        return piece + lm_head(cfg, s.profile, s.network, grid, samples, seq, _text_rows(s, seq)) if last else piece
+    inputs = samples * inputs_per_sample(cfg, name)
+    piece = _times(encoder_layer(cfg, s.profile, s.network, name, grid, inputs), layers)
+    return piece + encoder_edges(cfg, s.profile, name, inputs) if last else piece
+
+
+def _times(p: Piece, n: int) -> Piece:
+    return Piece(p.forward_s * n, p.backward_s * n, p.forward_comm_s * n, p.backward_comm_s * n)
+
+
+def _bridge(s: Setting, name: str, enc: Grid, lm: Grid) -> Piece:
+    """The colocated bridge of one microbatch: all-gathered rows (fan-in forward, fan-out backward)."""
+    cfg = s.cfg
+    rows = cfg.data.global_batch / (cfg.parallel.microbatches * min(enc.dp, lm.dp))
+    nbytes = rows * inputs_per_sample(cfg, name) * encoder_rows(cfg, name) * cfg.model.llm.hidden * 2
+    k = max(enc.dp, lm.dp) // min(enc.dp, lm.dp)
+    t = s.network.all_gather(nbytes, enc.offset, enc.tp * enc.cp, k)
+    return Piece(0.0, 0.0, t if enc.dp > lm.dp else 0.0, t if lm.dp > enc.dp else 0.0)
+
+
+def _tail(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, stage: int, last_backward: float,
+          compute: float) -> tuple[float, float]:
+    """(exposed reduction, optimizer) seconds after the backward of one rank of stage `stage` of `name`."""
+    cfg, size = s.cfg, s.sizes[name]
+    share = len(stage_layers(size.layers, grid.pp, stage)) / max(size.layers, 1)
+    first, last = stage == 0, stage == grid.pp - 1
+    states = (share * size.layer_sharded + first * size.first + last * size.last) / grid.tp
+    params = (states + share * size.layer_replicated + size.other) / STATE_BYTES
+    lanes = grid.dp * grid.cp
+    grad_bytes = 2 if cfg.train.master_weights else 4
+    if flags.fsdp and lanes > 1:
+        gathers = 2 * s.network.all_gather(params * 2, grid.offset, grid.tp, lanes)
+        scatter = s.network.reduce_scatter(params * 4, grid.offset, grid.tp, lanes)
+        edges = (gathers / 2 + scatter) / max(size.layers, 1)  # the first layer's gather, the last one's scatter
+        exposed = max(edges, (gathers + scatter) * cfg.parallel.microbatches - compute)
+        shard = params / lanes
+    else:
+        exposed = s.network.all_reduce(params * grad_bytes, grid.offset, grid.tp, lanes)
+        shard = params
+        if cfg.train.master_weights and lanes > 1:
+            exposed += s.network.all_gather(params * 2, grid.offset, grid.tp, lanes)
+            shard = params / lanes
+        if s.overlap_dp:
+            exposed = max(0.0, exposed - last_backward)
+    optimizer = memory_s(s.profile, shard * ADAMW_BYTES + params * grad_bytes)
+    return exposed, optimizer
+
+
+def predict(s: Setting, layout: Layout, modules: dict[str, ModuleLayoutConfig]) -> Prediction:
+    """The predicted step of `layout` (see the module docstring)."""
+    flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
+    if is_pipelined(layout):
+        parts = _pipelined(s, layout, flags)
+    else:
+        parts = _colocated(s, layout, flags)
+    step = sum(parts)
+    cfg, gpus = s.cfg, layout.world_size
+    seq = s.sizes[LANGUAGE].tokens_per_sample
+    tflops = model_flops(cfg, seq) / step / gpus / 1e12
+    return Prediction(step, *parts, tokens_per_s_per_gpu=cfg.data.global_batch * seq / step / gpus,
+                      model_tflops_per_gpu=tflops, mfu=tflops / cfg.train.peak_tflops)
+
+
+def _colocated(s: Setting, layout: Layout, flags: dict) -> tuple[float, float, float, float, float]:
+    """(compute, comm, reduce, optimizer, bubble) of a colocated layout."""
+    lm = layout.grids[LANGUAGE]
+    total = Piece(0.0, 0.0)
+    pieces = {}
+    for name, grid in layout.grids.items():
+        pieces[name] = module_piece(s, name, grid, flags[name])
+        total = total + pieces[name] + (_bridge(s, name, grid, lm) if name != LANGUAGE else Piece(0.0, 0.0))
+    micro = s.cfg.parallel.microbatches
+    reduce_s = optimizer_s = 0.0
+    for name, grid in layout.grids.items():
+        p = pieces[name]
+        r, o = _tail(s, name, grid, flags[name], 0, p.backward, (p.forward_s + p.backward_s) * micro)
+        reduce_s, optimizer_s = reduce_s + r, optimizer_s + o
+    compute = (total.forward_s + total.backward_s) * micro
+    comm = (total.forward_comm_s + total.backward_comm_s) * micro
+    return compute, comm, reduce_s, optimizer_s, 0.0
+
+
+def _pipelined(s: Setting, layout: Layout, flags: dict) -> tuple[float, float, float, float, float]:
+    """(compute, comm, reduce, optimizer, bubble) of a pipelined layout, from the simulated 1F1B."""
+    micro = s.cfg.parallel.microbatches
+    lm = layout.grids[LANGUAGE]
+    depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
+    total = depth + lm.pp
+    stages: list[tuple[str, int, int]] = []  # (module, module stage, DAG stage index), one per vstage
+    preds: dict[int, list[int]] = {}
+    ends: list[int] = []
+    for name, grid in layout.grids.items():
+        if name == LANGUAGE:
+            continue
+        for p in range(grid.pp):
+            preds[len(stages)] = [len(stages) - 1] if p else []
+            stages.append((name, p, p))
+        ends.append(len(stages) - 1)
+    for p in range(lm.pp):
+        preds[len(stages)] = [len(stages) - 1] if p else ends
+        stages.append((LANGUAGE, p, depth + p))
+    pieces = [module_piece(s, n, layout.grids[n], flags[n], p) for n, p, _ in stages]
+    send = {v: _send_s(s, layout, n, p) for v, (n, p, _) in enumerate(stages)}
+    ops = [[(k, t, v) for k, t, _ in one_f_one_b_ops(i, total, micro)] for v, (_, _, i) in enumerate(stages)]
+    timeline = simulate(ops, preds, {v: pc.forward for v, pc in enumerate(pieces)},
+                        {v: pc.backward for v, pc in enumerate(pieces)}, send)
+    tails = [_tail(s, n, layout.grids[n], flags[n], p, pieces[v].backward, 0.0) for v, (n, p, _) in enumerate(stages)]
+    worst = max(range(len(stages)), key=lambda v: sum(tails[v]))
+    busiest = max(range(len(stages)), key=lambda v: timeline.busy[v])
+    pc = pieces[busiest]
+    compute = (pc.forward_s + pc.backward_s) * micro
+    comm = timeline.busy[busiest] - compute
+    return compute, comm, tails[worst][0], tails[worst][1], timeline.makespan - timeline.busy[busiest]
+
+
+def _send_s(s: Setting, layout: Layout, name: str, stage: int) -> float:
+    """One microbatch's message from stage `stage` of `name` to the next stage (or the LM), and its broadcast."""
+    cfg, grid, lm = s.cfg, layout.grids[name], layout.grids[LANGUAGE]
+    per_stage = grid.tp * grid.cp * grid.dp
+    src = grid.offset + stage * per_stage
+    samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
+    if name == LANGUAGE:
+        if stage == grid.pp - 1:
+            return 0.0
+        nbytes = samples * s.sizes[LANGUAGE].tokens_per_sample * cfg.model.llm.hidden * 2 / grid.cp
+        return s.network.send(nbytes, src, src + per_stage)
+    if stage < grid.pp - 1:
+        positions = inputs_per_sample(cfg, name) * encoder_rows(cfg, name)
+        width = s.sizes[name].hidden
+        return s.network.send(samples * positions * width * 2, src, src + per_stage)
+    nbytes = samples * inputs_per_sample(cfg, name) * encoder_rows(cfg, name) * cfg.model.llm.hidden * 2
+    return s.network.send(nbytes, src, lm.offset) + s.network.all_gather(nbytes, lm.offset, 1, lm.tp) / 2

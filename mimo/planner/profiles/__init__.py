@@ -1,0 +1,1 @@
+"""Device profiles shipped with mimo (JSON files written by `mimo plan --calibrate`)."""

@@ -1,0 +1,117 @@
+"""The planner's cost model by hand, the ranking by predicted step time, `mimo plan --json`, profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mimo.cli import main
+from mimo.config.load import load_config
+from mimo.config.schema import ConfigError, ModuleLayoutConfig
+from mimo.parallel.grid import Grid
+from mimo.planner.candidates import layout_of, make_plan
+from mimo.planner.cost import KERNELS_BACKWARD, KERNELS_FORWARD, decoder_layer, matmul_s
+from mimo.planner.memory import module_sizes
+from mimo.planner.network import Network
+from mimo.planner.predict import Setting, predict
+from mimo.planner.profile import PROFILES, Profile, load_profile, shipped_profile
+
+# Round figures, so the expected times below can be written out: 100 TFLOP/s products and attention, no
+# fixed parts, 1 TB/s memory, 1 us per kernel.
+PROFILE = Profile("test", matmul_tflops=100.0, matmul_fixed_s=0.0, attention_tflops=100.0, attention_fixed_s=0.0,
+                  attention_backward_ratio=2.0, memory_gbps=1000.0, kernel_s=1e-6, launch_s=0.0)
+TINY = ["--model.llm.vocab=272", "--model.llm.hidden=32", "--model.llm.layers=2", "--model.llm.heads=4",
+        "--model.llm.kv_heads=2", "--model.llm.mlp=64", "--data.global_batch=8", "--data.seq_len=16",
+        "--train.dtype=bfloat16"]
+
+
+def test_a_decoder_layer_by_hand():
+    """hidden 32, 4 heads of 8, 2 kv heads, mlp 64, 4 sequences of 16 tokens (T = 64) on one GPU:
+    products q 32x32, k and v 16x32 each, o 32x32, gate and up 64x32, down 32x64 -> 2 T (sum n k) FLOPs."""
+    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--train.step_graph=false"])
+    piece = decoder_layer(cfg, PROFILE, Network(), Grid(), ModuleLayoutConfig(), samples=4, seq=16)
+    tokens = 64
+    nk = 32 * 32 + 2 * 16 * 32 + 32 * 32 + 2 * 64 * 32 + 32 * 64
+    products = 2 * tokens * nk / 1e14
+    attention = 4 * 2 * 16 * 16 * 4 * 8 / 1e14
+    elementwise = tokens * (40 * 32 + 6 * 64) / 1e12
+    assert piece.forward_s == pytest.approx(products + attention + elementwise + KERNELS_FORWARD * 1e-6)
+    assert piece.backward_s == pytest.approx(2 * products + 2 * attention + 2 * elementwise + KERNELS_BACKWARD * 1e-6)
+    assert piece.forward_comm_s == piece.backward_comm_s == 0.0
+
+
+def test_tensor_parallelism_halves_products_and_adds_two_all_reduces_each_way():
+    cfg = load_config("configs/demo_vlm.toml", TINY)
+    net = Network()
+    one = decoder_layer(cfg, PROFILE, net, Grid(), ModuleLayoutConfig(), samples=4, seq=16)
+    two = decoder_layer(cfg, PROFILE, net, Grid(tp=2), ModuleLayoutConfig(), samples=4, seq=16)
+    assert two.forward_comm_s == pytest.approx(2 * net.all_reduce(64 * 32 * 2, 0, 1, 2))
+    assert two.backward_comm_s == two.forward_comm_s
+    assert two.forward_s < one.forward_s and matmul_s(PROFILE, 64, 16, 32) == pytest.approx(2 * 64 * 16 * 32 / 1e14)
+
+
+def test_one_gpu_step_is_the_modules_work_and_the_update():
+    """No communication on one GPU: step = compute + optimizer, and MFU = model FLOPs / step / peak."""
+    cfg = load_config("configs/demo_vlm.toml", TINY)
+    sizes = module_sizes(cfg)
+    modules = {"language": ModuleLayoutConfig(), "images": ModuleLayoutConfig()}
+    p = predict(Setting(cfg, sizes, PROFILE, Network()), layout_of(cfg, modules, 1), modules)
+    assert p.comm_s == p.reduce_s == p.bubble_s == 0.0
+    assert p.step_s == pytest.approx(p.compute_s + p.optimizer_s)
+    assert p.mfu == pytest.approx(p.model_tflops_per_gpu / cfg.train.peak_tflops)
+
+
+def test_plan_ranks_fitting_rows_by_predicted_time_and_json_lists_them(capsys, tmp_path):
+    profile = tmp_path / "p.json"
+    PROFILE.save(profile)
+    cfg = load_config("configs/demo_vlm.toml")
+    plan = make_plan(cfg, 8, 80, load_profile(profile))
+    fitting = [r.prediction.step_s for r in plan.rows if r.fits]
+    assert fitting == sorted(fitting) and len(fitting) > 3
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "configs/demo_vlm.toml", "--gpus", "8", "--gpu-memory-gib", "80", "--json",
+              "--profile", str(profile)])
+    assert e.value.code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpus"] == 8 and out["nodes"] == 1 and out["profile"] == "test"
+    rows = out["candidates"]
+    assert len(rows) == len(plan.rows) and [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
+    for r in rows:
+        assert r["predicted_step_s"] > 0 and set(r) >= {"label", "kind", "grids", "fits", "peak_gib", "mfu",
+                                                        "tokens_per_s_per_gpu", "bubble_s", "reduce_s"}
+    assert rows[0]["predicted_step_s"] == pytest.approx(fitting[0])
+    assert "[parallel.modules.language]" in out["best_toml"]
+
+
+def test_more_gpus_than_a_node_put_data_parallel_reductions_on_the_network():
+    """The same layout on 16 GPUs of 8 per node and of 16 per node: only the slower link differs."""
+    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--data.global_batch=16"])
+    sizes = module_sizes(cfg)
+    modules = {"language": ModuleLayoutConfig(), "images": ModuleLayoutConfig()}
+    layout = layout_of(cfg, modules, 16)
+    split = predict(Setting(cfg, sizes, PROFILE, Network(gpus_per_node=8)), layout, modules)
+    whole = predict(Setting(cfg, sizes, PROFILE, Network(gpus_per_node=16)), layout, modules)
+    assert split.reduce_s > whole.reduce_s and split.compute_s == whole.compute_s
+
+
+def test_profiles_are_shipped_and_bad_ones_refused(tmp_path):
+    assert {p.name for p in PROFILES.glob("*.json")} >= {"cpu.json", "h200.json"}
+    assert shipped_profile("cuda").device.startswith("NVIDIA") and shipped_profile("cpu").device == "cpu"
+    with pytest.raises(ConfigError, match="--profile .*no such file.*--calibrate"):
+        load_profile(tmp_path / "missing.json")
+    (tmp_path / "half.json").write_text('{"device": "x", "matmul_tflops": 1}')
+    with pytest.raises(ConfigError, match="missing .*matmul_fixed_s"):
+        load_profile(tmp_path / "half.json")
+
+
+def test_cli_calibrate_writes_a_profile_the_planner_reads(tmp_path, capsys):
+    out = tmp_path / "cpu.json"
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "configs/demo_vlm.toml", "--calibrate", "--out", str(out), *TINY])
+    assert e.value.code == 0
+    assert "profile of cpu written" in capsys.readouterr().out
+    profile = load_profile(out)
+    assert profile.matmul_tflops > 0 and profile.memory_gbps > 0
+    assert {"decoder.eager", "vit.eager", "audio.eager"} <= set(profile.layer_factor)
+    assert make_plan(load_config("configs/demo_vlm.toml", TINY), 2, 80, profile).rows[0].prediction.step_s > 0
