@@ -14,6 +14,7 @@ preference class (plain DP, FSDP, LM tp, split encoder, pipelined) only names th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from mimo.config.schema import LANGUAGE, Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.perf.gpu_defaults import apply_gpu_defaults
 from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 from mimo.planner.network import Network
 from mimo.planner.predict import Prediction, Setting, predict
@@ -146,6 +148,15 @@ def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
     return layout
 
 
+def as_trained(cfg: Config, modules: Modules, layout: Layout) -> Config:
+    """`cfg` on `modules` with the train keys `mimo train` would run it with: the GPU defaults it applies on
+    CUDA to the keys left unset (mimo.perf.gpu_defaults), for this layout. `cfg` is left alone."""
+    planned = with_modules(cfg, modules)
+    planned = dataclasses.replace(planned, train=copy.deepcopy(cfg.train))
+    apply_gpu_defaults(planned, layout if layout.world_size > 1 else None)
+    return planned
+
+
 def encoder_tp(layout: Layout) -> int:
     """The widest tensor parallelism of any encoder (1 when none splits)."""
     return max((g.tp for n, g in layout.grids.items() if n != LANGUAGE), default=1)
@@ -206,7 +217,7 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float, profile: Profile | 
         usage = estimate(cfg, layout, sizes, modules)
         klass, ok = preference(layout, modules), usage.peak <= limit
         return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib),
-                   predict(setting, layout, modules))
+                   predict(dataclasses.replace(setting, cfg=as_trained(cfg, modules, layout)), layout, modules))
 
     rows = [r for r in map(cost, colocated_candidates(cfg, gpus, network.gpus_per_node)) if r is not None]
     rows += pipelined_candidates(cfg, gpus, cost, network.gpus_per_node)
