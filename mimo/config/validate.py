@@ -295,23 +295,12 @@ def validate_data(cfg: Config) -> None:
     if native and (len(cfg.model.modalities) != 1 or d.name not in ("jsonl", "webdataset")):
         raise ConfigError(f"model.modalities.{native[0]}.kind = 'native_vision' trains on data.name = 'jsonl' or "
                           "'webdataset' as the model's only modality; set data.name (and data.path) to one of them")
-    if d.balance_lanes:
-        validate_balance_lanes(cfg)
+    if d.balance_lanes and not cfg.model.modalities:
+        raise ConfigError("data.balance_lanes = true balances the encoders' work between data lanes, and "
+                          "model.modalities is empty: every row costs the same; set data.balance_lanes = false")
     if d.packing and d.pack_length < 1:
         raise ConfigError(f"data.packing = true needs data.pack_length (tokens per packed row) >= 1, got "
                           f"{d.pack_length}; set it to at least the longest sample, e.g. 2-4x its length")
-
-
-def validate_balance_lanes(cfg: Config) -> None:
-    """data.balance_lanes = true: a modality whose work it can estimate and whose inputs it can regroup."""
-    if not cfg.model.modalities:
-        raise ConfigError("data.balance_lanes = true balances the encoders' work between data lanes, and "
-                          "model.modalities is empty: every row costs the same; set data.balance_lanes = false")
-    native = [n for n, m in cfg.model.modalities.items() if m.kind == "native_vision"]
-    if native:
-        raise ConfigError(f"data.balance_lanes = true with model.modalities.{native[0]}.kind = 'native_vision': its "
-                          "inputs are patches of items of any size, which the row reordering does not regroup yet "
-                          "(issue #31); set data.balance_lanes = false")
 
 
 def validate(cfg: Config) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mimo.config.schema import ConfigError
-from mimo.config.validate import validate, validate_data
+from mimo.config.schema import ConfigError, NativeViTConfig
+from mimo.config.validate import validate
 from mimo.data.lanes import (
     LANE_KEYS,
     LaneBalancer,
@@ -21,6 +21,7 @@ from mimo.data.lanes import (
     bin_loads,
     lane_imbalance,
     lpt_bins,
+    native_item_flops,
     row_costs,
     take_rows,
 )
@@ -141,13 +142,24 @@ def test_balancer_leaves_a_batch_it_cannot_improve_untouched(tmp_path):
 def test_balance_lanes_needs_a_modality(tmp_path):
     cfg = tiny_config(tmp_path, "--data.balance_lanes=true")
     validate(cfg)
-    images = cfg.model.modalities.pop("images")
+    cfg.model.modalities = {}
     with pytest.raises(ConfigError, match="data.balance_lanes = true .* model.modalities is empty"):
         validate(cfg)
-    cfg.model.modalities["images"] = dataclasses.replace(images, kind="native_vision")
-    cfg.data.name, cfg.data.path = "jsonl", "train.jsonl"
-    with pytest.raises(ConfigError, match="model.modalities.images.kind = 'native_vision'.*set data.balance_lanes"):
-        validate_data(cfg)  # validate_model would first ask for the M-RoPE such a modality needs
+
+
+def test_native_item_cost_by_hand():
+    """A 1 x 6 x 8 patch grid on a Qwen2.5-VL-style tower (hidden 64, MLP 128, 2 layers, layer 1 full attention,
+    window 32 px = 4 patches, patch 8, merge 2) into an LM of hidden 128. Weights: 2 x (4 x 64^2 + 3 x 64 x 128)
+    + 3 x 2 x 8^2 x 64 = 106,496, times 2 x 48 patches = 10,223,616. Attention, 4 x 64 x (one full layer 48^2 =
+    2,304 + one windowed layer: windows 4+2 rows by 4+4 columns, (16 + 4) x (16 + 16) = 640) = 753,664. Merger:
+    2 x (256^2 + 256 x 128) x 12 rows = 2,359,296. Qwen2-VL (no windows, 2-matrix MLP): both layers full."""
+    v = NativeViTConfig(family="qwen2_5_vl", patch=8, merge=2, hidden=64, mlp=128, layers=2, window=32,
+                        full_attention_layers=[1])
+    assert native_item_flops(v, 128, 1, 6, 8) == 10_223_616 + 753_664 + 2_359_296
+    v2 = dataclasses.replace(v, family="qwen2_vl")
+    weights = 2 * (2 * (4 * 64 * 64 + 2 * 64 * 128) + 3 * 2 * 8 * 8 * 64) * 48
+    assert native_item_flops(v2, 128, 1, 6, 8) == weights + 4 * 64 * 2 * 2304 + 2_359_296
+    assert native_item_flops(v, 128, 2, 6, 8) == 2 * native_item_flops(v, 128, 1, 6, 8)  # frames attend alone
 
 
 def test_trainer_logs_the_imbalance_before_and_after(tmp_path):
