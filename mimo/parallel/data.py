@@ -133,10 +133,13 @@ unit all-gathers them in bf16 for its forward and backward, and gradients are re
 
 def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: MixedPrecisionPolicy | None = None,
-               entry_methods: Sequence[str] = (), own_units: Sequence[str] = ()) -> FSDPModule:
-    """Shard `module` with FSDP2 over the 1-D DP `mesh`: one unit per block, one per child named in
-    `own_units` (e.g. an untied LM's embedding: gathered only around its lookup, not from the first forward
-    to the last backward as the root's parameters are), then the root.
+               entry_methods: Sequence[str] = (), own_units: Sequence[str] = (),
+               inner_units: Sequence[tuple[nn.Module, DeviceMesh]] = ()) -> FSDPModule:
+    """Shard `module` with FSDP2 over the 1-D DP `mesh`: first each of `inner_units` over its own 1-D mesh
+    (an expert-parallel LM's experts over their edp ranks, with its router and shared expert over `mesh`
+    first so that the experts' unit holds the experts only), then one unit per block, one per child named
+    in `own_units` (e.g. an untied LM's embedding: gathered only around its lookup, not from the first
+    forward to the last backward as the root's parameters are), then the root.
 
     Blocks are the children of every `layers` ModuleDict/ModuleList (LM decoder layers, ViT blocks).
     Gradients are reduce-scattered with a plain SUM (no 1/dp divide). Each rank holds a distinct
@@ -161,6 +164,8 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
               "mp_policy": mp_policy or MixedPrecisionPolicy()}
     containers = [m for name, m in module.named_modules()
                   if name.rsplit(".", 1)[-1] == "layers" and isinstance(m, (nn.ModuleDict, nn.ModuleList))]
+    for unit, unit_mesh in inner_units:
+        fully_shard(unit, **{**kwargs, "mesh": unit_mesh})
     for container in reversed(containers):
         for block in container.children():
             fully_shard(block, **kwargs)

@@ -20,7 +20,6 @@ from mimo.data.batching import split_microbatches
 from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge.colocated import ColocatedBridge
-from mimo.parallel.comm import collective_device
 from mimo.parallel.context import ContextParallel
 from mimo.parallel.data import (
     BF16_COMPUTE,
@@ -32,6 +31,8 @@ from mimo.parallel.data import (
 )
 from mimo.parallel.expert.layout import (
     expert_degree,
+    expert_fsdp_units,
+    expert_mesh,
     expert_params,
     expert_slice,
     shard_experts,
@@ -257,7 +258,10 @@ class ParallelPlan:
                 entry = ("embed", "logits") if name == LANGUAGE else out_path
                 # An untied embedding is only looked up: its own unit frees it between lookup and backward.
                 own = ("embed_tokens",) if name == LANGUAGE and not self.cfg.model.llm.tie_embeddings else ()
-                apply_fsdp(module, self.groups[name].device_mesh(lanes), entry_methods=entry, own_units=own,
+                mesh = self.groups[name].device_mesh(lanes)
+                experts = name == LANGUAGE and self.ep > 1
+                inner = expert_fsdp_units(module, mesh, self.expert_groups[1]) if experts else []
+                apply_fsdp(module, mesh, entry_methods=entry, own_units=own, inner_units=inner,
                            mp_policy=BF16_COMPUTE if self.cfg.train.master_weights else None)
             elif name == LANGUAGE and self.ep > 1:
                 experts = expert_params(module)
@@ -269,10 +273,12 @@ class ParallelPlan:
                 self.reducers[name] = GradReducer(module, self.groups[name].group(lanes))
 
     def expert_mesh(self) -> DeviceMesh | None:
-        """The LM's ep group as a 1-D DeviceMesh (checkpoints shard expert weights over it); None without
-        expert parallelism or where this rank does not hold the LM. Not collective."""
-        group = self.expert_groups[0]
-        return DeviceMesh.from_group(group, collective_device(group).type, mesh_dim_names=("ep",)) if group else None
+        """The mesh the LM's expert weights are sharded over (mimo.parallel.expert.layout.expert_mesh); None
+        without expert parallelism or where this rank does not hold the LM. Not collective."""
+        if self.expert_groups[0] is None:
+            return None
+        return expert_mesh(self.layout.grids[LANGUAGE], self.ep, self.rank, self.expert_groups,
+                           self._flag(LANGUAGE, "fsdp"))
 
     def master_state_group(self, name: str) -> ProcessGroup | None:
         """The group module `name`'s fp32 master state is sharded over under train.master_weights (ZeRO-1): its

@@ -1,5 +1,5 @@
 """An expert-parallel run trains through the Trainer, and its sharded checkpoint reshards: ep2 over 4 ranks
-(each rank saving only its experts) -> ep4 -> one process.
+(each rank saving only its experts; with FSDP only its shard of them) -> ep4 -> one process.
 
 The evaluation loss of the loaded model matches the writer's to 1e-5 relative, and so does the loss of the
 next training step and the evaluation after it (the experts' Adam moments resharded too). The writer's
@@ -9,6 +9,8 @@ first steps also match one process's.
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from mimo.train.trainer import Trainer
 from tests.distributed.test_checkpoint_reshard import _close, _continue
@@ -24,9 +26,10 @@ def _ckpt(out: str) -> Path:
     return Path(out) / "tiny" / "checkpoints" / "step_00000004"
 
 
-def write_ep2(rank: int, world: int, out: str) -> tuple[float, float, float]:
-    tr = Trainer(tiny_config(Path(out), *MOE, f"{LANG}.ep=2", "--train.save_every=4"))
-    assert tr.checkpointer.expert_mesh is not None
+def write_ep2(rank: int, world: int, out: str, fsdp: bool) -> tuple[float, float, float]:
+    layout = [f"{LANG}.ep=2", f"{LANG}.fsdp={str(fsdp).lower()}"]
+    tr = Trainer(tiny_config(Path(out), *MOE, *layout, "--train.save_every=4"))
+    assert tr.checkpointer.expert_mesh.ndim == (2 if fsdp else 1)
     tr.train()
     return _continue(tr, 4)
 
@@ -37,8 +40,9 @@ def read_ep4(rank: int, world: int, out: str) -> tuple[float, float, float]:
     return _continue(tr, 4)
 
 
-def test_ep2_trains_like_one_process_and_its_checkpoint_loads_into_ep4_and_one_process(tmp_path):
-    written = run_distributed(write_ep2, 4, str(tmp_path), timeout=300)[0]
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_ep2_trains_like_one_process_and_its_checkpoint_loads_into_ep4_and_one_process(tmp_path, fsdp):
+    written = run_distributed(write_ep2, 4, str(tmp_path), fsdp, timeout=300)[0]
     Trainer(tiny_config(tmp_path / "ref", *MOE)).train()
     got, ref = metrics(tmp_path), metrics(tmp_path / "ref")
     assert len(got) == len(ref) == 4

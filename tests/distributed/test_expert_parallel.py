@@ -1,4 +1,5 @@
-"""Expert parallelism equals single-process training: ep2 and ep4 over the LM's dp, and ep2 x tp2 (TP on attention).
+"""Expert parallelism equals single-process training: ep2 and ep4 over the LM's dp, ep2 x tp2 (TP on attention), and
+ep with FSDP (the experts sharded over their edp ranks, everything else over the LM's dp).
 
 All cases run in one spawn of 4 gloo ranks, the VLM colocated on all of them. The parallel model is built on
 the meta device, so each rank materialises only its experts (with the single-process values for its slices).
@@ -90,6 +91,11 @@ def _run_case(rank: int, world: int, lm: dict, router: str, micro: int) -> float
     par.train()
     held = {n: p.shape[0] for n, p in par.named_parameters() if n.endswith("w_gate")}
     assert all(e == 4 // lm["ep"] for e in held.values()), f"{what}: this rank holds {held} experts"
+    if lm.get("fsdp"):  # experts sharded over their edp ranks, the router over the whole dp
+        meshes = {n.split("mlp.")[1]: p.device_mesh.size() for n, p in par.language_model.named_parameters()
+                  if "mlp." in n}
+        assert meshes == {"router.weight": world, "w_gate": world // lm["ep"], "w_up": world // lm["ep"],
+                          "w_down": world // lm["ep"]}, f"{what}: {meshes}"
     opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     micro_batches = plan.microbatches(batch)
     tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro_batches)
@@ -122,6 +128,9 @@ CASES = [
     (dict(ep=4), "all_to_one", 1),
     (dict(ep=2, tp=2), "softmax", 1),
     (dict(ep=2, tp=2), "all_to_one", 2),
+    (dict(ep=2, fsdp=True), "softmax", 2),
+    (dict(ep=2, fsdp=True), "all_to_one", 1),
+    (dict(ep=4, fsdp=True), "softmax", 1),
 ]
 
 
@@ -139,7 +148,6 @@ def test_expert_parallel_equals_single_process():
     (dict(ep=4, tp=2), 4, r"ep = 4 must divide the LM's dp \(2; experts are carved out of data parallelism"),
     (dict(ep=8), 8, r"ep = 8 must divide model.llm.moe_experts \(4\)"),
     (dict(ep=0), 4, r"parallel.modules.language.ep = 0 must be >= 1"),
-    (dict(ep=2, fsdp=True), 4, r"ep = 2 with fsdp = true is not supported yet"),
     (dict(ep=2, cp=2), 4, r"ep = 2 with cp > 1 is not supported yet"),
 ])
 def test_gate_refuses_expert_layouts_it_cannot_run(lm, world, message):

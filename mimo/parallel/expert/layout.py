@@ -16,10 +16,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
+from torch.distributed.device_mesh import DeviceMesh
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.models.moe import MoEFeedForward
+from mimo.parallel.comm import collective_device
 from mimo.parallel.expert.dispatch import ExpertParallelDispatch
+from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
 
@@ -56,6 +59,34 @@ def expert_slice(owner: nn.Module, pname: str) -> tuple[int, int] | None:
     if pname.rsplit(".", 1)[-1] in EXPERT_WEIGHTS and hasattr(owner, EXPERT_SLICE):
         return getattr(owner, EXPERT_SLICE)
     return None
+
+
+def expert_fsdp_units(lm: nn.Module, dp_mesh: DeviceMesh, edp: ProcessGroup) -> list[tuple[nn.Module, DeviceMesh]]:
+    """apply_fsdp's `inner_units` for an expert-parallel `lm`: per MoE layer its router and shared expert over
+    the LM's `dp_mesh`, then the layer itself (now holding just the experts) over the `edp` group's mesh, so
+    experts are sharded and their gradients reduce-scattered over the ranks holding copies of them, nowhere
+    else. Not collective."""
+    edp_mesh = DeviceMesh.from_group(edp, dp_mesh.device_type, mesh_dim_names=("edp",))
+    units = []
+    for moe in lm.modules():
+        if hasattr(moe, EXPERT_SLICE):
+            units += [(m, dp_mesh) for m in (moe.router, moe.shared, moe.shared_gate) if m is not None]
+            units.append((moe, edp_mesh))
+    return units
+
+
+def expert_mesh(grid: Grid, ep: int, rank: int, groups: tuple[ProcessGroup, ProcessGroup],
+                fsdp: bool) -> DeviceMesh:
+    """Where this rank's expert weights sit, for checkpoints: the 1-D ep mesh, or with FSDP the 2-D
+    (ep, edp) mesh (dim 0 cut into ep chunks, each chunk FSDP-sharded over edp). Not collective."""
+    device = collective_device(groups[0]).type
+    if not fsdp:
+        return DeviceMesh.from_group(groups[0], device, mesh_dim_names=("ep",))
+    views = grid.expert_groups(ep)
+    edp = next(g for g in views["edp"] if rank in g)
+    ep_of = {r: g for g in views["ep"] for r in g}
+    plane = [[ep_of[m][e] for m in edp] for e in range(ep)]
+    return DeviceMesh.from_group(list(groups), device, mesh=plane, mesh_dim_names=("ep", "edp"))
 
 
 def expert_params(module: nn.Module) -> list[nn.Parameter]:
@@ -104,7 +135,6 @@ def _refuse_unsupported(cfg: Config, layout: Layout, ep: int) -> None:
     module, lm = cfg.parallel.modules[LANGUAGE], layout.grids[LANGUAGE]
     where = f"parallel.modules.language.ep = {ep}"
     refusals = [
-        (module.fsdp, "with fsdp = true is not supported yet; set fsdp = false"),
         (module.sequence_parallel and lm.tp > 1, "with sequence_parallel = true is not supported yet; set it false"),
         (lm.cp > 1, "with cp > 1 is not supported yet; set parallel.modules.language.cp = 1"),
         (is_pipelined(layout), "on a pipelined layout (modules on disjoint ranks or pp > 1) is not supported yet; "

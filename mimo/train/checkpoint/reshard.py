@@ -43,6 +43,10 @@ def to_global(key: str, t: torch.Tensor, full: torch.Size | None, tp_mesh: Devic
     DTensor view sharded on the one dim where it is smaller than `full`."""
     if full is None or t.shape == full:
         return t
+    if isinstance(t, DTensor) and tp_mesh is not None and tp_mesh.ndim == 2:  # FSDP shards inside ep chunks
+        stride = torch.empty(full, device="meta").stride()
+        return DTensor.from_local(t.to_local(), tp_mesh, [Shard(0), Shard(0)], run_check=False, shape=full,
+                                  stride=stride)
     if isinstance(t, DTensor):
         raise RuntimeError(f"checkpoint entry '{key}' is a DTensor of shape {tuple(t.shape)}, but the full tensor "
                            f"is {tuple(full)}: FSDP over tensor-parallel chunks cannot be checkpointed; use fsdp "
