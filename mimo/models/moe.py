@@ -26,11 +26,12 @@ layout and microbatch split computes what one process does. The loss reaches the
 `loss_scale`: it needs no path through the model's outputs (pipeline stages, activation checkpointing and
 compiled blocks keep their signatures). Where a row is split over ranks (sequence or context parallel), the
 per-row sums `[B, 2E + 1]` pass `row_stats` (identity here; an all-reduce there whose backward is an
-all-reduce, the exact adjoint) and every rank then divides its rows' losses by `row_shards`, so the ranks
-together count each row once.
+all-reduce, the exact adjoint: mimo.parallel.expert.rows) and every rank then divides its rows' losses by
+`row_shards`, so the ranks together count each row once.
 
 Every training forward (grad enabled, not an activation-checkpoint recompute) adds its expert loads and
-router losses to `step_stats` for the trainer's log (mimo.train.router_loss).
+router losses to `step_stats` for the trainer's log (mimo.train.router_loss), divided by `logged_shards`:
+how many of a row's ranks the trainer's log reduction sums over.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class MoEFeedForward(nn.Module):
         self.dispatcher: Dispatcher = local_dispatch
         self.expert_offset = 0  # the global id of w_*[0]: expert parallelism keeps a slice of the experts
         self.row_stats: Callable[[torch.Tensor], torch.Tensor] = lambda stats: stats
-        self.row_shards = 1
+        self.row_shards = self.logged_shards = 1
         self.loss_scale: float | None = None  # None: 1 / (moe_layers * rows of this forward)
         self.moe_layers = moe_layers
         self.step_stats: dict[str, torch.Tensor] = {}
@@ -161,7 +162,8 @@ class MoEFeedForward(nn.Module):
 
     def router_losses(self, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Per-row expert ids `[B, S*k]` and logits `[B, S, E]` -> this layer's weighted router loss summed over
-        its rows (divided by `row_shards`); records the step's statistics (see the module docstring)."""
+        its rows (divided by `row_shards`); records the step's statistics (see the module docstring). Collective
+        where `row_stats` is (every rank of the row's group runs each MoE layer's training forward)."""
         e = self.num_experts
         counts = F.one_hot(ids, e).sum(1).float()
         if self.gating == "sigmoid":
@@ -173,11 +175,11 @@ class MoEFeedForward(nn.Module):
         stats = self.row_stats(torch.cat([counts, probs.sum(1), z_sq], dim=1))
         counts, prob_sums, z_sq = stats[:, :e], stats[:, e:2 * e], stats[:, 2 * e]
         tokens = counts.sum(1) / self.top_k
-        balance = (e / (self.top_k * tokens.square()) * (counts * prob_sums).sum(1)).sum() / self.row_shards
-        z_loss = (z_sq / tokens).sum() / self.row_shards
+        balance = (e / (self.top_k * tokens.square()) * (counts * prob_sums).sum(1)).sum()
+        z_loss = (z_sq / tokens).sum()
         if torch._C._current_graph_task_id() == -1:  # a forward, not a recompute inside the backward
-            self.record(counts.sum(0) / self.row_shards, balance, z_loss)
-        return self.aux_weight * balance + self.z_weight * z_loss
+            self.record(counts.sum(0) / self.logged_shards, balance / self.logged_shards, z_loss / self.logged_shards)
+        return (self.aux_weight * balance + self.z_weight * z_loss) / self.row_shards
 
     def record(self, load: torch.Tensor, balance: torch.Tensor, z_loss: torch.Tensor) -> None:
         """Add one forward's expert loads `[E]` (token copies routed to each) and summed row losses to step_stats."""

@@ -38,6 +38,7 @@ from mimo.parallel.expert.layout import (
     shard_experts,
     validate_expert_parallel,
 )
+from mimo.parallel.expert.rows import share_row_stats
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout, check_heads_divisible
 from mimo.parallel.materialize import local_view
@@ -216,12 +217,23 @@ class ParallelPlan:
             self.pipeline.split(model)
         if self.context is not None:
             self.context.apply(model)
+        self.share_router_rows(model)
         if compute_paths is not None:
             compute_paths(model)
         self.apply_data_parallel(model, sharded=True)
         if on_meta:
             self.materialize_local(model, device)
         self.apply_data_parallel(model, sharded=False)
+
+    def share_router_rows(self, model: MimoModel) -> None:
+        """Where the LM's rows are split (sequence parallel: over tp; context parallel: over cp), the MoE layers'
+        per-row router statistics are summed over those ranks (mimo.parallel.expert.rows)."""
+        grid = self.layout.grids[LANGUAGE]
+        dims = (("tp",) if self._flag(LANGUAGE, "sequence_parallel") and grid.tp > 1 else ()) + (
+            ("cp",) if grid.cp > 1 else ())
+        if dims and self.holds(LANGUAGE):
+            share_row_stats(model.language_model, self.groups[LANGUAGE].group(dims),
+                            self.groups[LANGUAGE].size_of(dims), grid.cp)
 
     def tp_rank(self, name: str) -> tuple[int, int]:
         """(this rank's TP rank, the tp) of module `name`."""
