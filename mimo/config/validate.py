@@ -131,7 +131,7 @@ def validate_moe(cfg: Config) -> None:
 def validate_mrope(llm: Any) -> None:
     """model.llm.mrope_section: three non-negative sizes covering a head's rotary frequencies."""
     half = llm.attention_head_dim // 2
-    if llm.mrope_section and (len(llm.mrope_section) != 3 or min(llm.mrope_section) < 0
+    if llm.mrope_section and not llm.hf_path and (len(llm.mrope_section) != 3 or min(llm.mrope_section) < 0
                               or sum(llm.mrope_section) != half):
         example = [half // 4, half * 3 // 8, half - half // 4 - half * 3 // 8]
         raise ConfigError(f"model.llm.mrope_section = {llm.mrope_section} must be three sizes (temporal, height, "
@@ -168,7 +168,7 @@ def validate_native_vision(key: str, v: Any, llm: Any) -> None:
     if v.max_pixels < v.min_pixels or v.min_pixels < (v.patch * v.merge) ** 2:
         raise ConfigError(f"{key}: need (patch x merge)^2 = {(v.patch * v.merge) ** 2} <= min_pixels ({v.min_pixels}) "
                           f"<= max_pixels ({v.max_pixels}); raise max_pixels or lower min_pixels")
-    if not llm.mrope_section:
+    if not llm.mrope_section and not llm.hf_path:  # a Qwen-VL hf_path sets it
         raise ConfigError("a native_vision modality gives its rows (temporal, height, width) positions: set "
                           "model.llm.mrope_section (three sizes summing to head_dim / 2, e.g. [16, 24, 24] for "
                           "head_dim 128)")

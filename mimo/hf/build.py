@@ -4,20 +4,23 @@ fields) loaded; a config without them goes straight to the pure builder (mimo.mo
 The directories are the truth for architecture: their config.json overwrites the LM's and each vision
 tower's architecture fields in the run's config (so the saved config.toml records the real shapes), the
 model is built, and the weights stream in. Projectors (and anything without an hf_path) keep their random
-initialisation: the LLaVA recipe of training the projector first.
+initialisation: the LLaVA recipe of training the projector first; a Qwen2-VL / Qwen2.5-VL directory as the LM's
+and a native_vision modality's hf_path gives its LM, and its tower with its patch merger (the projection).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from mimo.config.schema import ConfigError, ModelConfig
-from mimo.hf.config import llm_config_from_hf, vit_config_from_hf
+from mimo.hf.config import llm_config_from_hf, model_type, vit_config_from_hf
 from mimo.hf.files import DirectorySource, TensorSlice
 from mimo.hf.load import ShardFn, load_llm_weights, load_vit_weights
+from mimo.hf.qwen2_vl import QWEN_VL_TYPES, load_native_vision_weights, native_vit_config_from_hf, qwen_vl_llm_config
 from mimo.models.build import build_model as build_plain_model
 from mimo.models.init import LocalView, is_on_meta, whole
 from mimo.models.multimodal import MimoModel
@@ -34,13 +37,24 @@ def resolve_hf_architecture(cfg: ModelConfig) -> None:
     """Overwrite architecture fields in `cfg` from the config.json of every hf_path; check placeholder ids."""
     if cfg.llm.hf_path:
         d = _config_of(cfg.llm.hf_path, "model.llm.hf_path")
-        d = d.get("text_config", d) if d.get("model_type") == "llava" else d
-        cfg.llm = llm_config_from_hf(d, f"model.llm.hf_path '{cfg.llm.hf_path}'", base=cfg.llm)
+        where = f"model.llm.hf_path '{cfg.llm.hf_path}'"
+        if d.get("model_type") in QWEN_VL_TYPES:
+            cfg.llm = replace(qwen_vl_llm_config(d, where), init_std=cfg.llm.init_std, hf_path=cfg.llm.hf_path)
+        else:
+            d = d.get("text_config", d) if d.get("model_type") == "llava" else d
+            cfg.llm = llm_config_from_hf(d, where, base=cfg.llm)
     for name, m in cfg.modalities.items():
         field = f"model.modalities.{name}.hf_path"
-        if m.hf_path:
+        if m.hf_path and m.kind == "native_vision":
+            d = _config_of(m.hf_path, field)
+            family = model_type(d, QWEN_VL_TYPES, f"{field} '{m.hf_path}'")
+            native, _ = native_vit_config_from_hf(d["vision_config"], family, f"{field} '{m.hf_path}'")
+            m.native = replace(native, init_std=m.native.init_std, min_pixels=m.native.min_pixels,
+                               max_pixels=m.native.max_pixels, video_token_id=int(d.get("video_token_id", -1)))
+        elif m.hf_path:
             if m.kind != "vision":
-                raise ConfigError(f"{field} is set but kind = '{m.kind}'; Hugging Face towers load for vision only")
+                raise ConfigError(f"{field} is set but kind = '{m.kind}'; Hugging Face towers load for vision and "
+                                  "native_vision (a Qwen2-VL / Qwen2.5-VL directory) only")
             d = _config_of(m.hf_path, field)
             d = d["vision_config"] if d.get("model_type") == "llava" else d
             m.vit = vit_config_from_hf(d, f"{field} '{m.hf_path}'", m.hf_feature_layer, base=m.vit)
@@ -71,11 +85,27 @@ def load_hf_weights_into(model: MimoModel, cfg: ModelConfig, view: LocalView = w
             lm = model.language_model
             load_llm_weights(lm, src, None if view is whole else view_shard_fn(lm, "language_model.", view))
     for name, m in cfg.modalities.items():
+        if m.hf_path and m.kind == "native_vision":
+            load_native_hf_weights(model, name, m.hf_path, view)
+            continue
         vit = model.modality_submodules[name].encoders["vit"] if m.hf_path else None
         if vit is not None and any(True for _ in vit.parameters()):
             with DirectorySource(m.hf_path) as src:
                 shard = view_shard_fn(vit, f"modality_submodules.{name}.encoders.vit.", view)
                 load_vit_weights(vit, src, None if view is whole else shard)
+
+
+def load_native_hf_weights(model: MimoModel, name: str, path: str, view: LocalView) -> None:
+    """A Qwen-VL directory's tower and merger into modality `name`'s (the pieces `view` names). Not collective."""
+    sub = model.modality_submodules[name]
+    tower, merger = sub.encoders["visual"], sub.input_projections[0]
+    if not any(True for _ in sub.parameters()):
+        return
+    prefix = f"modality_submodules.{name}."
+    with DirectorySource(path) as src:
+        shards = (None, None) if view is whole else (view_shard_fn(tower, prefix + "encoders.visual.", view),
+                                                     view_shard_fn(merger, prefix + "input_projections.0.", view))
+        load_native_vision_weights(sub, src, *shards)
 
 
 def build_model(cfg: ModelConfig, load_weights: bool = True) -> MimoModel:

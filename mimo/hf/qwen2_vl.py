@@ -20,6 +20,7 @@ from mimo.hf.load import (
     LLM_ANCHOR,
     DeviceSpec,
     DTypeSpec,
+    ShardFn,
     Source,
     find_prefix,
     load_hf_weights,
@@ -81,12 +82,14 @@ def qwen_vl_model_config(d: dict[str, Any], where: str) -> ModelConfig:
     return ModelConfig(llm=llm, modalities={IMAGES: images})
 
 
-def load_native_vision_weights(sub: ModalitySubmodules, src: WeightSource) -> None:
-    """The tower (`visual.*` minus the merger) and the merger (the input projection) of a Qwen-VL checkpoint."""
+def load_native_vision_weights(sub: ModalitySubmodules, src: WeightSource, tower_shard: ShardFn | None = None,
+                               merger_shard: ShardFn | None = None) -> None:
+    """The tower (`visual.*` minus the merger) and the merger (the input projection) of a Qwen-VL checkpoint; the
+    shard functions (mimo.hf.load) read each rank's pieces."""
     prefix = find_prefix(src, TOWER_ANCHOR, "Qwen-VL vision tower")
     tower, merger = sub.encoders["visual"], sub.input_projections[0]
-    load_hf_weights(tower, src, {n: prefix + n for n in tower.state_dict()})
-    load_hf_weights(merger, src, {n: f"{prefix}merger.{n}" for n in merger.state_dict()})
+    load_hf_weights(tower, src, {n: prefix + n for n in tower.state_dict()}, tower_shard)
+    load_hf_weights(merger, src, {n: f"{prefix}merger.{n}" for n in merger.state_dict()}, merger_shard)
 
 
 def import_qwen2_vl(source: Source, dtype: DTypeSpec = "auto",

@@ -17,9 +17,9 @@ IMAGE_GRIDS = [[1, 8, 12], [1, 4, 6]]
 VIDEO_GRIDS = [[2, 4, 4]]
 
 
-def tiny_qwen_vl(family: str, tie: bool = False):
+def tiny_qwen_vl(family: str, tie: bool = False, vocab: int = 128):
     """A random two-layer Qwen-VL LM (head_dim 16, M-RoPE sections 2/3/3) under a tower of 4-px patches."""
-    text = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    text = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=256,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
                 tie_word_embeddings=tie)

@@ -3,6 +3,7 @@ JSONL manifest of images of several sizes and a video becoming batches with per-
 positions, and `mimo train` end to end on it (then `mimo export` to a Qwen2.5-VL directory)."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -14,11 +15,14 @@ from mimo.config.load import load_config
 from mimo.config.schema import NativeViTConfig
 from mimo.data.native_data import build_native_data
 from mimo.data.native_images import grid_of, load_item, smart_resize
+from mimo.hf.build import build_model as build_hf_model
 from mimo.hf.qwen2_vl import import_qwen2_vl, qwen_vl_inputs
 from mimo.models.build import build_model
 from mimo.models.mrope import mrope_positions
+from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS
 from tests.support.hf_helpers import TOL, rel_diff, transformers
+from tests.unit.test_hf_qwen2_vl import batch, tiny_qwen_vl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -113,3 +117,26 @@ def test_mimo_train_then_export_on_native_resolution_data(tmp_path):
         ref = hf(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(ids == 259).int()).logits
         ours = model(**qwen_vl_inputs(cfg.model, ids, pixels, grid)).logits
     assert rel_diff(ours, ref) <= TOL
+
+
+def test_training_from_a_qwen_vl_checkpoint_named_by_hf_path(tmp_path):
+    """model.llm.hf_path and the modality's hf_path name one Qwen2.5-VL directory: the built model gives its logits,
+    and it trains on the manifest."""
+    hf = tiny_qwen_vl("qwen2_5_vl", vocab=320)
+    hf.config.image_token_id, hf.config.video_token_id = 300, 301  # ids the byte tokenizer never writes
+    hf.model.config.image_token_id, hf.model.config.video_token_id = 300, 301
+    hf.save_pretrained(tmp_path / "qwen")
+    paths = [f"--model.llm.hf_path={tmp_path / 'qwen'}", f"--model.modalities.images.hf_path={tmp_path / 'qwen'}",
+             "--model.modalities.images.token_id=300", "--model.modalities.images.native.min_pixels=256",
+             "--model.modalities.images.native.max_pixels=4096"]
+    cfg = load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, *paths, f"--data.path={manifest(tmp_path)}",
+                                                             f"--run.out_dir={tmp_path / 'runs'}", "--train.steps=2"])
+    model = build_hf_model(cfg.model).eval()  # resolves cfg.model from the directory in place
+    inputs = batch()
+    inputs["input_ids"] = inputs["input_ids"] + 200 * ((inputs["input_ids"] == 100) | (inputs["input_ids"] == 101))
+    with torch.no_grad():
+        ref = hf(**inputs).logits
+        mine = qwen_vl_inputs(cfg.model, **{k: v for k, v in inputs.items() if k != "mm_token_type_ids"})
+        assert rel_diff(model(**mine).logits, ref) <= TOL
+    summary = Trainer(cfg).train()
+    assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])
