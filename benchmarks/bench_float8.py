@@ -43,6 +43,7 @@ def worker(args: argparse.Namespace) -> dict:
         losses.append(trainer.train_step(i)["loss"])
         sync()
         times.append(time.perf_counter() - t0)
+        print(f"step {i} {times[-1]:.4f} s loss {losses[-1]:.4f}", file=sys.stderr, flush=True)  # kept on a timeout
     step = statistics.median(times[args.warmup:])
     t = trainer.cfg.train
     return {"options": args.options, "steps": args.steps, "step_s_median": round(step, 5),
