@@ -3,12 +3,12 @@
 The mix: per 8 samples, 1 with a large image and 7 with a small one, over 4 data lanes, rows shuffled (a seeded
 draw per trial). Two cost models:
 
-- `native`: images at their own size, as a Qwen2-VL-class tower sees them (the model issue #31 builds): a
-  Qwen2.5-VL-7B-shaped ViT (32 layers, hidden 1280, MLP 3420, patch 14, full attention in every layer) over a
-  1008 x 1008 image (5184 patches) or a 224 x 224 one (256 patches), the 2x2 merger's tokens (patches / 4) plus
-  128 text tokens into a Qwen2.5-7B-shaped LM, each row as long as its tokens; mimo/models/flops.py's
-  `encoder_flops` and `lm_flops` per row. This exercises the assignment (mimo/data/lanes.py `balanced_order`)
-  on costs today's encoders cannot produce yet.
+- `native`: images at their own size on a Qwen2.5-VL-7B-shaped native_vision tower (32 layers, hidden 1280, MLP
+  3420, patch 14, 112-pixel windows, full attention in layers 7, 15, 23 and 31) over a 1008 x 1008 image (a 72 x 72
+  patch grid) or a 224 x 224 one (16 x 16), its merger's tokens (patches / 4) plus 128 text tokens into a
+  Qwen2.5-7B-shaped LM; per row `native_item_flops` (mimo/data/lanes.py, what `mimo train` uses) plus `lm_flops`
+  over the row. Two LM terms: `padded`, every row as long as the longest (1,424 tokens), as `mimo train`'s rows
+  are; `own`, each row as long as its tokens (what packing or variable-length rows would give).
 - `fixed`: what `mimo train` balances today: preset `small` (a 336 x 336 ViT, one image size), rows of one
   length, the large sample being 3 images and the small ones 1; costs from `LaneBalancer` on real batches.
 
@@ -24,24 +24,23 @@ import statistics
 import torch
 
 from benchmarks.workload import MODALITY, images_seq_len, load_preset, model_config
-from mimo.config.schema import LLMConfig
-from mimo.data.lanes import LaneBalancer, balanced_order, lane_imbalance
-from mimo.models.flops import block_params, encoder_flops, lm_flops, projector_flops
+from mimo.config.schema import LLMConfig, NativeViTConfig
+from mimo.data.lanes import LaneBalancer, balanced_order, lane_imbalance, native_item_flops
+from mimo.models.flops import lm_flops
 
 LANES = 4
-QWEN25_VIT = dict(layers=32, hidden=1280, mlp=3420, patch=14, channels=3)
+QWEN25_VIT = NativeViTConfig(family="qwen2_5_vl", patch=14, merge=2, hidden=1280, layers=32, heads=16, mlp=3420,
+                             window=112, full_attention_layers=[7, 15, 23, 31])
 QWEN25_LM = LLMConfig(vocab=152064, hidden=3584, layers=28, heads=28, kv_heads=4, mlp=18944)
 TEXT_TOKENS = 128
 
 
-def native_cost(side: int) -> int:
+def native_cost(side: int, padded: bool) -> int:
     """Forward FLOPs of a sample with one `side` x `side` image and TEXT_TOKENS of text (see the docstring)."""
-    v = QWEN25_VIT
-    patches = (side // v["patch"]) ** 2
-    params = block_params(v["hidden"], v["mlp"], v["layers"]) + v["channels"] * v["patch"] ** 2 * v["hidden"]
-    tokens = patches // 4
-    merger = projector_flops(4 * v["hidden"], QWEN25_LM.hidden, tokens)
-    return encoder_flops(params, patches, v["layers"], v["hidden"]) + merger + lm_flops(QWEN25_LM, tokens + TEXT_TOKENS)
+    grid = side // QWEN25_VIT.patch
+    tokens = grid * grid // 4
+    row = (1008 // QWEN25_VIT.patch) ** 2 // 4 + TEXT_TOKENS if padded else tokens + TEXT_TOKENS
+    return native_item_flops(QWEN25_VIT, QWEN25_LM.hidden, 1, grid, grid) + lm_flops(QWEN25_LM, row)
 
 
 def mix(rows: int, large: int, small: int, rng: random.Random) -> list[int]:
@@ -57,10 +56,10 @@ def figures(trials: list[tuple[float, float]]) -> str:
             f"after mean {statistics.mean(after):.3f} max {max(after):.3f}")
 
 
-def native(rows: int, microbatches: int, trials: int) -> str:
+def native(rows: int, microbatches: int, trials: int, padded: bool) -> str:
     """The lanes' figures, and with several microbatches the bins' (one lane's share of one microbatch)."""
     rng = random.Random(0)
-    large, small = native_cost(1008), native_cost(224)
+    large, small = native_cost(1008, padded), native_cost(224, padded)
     lanes, bins = [], []
     for _ in range(trials):
         costs = mix(rows, large, small, rng)
@@ -94,10 +93,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
     args = parser.parse_args()
-    print(f"native cost ratio large / small sample: {native_cost(1008) / native_cost(224):.1f}")
+    for padded in (True, False):
+        ratio = native_cost(1008, padded) / native_cost(224, padded)
+        print(f"native {'padded' if padded else 'own'} rows: large / small sample cost {ratio:.2f}")
     for rows, microbatches in ((8, 1), (32, 1), (32, 4), (64, 1)):
         shape = f"{rows} rows, {LANES} lanes x {microbatches} microbatch(es)"
-        print(f"native {shape}: {native(rows, microbatches, args.trials)}")
+        for padded in (True, False):
+            name = "padded" if padded else "own   "
+            print(f"native {name} {shape}: {native(rows, microbatches, args.trials, padded)}")
         print(f"fixed  {shape}: {fixed(rows, microbatches, max(1, args.trials // 10))}")
 
 
