@@ -24,7 +24,6 @@ from mimo.parallel.comm import collective_device
 from mimo.parallel.expert.dispatch import ExpertParallelDispatch
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.plan import is_pipelined
 
 EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 """The stacked expert weights of a MoEFeedForward, dim 0 the expert."""
@@ -137,8 +136,6 @@ def _refuse_unsupported(cfg: Config, layout: Layout, ep: int) -> None:
     refusals = [
         (module.sequence_parallel and lm.tp > 1, "with sequence_parallel = true is not supported yet; set it false"),
         (lm.cp > 1, "with cp > 1 is not supported yet; set parallel.modules.language.cp = 1"),
-        (is_pipelined(layout), "on a pipelined layout (modules on disjoint ranks or pp > 1) is not supported yet; "
-         "colocate the modules with pp = 1"),
         (cfg.train.master_weights, "with train.master_weights = true is not supported yet; set it false"),
         (bool(cfg.model.llm.hf_path), "with model.llm.hf_path is not supported yet; train from the config's shapes"),
     ]
