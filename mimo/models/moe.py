@@ -81,6 +81,15 @@ def grouped_mm_available(x: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
+def grouped_experts(x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                    down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`expert_compute`'s math as three `torch._grouped_mm` products over the experts' row groups (no host sync)."""
+    offs = torch.cumsum(tokens_per_expert, 0).to(torch.int32)
+    inner = act(torch._grouped_mm(x_sorted, gate.transpose(1, 2), offs=offs))
+    inner = inner * torch._grouped_mm(x_sorted, up.transpose(1, 2), offs=offs)
+    return torch._grouped_mm(inner, down.transpose(1, 2), offs=offs)
+
+
 class MoEFeedForward(nn.Module):
     """Routed experts (`w_gate`, `w_up` `[E, moe_mlp, H]`, `w_down` `[E, H, moe_mlp]`: expert e is the SwiGLU
     `w_down[e] @ (act(w_gate[e] @ x) * (w_up[e] @ x))`), a `router` Linear(H, E), an optional shared expert
@@ -134,10 +143,7 @@ class MoEFeedForward(nn.Module):
         n, first = tokens_per_expert.numel(), first_expert - self.expert_offset
         gate, up, down = (w[first:first + n] for w in (self.w_gate, self.w_up, self.w_down))
         if grouped_mm_available(x_sorted):
-            offs = torch.cumsum(tokens_per_expert, 0).to(torch.int32)
-            inner = self.act(torch._grouped_mm(x_sorted, gate.transpose(1, 2), offs=offs))
-            inner = inner * torch._grouped_mm(x_sorted, up.transpose(1, 2), offs=offs)
-            return torch._grouped_mm(inner, down.transpose(1, 2), offs=offs)
+            return grouped_experts(x_sorted, tokens_per_expert, gate, up, down, self.act)
         outs = []
         for e, rows in enumerate(torch.split(x_sorted, tokens_per_expert.tolist())):
             outs.append((self.act(rows @ gate[e].t()) * (rows @ up[e].t())) @ down[e].t())

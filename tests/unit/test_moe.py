@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mimo.models.moe import MoEFeedForward
+from mimo.models.moe import MoEFeedForward, grouped_experts
 from tests.support.configs import tiny_llm
 
 H = 32
@@ -192,3 +192,16 @@ def test_expert_compute_takes_global_expert_ids_on_a_slice_of_the_experts():
     part.expert_offset = 2
     rows, counts = torch.randn(5, H), torch.tensor([3, 2])
     torch.testing.assert_close(part.expert_compute(rows, counts, 2), moe.expert_compute(rows, counts, 2))
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
+def test_the_grouped_matmul_path_computes_the_loop_over_experts():
+    """The GPU path's products, run forward on the CPU in bf16 (this torch's CPU kernel has no backward): the loop's
+    outputs to bf16 rounding, an expert with no rows included."""
+    moe = make_moe()
+    rows, counts = torch.randn(9, H), torch.tensor([3, 0, 4, 2])
+    with torch.no_grad():
+        want = moe.expert_compute(rows, counts, 0)
+        bf16 = [t.bfloat16() for t in (rows, moe.w_gate, moe.w_up, moe.w_down)]
+        got = grouped_experts(bf16[0], counts, *bf16[1:], moe.act)
+    assert got.dtype == torch.bfloat16 and (got.float() - want).abs().max() <= 0.02 * want.abs().max()
