@@ -24,6 +24,10 @@ Per module type, forward FLOPs:
   at T frames, conv2 (3 hidden^2) and the blocks at T' = (T - 1) // 2 + 1 positions, attention
   layers * 4 T'^2 hidden. It leaves out the same things as the ViT rule does.
 - Projector, per row it projects: 2 (in * lm_hidden + lm_hidden^2).
+- Native-resolution tower (Qwen2-VL), per item of N = t h w patches: 2 N (channels T P^2 hidden + layers (4 hidden^2
+  + SwiGLU's 3 or the MLP's 2 hidden mlp)), attention 4 hidden sum(segment^2) per layer over its segments (a frame,
+  or a window of it outside the full-attention layers), and the merger 2 (N / merge^2) ((merge^2 hidden)^2 +
+  merge^2 hidden lm_hidden).
 
 Not counted: the Out path's output projections and decoders, and the stand-in input an encoder runs
 on when a microbatch holds none of its inputs (no model work).
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from mimo.config.schema import AudioConfig, LLMConfig, ModelConfig, ViTConfig
+from mimo.config.schema import AudioConfig, LLMConfig, ModelConfig, NativeViTConfig, ViTConfig
 from mimo.models.audio import AudioEncoder
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 
@@ -89,6 +93,25 @@ def projector_flops(dim_in: int, lm_hidden: int, rows: int) -> int:
     return 2 * (dim_in * lm_hidden + lm_hidden * lm_hidden) * rows
 
 
+def _square_sum(length: int, chunk: int) -> int:
+    """Sum of squared chunk lengths when `length` is cut into runs of `chunk` (the last one shorter)."""
+    full, rest = divmod(length, chunk)
+    return full * chunk * chunk + rest * rest
+
+
+def native_flops(cfg: NativeViTConfig, grid: tuple[int, int, int], lm_hidden: int) -> int:
+    """Forward FLOPs of one image or video of `grid` (temporal, rows, columns patches), merger included."""
+    t, h, w = grid
+    n, d, wide = t * h * w, cfg.hidden, cfg.hidden * cfg.merge**2
+    mlp = (3 if cfg.family == "qwen2_5_vl" else 2) * d * cfg.mlp
+    weights = cfg.patch_pixels * d + cfg.layers * (4 * d * d + mlp)
+    side = cfg.window // cfg.merge // cfg.patch * cfg.merge if cfg.family == "qwen2_5_vl" and cfg.window else 0
+    full = cfg.layers if not side else len(set(cfg.full_attention_layers))
+    windowed = t * _square_sum(h, side) * _square_sum(w, side) if side else 0
+    attention = 4 * d * (full * t * (h * w) ** 2 + (cfg.layers - full) * windowed)
+    return 2 * weights * n + attention + 2 * (n // cfg.merge**2) * (wide * wide + wide * lm_hidden)
+
+
 def modality_flops(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> int:
     """Forward FLOPs of one modality's encoder and projector over all its inputs in the batch."""
     m, lm_hidden = cfg.modalities[name], cfg.llm.hidden
@@ -99,6 +122,8 @@ def modality_flops(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[s
         lengths = kwargs.get(OUTPUT_LENGTHS)
         rows = int(lengths.sum()) if lengths is not None else n * AudioEncoder.output_frames(frames)
         return n * audio_flops(m.audio, frames) + projector_flops(m.audio.hidden, lm_hidden, rows)
+    if m.kind == "native_vision":
+        return sum(native_flops(m.native, tuple(g), lm_hidden) for g in kwargs["grid_thw"].tolist())
     n = next((v.shape[0] for v in kwargs.values() if isinstance(v, torch.Tensor)), 0)
     return n * vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, n * m.vit.tokens_per_image)
 

@@ -8,6 +8,7 @@ import torch
 from mimo.config.schema import Config, ConfigError, DataConfig
 from mimo.config.validate import validate_data, validate_model
 from mimo.models.build import build_model
+from mimo.models.flops import modality_flops
 from mimo.models.mrope import mrope_positions
 from tests.support.configs import tiny_native_vlm
 
@@ -87,3 +88,13 @@ def test_native_data_needs_a_real_data_set_and_no_packing():
     with pytest.raises(ConfigError, match="data.packing = true with the native_vision modality 'images'"):
         validate_data(Config(model=tiny_native_vlm(), data=DataConfig(name="jsonl", path="m.jsonl", packing=True,
                                                                          pack_length=64)))
+
+
+def test_native_flops_by_hand():
+    """An 8 x 12-patch image through TINY_NATIVE (16 wide, 2 layers, 4 x 4-patch windows outside layer 1), LM 32."""
+    cfg = tiny_native_vlm()
+    inputs = {"visual": {"pixel_values": torch.zeros(96, PIXELS), "grid_thw": torch.tensor([[1, 8, 12], [1, 0, 0]])}}
+    weights = 2 * 96 * (PIXELS * 16 + 2 * (4 * 16 * 16 + 3 * 16 * 32))
+    attention = 4 * 16 * (96 * 96 + 6 * 16 * 16)  # layer 1 whole; layer 0 over six 16-patch windows
+    merger = 2 * 24 * (64 * 64 + 64 * 32)
+    assert modality_flops(cfg, "images", inputs) == weights + attention + merger
