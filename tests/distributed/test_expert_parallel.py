@@ -1,10 +1,12 @@
-"""Expert parallelism equals single-process training: ep2 and ep4 over the LM's dp, ep2 x tp2 (TP on attention), and
-ep with FSDP (the experts sharded over their edp ranks, everything else over the LM's dp).
+"""Expert parallelism equals single-process training: ep2 and ep4 over the LM's dp, ep2 x tp2 (TP on attention, with
+and without sequence parallel), ep2 x cp2, and ep with FSDP (the experts sharded over their edp ranks, everything else
+over the LM's dp).
 
 All cases run in one spawn of 4 gloo ranks, the VLM colocated on all of them. The parallel model is built on
 the meta device, so each rank materialises only its experts (with the single-process values for its slices).
-Routers: a softmax top-2 router with both router losses, and an imbalanced one (sigmoid top-1 with a balancing
-bias that sends every token to expert 0, so the other experts' ranks receive nothing). Each case is checked
+Routers: a softmax top-2 router with both router losses (without them under cp and sequence parallel, where
+the router losses' row statistics are mimo/models/moe.py's to share), and an imbalanced one (sigmoid top-1 with
+a balancing bias that sends every token to expert 0, so the other experts' ranks receive nothing). Each case is checked
 against one process on the same seeded model and batch: loss-token count, loss, every gradient and every
 weight after one AdamW step with clipping, max |diff| <= 1e-5 x max |ref|.
 """
@@ -33,6 +35,7 @@ IMAGES = [0, 1, 2, 1, 0, 1, 1, 0]
 ROUTERS = {
     "softmax": dict(moe_top_k=2, moe_aux_loss_weight=0.1, moe_z_loss_weight=0.01),
     "all_to_one": dict(moe_top_k=1, moe_gating="sigmoid"),
+    "plain": dict(moe_top_k=2),
 }
 
 
@@ -131,6 +134,11 @@ CASES = [
     (dict(ep=2, fsdp=True), "softmax", 2),
     (dict(ep=2, fsdp=True), "all_to_one", 1),
     (dict(ep=4, fsdp=True), "softmax", 1),
+    (dict(ep=2, cp=2), "plain", 1),
+    (dict(ep=2, cp=2), "all_to_one", 2),
+    (dict(ep=2, cp=2, fsdp=True), "plain", 1),
+    (dict(ep=2, tp=2, sequence_parallel=True), "plain", 1),
+    (dict(ep=2, tp=2, sequence_parallel=True), "all_to_one", 1),
 ]
 
 
@@ -148,7 +156,6 @@ def test_expert_parallel_equals_single_process():
     (dict(ep=4, tp=2), 4, r"ep = 4 must divide the LM's dp \(2; experts are carved out of data parallelism"),
     (dict(ep=8), 8, r"ep = 8 must divide model.llm.moe_experts \(4\)"),
     (dict(ep=0), 4, r"parallel.modules.language.ep = 0 must be >= 1"),
-    (dict(ep=2, cp=2), 4, r"ep = 2 with cp > 1 is not supported yet"),
 ])
 def test_gate_refuses_expert_layouts_it_cannot_run(lm, world, message):
     cfg = _config(lm, "softmax", 1)

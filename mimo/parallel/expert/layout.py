@@ -126,16 +126,13 @@ def validate_expert_parallel(cfg: Config, layout: Layout) -> None:
                           f"parallelism only); choose a divisor of {lm.dp}")
     if llm.moe_experts % ep:
         raise ConfigError(f"{where} = {ep} must divide model.llm.moe_experts ({llm.moe_experts}); choose a divisor")
-    _refuse_unsupported(cfg, layout, ep)
+    _refuse_unsupported(cfg, ep)
 
 
-def _refuse_unsupported(cfg: Config, layout: Layout, ep: int) -> None:
-    """The layouts and features expert parallelism is not built for yet, each refused by its field."""
-    module, lm = cfg.parallel.modules[LANGUAGE], layout.grids[LANGUAGE]
+def _refuse_unsupported(cfg: Config, ep: int) -> None:
+    """The features expert parallelism is not built for yet, each refused by its field."""
     where = f"parallel.modules.language.ep = {ep}"
     refusals = [
-        (module.sequence_parallel and lm.tp > 1, "with sequence_parallel = true is not supported yet; set it false"),
-        (lm.cp > 1, "with cp > 1 is not supported yet; set parallel.modules.language.cp = 1"),
         (cfg.train.master_weights, "with train.master_weights = true is not supported yet; set it false"),
         (bool(cfg.model.llm.hf_path), "with model.llm.hf_path is not supported yet; train from the config's shapes"),
     ]
