@@ -6,7 +6,7 @@ draw per trial). Two cost models:
 - `native`: images at their own size on a Qwen2.5-VL-7B-shaped native_vision tower (32 layers, hidden 1280, MLP
   3420, patch 14, 112-pixel windows, full attention in layers 7, 15, 23 and 31) over a 1008 x 1008 image (a 72 x 72
   patch grid) or a 224 x 224 one (16 x 16), its merger's tokens (patches / 4) plus 128 text tokens into a
-  Qwen2.5-7B-shaped LM; per row `native_item_flops` (mimo/data/lanes.py, what `mimo train` uses) plus `lm_flops`
+  Qwen2.5-7B-shaped LM; per row `native_flops` (mimo/models/flops.py, what `mimo train` balances by) plus `lm_flops`
   over the row. Two LM terms: `padded`, every row as long as the longest (1,424 tokens), as `mimo train`'s rows
   are; `own`, each row as long as its tokens (what packing or variable-length rows would give).
 - `fixed`: what `mimo train` balances today: preset `small` (a 336 x 336 ViT, one image size), rows of one
@@ -25,8 +25,8 @@ import torch
 
 from benchmarks.workload import MODALITY, images_seq_len, load_preset, model_config
 from mimo.config.schema import LLMConfig, NativeViTConfig
-from mimo.data.lanes import LaneBalancer, balanced_order, lane_imbalance, native_item_flops
-from mimo.models.flops import lm_flops
+from mimo.data.lanes import LaneBalancer, balanced_order, lane_imbalance
+from mimo.models.flops import lm_flops, native_flops
 
 LANES = 4
 QWEN25_VIT = NativeViTConfig(family="qwen2_5_vl", patch=14, merge=2, hidden=1280, layers=32, heads=16, mlp=3420,
@@ -40,7 +40,7 @@ def native_cost(side: int, padded: bool) -> int:
     grid = side // QWEN25_VIT.patch
     tokens = grid * grid // 4
     row = (1008 // QWEN25_VIT.patch) ** 2 // 4 + TEXT_TOKENS if padded else tokens + TEXT_TOKENS
-    return native_item_flops(QWEN25_VIT, QWEN25_LM.hidden, 1, grid, grid) + lm_flops(QWEN25_LM, row)
+    return native_flops(QWEN25_VIT, (1, grid, grid), QWEN25_LM.hidden) + lm_flops(QWEN25_LM, row)
 
 
 def mix(rows: int, large: int, small: int, rng: random.Random) -> list[int]:

@@ -13,7 +13,7 @@ Cost of a row (its estimated forward FLOPs, `mimo.models.flops`' conventions, fr
 shapes): the LM over the row's S tokens (`lm_flops`, quadratic attention term included) plus, for each
 encoder input the row holds, the encoder over that input's positions with the quadratic attention term
 (`vit_flops` per image: (image / patch)^2 patches and the class token; `audio_flops` per clip;
-`native_item_flops` per image or video of a native-resolution tower, from its `grid_thw`) and the
+`native_flops` per image or video of a native-resolution tower, from its `grid_thw`) and the
 projector (or patch merger) over the rows it keeps. Rows of one batch share one length, so the LM
 term is the same for every row and the assignment is driven by the encoder term (images per sample and
 their sizes); it still enters the imbalance figure's mean.
@@ -36,37 +36,11 @@ from typing import Any
 
 import torch
 
-from mimo.config.schema import ModelConfig, NativeViTConfig
+from mimo.config.schema import ModelConfig
 from mimo.data.batching import COUNTS, input_counts
 from mimo.models.audio import AudioEncoder
-from mimo.models.flops import audio_flops, lm_flops, projector_flops, vit_flops
+from mimo.models.flops import audio_flops, lm_flops, native_flops, projector_flops, vit_flops
 from mimo.models.sample_rows import OUTPUT_LENGTHS
-
-
-def _window_sizes(side: int, window: int) -> list[int]:
-    """Patches along one side of each attention window that tiles `side` patches (the last one partial)."""
-    return [window] * (side // window) + ([side % window] if side % window else [])
-
-
-def native_item_flops(v: NativeViTConfig, lm_hidden: int, t: int, h: int, w: int) -> int:
-    """Forward FLOPs of one item of a native-resolution tower: `t` temporal patches of an `h` x `w` patch grid.
-    Weights at every patch; attention per frame as a block-diagonal kernel computes it (t (h w)^2 per layer), and
-    in Qwen2.5-VL's windowed layers per window (windows of window // patch patches, rounded down to merge, as
-    mimo.models.native_vit's `window_patches`); the patch merger over t h w / merge^2 rows."""
-    patches = t * h * w
-    mlp = (3 if v.family == "qwen2_5_vl" else 2) * v.hidden * v.mlp
-    params = v.layers * (4 * v.hidden * v.hidden + mlp) + v.channels * v.temporal_patch * v.patch ** 2 * v.hidden
-    full = t * (h * w) ** 2
-    side = v.window // v.merge // v.patch * v.merge if v.family == "qwen2_5_vl" else 0
-    if side:
-        windowed = t * sum(r * r for r in _window_sizes(h, side)) * sum(c * c for c in _window_sizes(w, side))
-        full_layers = sum(0 <= i < v.layers for i in set(v.full_attention_layers))
-    else:
-        windowed, full_layers = 0, v.layers
-    attention = 4 * v.hidden * (full_layers * full + (v.layers - full_layers) * windowed)
-    wide = v.hidden * v.merge ** 2
-    merger = 2 * (wide * wide + wide * lm_hidden) * (patches // v.merge ** 2)
-    return 2 * params * patches + attention + merger
 
 
 def input_costs(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> list[int]:
@@ -74,7 +48,7 @@ def input_costs(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[str,
     m, lm_hidden = cfg.modalities[name], cfg.llm.hidden
     kwargs = next(iter(encoder_inputs.values()), {})
     if m.kind == "native_vision":
-        return [native_item_flops(m.native, lm_hidden, *item) for item in kwargs["grid_thw"].tolist()]
+        return [native_flops(m.native, tuple(item), lm_hidden) for item in kwargs["grid_thw"].tolist()]
     if m.kind == "audio":
         features = kwargs["input_features"]
         frames = features.shape[-1]

@@ -1,6 +1,6 @@
 """`data.balance_lanes = true` on native-resolution data: a JSONL manifest of images of five sizes (4 x 4 to 16 x 16
 patches), a 3-frame video and a missing image (a row with no item), costs from each item's `grid_thw`
-(`native_item_flops`). Every rank then reads the whole batch; two `Trainer` steps give the single-process
+(`native_flops`). Every rank then reads the whole batch; two `Trainer` steps give the single-process
 (unbalanced) losses and gradients within 1e-5 relative on colocated dp2 x 2 microbatches and on the colocated
 fan-in (tower dp2 into LM tp2). Not on a pipeline: a native_vision tower does not run on pipelined layouts yet (its
 stage wants per-input row lengths); tests/distributed/test_balanced_lanes.py covers balancing there."""

@@ -21,11 +21,10 @@ from mimo.data.lanes import (
     bin_loads,
     lane_imbalance,
     lpt_bins,
-    native_item_flops,
     row_costs,
     take_rows,
 )
-from mimo.models.flops import lm_flops, projector_flops, vit_flops
+from mimo.models.flops import lm_flops, native_flops, projector_flops, vit_flops
 from mimo.train.trainer import Trainer
 from tests.support.tiny_run import tiny_config
 
@@ -147,7 +146,7 @@ def test_balance_lanes_needs_a_modality(tmp_path):
         validate(cfg)
 
 
-def test_native_item_cost_by_hand():
+def test_native_item_cost_by_hand():  # the cost balancing reads for a native_vision item
     """A 1 x 6 x 8 patch grid on a Qwen2.5-VL-style tower (hidden 64, MLP 128, 2 layers, layer 1 full attention,
     window 32 px = 4 patches, patch 8, merge 2) into an LM of hidden 128. Weights: 2 x (4 x 64^2 + 3 x 64 x 128)
     + 3 x 2 x 8^2 x 64 = 106,496, times 2 x 48 patches = 10,223,616. Attention, 4 x 64 x (one full layer 48^2 =
@@ -155,11 +154,11 @@ def test_native_item_cost_by_hand():
     2 x (256^2 + 256 x 128) x 12 rows = 2,359,296. Qwen2-VL (no windows, 2-matrix MLP): both layers full."""
     v = NativeViTConfig(family="qwen2_5_vl", patch=8, merge=2, hidden=64, mlp=128, layers=2, window=32,
                         full_attention_layers=[1])
-    assert native_item_flops(v, 128, 1, 6, 8) == 10_223_616 + 753_664 + 2_359_296
+    assert native_flops(v, (1, 6, 8), 128) == 10_223_616 + 753_664 + 2_359_296
     v2 = dataclasses.replace(v, family="qwen2_vl")
     weights = 2 * (2 * (4 * 64 * 64 + 2 * 64 * 128) + 3 * 2 * 8 * 8 * 64) * 48
-    assert native_item_flops(v2, 128, 1, 6, 8) == weights + 4 * 64 * 2 * 2304 + 2_359_296
-    assert native_item_flops(v, 128, 2, 6, 8) == 2 * native_item_flops(v, 128, 1, 6, 8)  # frames attend alone
+    assert native_flops(v2, (1, 6, 8), 128) == weights + 4 * 64 * 2 * 2304 + 2_359_296
+    assert native_flops(v, (2, 6, 8), 128) == 2 * native_flops(v, (1, 6, 8), 128)  # frames attend alone
 
 
 def test_trainer_logs_the_imbalance_before_and_after(tmp_path):
