@@ -7,8 +7,9 @@ per-row loss sum with `loss_scale` in the backward). Here every MoE layer this r
     loss_scale = 1 / (MoE layers of the LM * data.global_batch)
 
 once, a constant of the config, so the objective is the same sum over the global batch's rows on every
-layout. Per step: `begin` clears the layers' statistics, `end` sums them over the LM's data lanes (the
-token copies routed to each expert, the row losses) for the log, and `after_update` moves each sigmoid
+layout. Per step: `begin` clears the layers' statistics, `end` sums them (the token copies routed to each
+expert, the row losses) over the LM's data lanes, or on a pipelined layout over every stage's lanes, into
+one table of every MoE layer of the LM on every rank, for the log; and `after_update` moves each sigmoid
 router's `expert_bias` by `moe_bias_rate` toward balance (down where an expert's global load is above the
 mean, up where below), from the same global counts on every rank.
 """
@@ -27,14 +28,17 @@ ROUTER_KEYS = ("moe_aux_loss", "moe_z_loss", "moe_load")
 
 
 class RouterLosses:
-    """The step's bookkeeping of the MoE layers of `model` held by this rank (none: every call is a no-op and
-    makes no collective)."""
+    """The step's bookkeeping of the MoE layers of `model` held by this rank (a dense LM: every call is a no-op
+    and makes no collective)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Config):
+    def __init__(self, model: torch.nn.Module, cfg: Config, device: torch.device | str = "cpu"):
         llm = cfg.model.llm
-        self.layers = moe_layers(model)
-        self.names = [name.split(".")[-2] for name in self.layers]  # "language_model.layers.3.mlp" -> "3"
-        self.scale = 1.0 / (max(1, sum(map(llm.is_moe_layer, range(llm.layers)))) * cfg.data.global_batch)
+        self.device = torch.device(device)  # where `end`'s reduction runs (the collectives' device)
+        self.names = [str(i) for i in range(llm.layers) if llm.is_moe_layer(i)]  # every MoE layer of the LM
+        held = moe_layers(model)  # "language_model.layers.3.mlp" -> "3"
+        self.layers = {self.names.index(name.split(".")[-2]): m for name, m in held.items()}
+        self.experts = llm.moe_experts
+        self.scale = 1.0 / (max(1, len(self.names)) * cfg.data.global_batch)
         self.weights = (llm.moe_aux_loss_weight, llm.moe_z_loss_weight)
         self.bias_rate = llm.moe_bias_rate
         self.loads: torch.Tensor | None = None
@@ -46,15 +50,20 @@ class RouterLosses:
             m.step_stats = {}
 
     def end(self, reduce: Reduce) -> tuple[float, dict]:
-        """Collective over the LM's data lanes when this rank holds MoE layers: (the step's weighted router
-        objective, the log: `moe_aux_loss` and `moe_z_loss` (unweighted, per row, averaged over the layers) and
-        `moe_load` {layer: each expert's share of the token copies routed})."""
+        """Collective (`reduce`: the sum over the LM's data lanes, or `sum_per_lm_lane` of a pipelined layout,
+        which every rank joins) for an MoE LM: (the step's weighted router objective, the log: `moe_aux_loss` and
+        `moe_z_loss` (unweighted, per row, averaged over the layers) and `moe_load` {layer: each expert's share
+        of the token copies routed})."""
         self.loads = None
-        if not self.layers or not all(m.step_stats for m in self.layers.values()):
+        if not self.names:
             return 0.0, {}
-        rows = torch.stack([torch.cat([m.step_stats["load"], m.step_stats["balance"][None],
-                                       m.step_stats["z_loss"][None]]) for m in self.layers.values()])
-        total = reduce(rows)
+        rows = torch.zeros(len(self.names), self.experts + 2)
+        for i, m in self.layers.items():
+            stats = m.step_stats
+            if not stats:  # a layer this rank does not run (another module's ranks of a pipelined layout)
+                continue
+            rows[i] = torch.cat([stats["load"], stats["balance"][None], stats["z_loss"][None]]).to(rows)
+        total = reduce(rows.to(self.device)).cpu()
         self.loads = total[:, :-2]
         balance, z_loss = (float(total[:, i].sum() * self.scale) for i in (-2, -1))
         shares = self.loads / self.loads.sum(1, keepdim=True).clamp_min(1.0)
@@ -67,6 +76,7 @@ class RouterLosses:
         if not (stepped and self.bias_rate and self.loads is not None):
             return
         with torch.no_grad():
-            for m, load in zip(self.layers.values(), self.loads):
+            for i, m in self.layers.items():
                 if m.expert_bias is not None:
+                    load = self.loads[i]
                     m.expert_bias += self.bias_rate * torch.sign(load.mean() - load).to(m.expert_bias)

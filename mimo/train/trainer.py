@@ -97,7 +97,7 @@ class Trainer:
         self.prefetched: tuple[int, tuple[list[dict], int, int, dict]] | None = None
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
-        self.router_losses = RouterLosses(self.model, cfg)
+        self.router_losses = RouterLosses(self.model, cfg, self.device)
         self.run_dir = run_dir or Path(cfg.run.out_dir) / cfg.run.name
         self.run_folder = RunFolder(cfg, self.run_dir, self.rank)
         self.checkpointer = RunCheckpointer(cfg, self.run_dir, module_map(self.model), self.optimizer, self.guard,
@@ -240,10 +240,11 @@ class Trainer:
         result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device),
                                  problem=problem)
         self.plan.finalize_grads(self.model)
-        rec = self.update(step, result.loss)
-        self.router_losses.end(self.all_reduce_sum)  # each stage's own MoE layers; not in the logged loss yet
+        router_objective, router_log = self.router_losses.end(pipe.sum_per_lm_lane)
+        rec = self.update(step, result.loss + router_objective)
         self.router_losses.after_update(rec["stepped"])
-        return {**rec, "tokens": result.tokens, "loss_tokens": result.loss_tokens, "flops": result.flops, **lanes}
+        return {**rec, "tokens": result.tokens, "loss_tokens": result.loss_tokens, "flops": result.flops, **lanes,
+                **router_log}
 
     def update(self, step: int, loss: float) -> dict:
         """The optimizer step after finalised gradients, or a skip that every rank agrees on when the loss

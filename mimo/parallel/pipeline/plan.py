@@ -303,6 +303,14 @@ class PipelinePlan:
                        device)
         return text, inputs
 
+    def sum_per_lm_lane(self, t: torch.Tensor) -> torch.Tensor:
+        """Collective over the world: `t` summed over the LM's ranks, each LM lane's TP ranks counted once (other
+        modules' ranks add zeros): per-stage values (the MoE layers' router statistics) reach every rank."""
+        counted = self.module == LANGUAGE and self.groups.rank_in("tp") == 0
+        out = t.clone() if counted else torch.zeros_like(t)
+        dist.all_reduce(out)
+        return out
+
     def _report(self, stage: LMStage | EncoderStage, local_tokens: torch.Tensor, tokens: int, flops: int,
                 device: torch.device) -> StepResult:
         """Collective over the world: loss sum, loss tokens and input tokens, counted once per LM lane (the
