@@ -228,7 +228,7 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
         raise ConfigError("mimo plan needs --gpus N (or --nodes N with --gpus-per-node), e.g. --gpus 8")
     memory = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
     profile = load_profile(args.profile) if args.profile else None
-    plan = make_plan(cfg, gpus, memory, profile, network)
+    plan = make_plan(cfg, gpus, memory, profile, network, args.choose_microbatches)
     print(to_json(cfg, plan) if args.json else render(cfg, plan))
     return 0
 
@@ -250,6 +250,31 @@ def _calibrate(cfg, out: str) -> int:
 
 RUN_HELP = ("a run folder written by `mimo train` (its newest complete checkpoint) or one of its "
             "checkpoints/step_* folders, finished or not")
+
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    """`mimo plan` and its options."""
+    pl = sub.add_parser("plan", help="suggest layouts and estimate memory per GPU for N GPUs", description=PLAN_HELP,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pl.add_argument("config", help="path of a TOML config, e.g. configs/demo_vlm.toml")
+    pl.add_argument("--gpus", type=int, default=None, help="number of GPUs to plan for, e.g. 8 (up to thousands)")
+    pl.add_argument("--nodes", type=int, default=None, help="instead of --gpus: nodes of --gpus-per-node GPUs")
+    pl.add_argument("--gpu-memory-gib", type=float, default=None,
+                    help="memory of one GPU in GiB (default: this machine's GPU, else 80)")
+    pl.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by NVLink in one node (default 8)")
+    pl.add_argument("--nvlink-gbps", type=float, default=360.0,
+                    help="bandwidth per GPU inside a node, GB/s per direction (default 360: H100/H200 NVLink)")
+    pl.add_argument("--network-gbps", type=float, default=45.0,
+                    help="bandwidth per GPU between nodes, GB/s (default 45: one 400 Gb/s NIC per GPU)")
+    pl.add_argument("--profile", default=None, help="a device profile (JSON) from --calibrate (default: the shipped "
+                    "one of train.device, mimo/planner/profiles/)")
+    pl.add_argument("--choose-microbatches", action="store_true", help="give each layout the parallel.microbatches "
+                    "(a divisor of data.global_batch up to 64) it runs fastest at, instead of the config's")
+    pl.add_argument("--json", action="store_true", help="print every candidate as JSON (fields: README.md)")
+    pl.add_argument("--calibrate", action="store_true", help="measure this machine's device (train.device) at the "
+                    "config's shapes and write a profile to --out instead of planning")
+    pl.add_argument("--out", default="profile.json", help="where --calibrate writes (default profile.json)")
+    pl.set_defaults(func=cmd_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -292,25 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB, 500MB (default 5GB); "
                    "tensors stream one at a time from the sharded checkpoint")
     x.set_defaults(func=cmd_export)
-    pl = sub.add_parser("plan", help="suggest layouts and estimate memory per GPU for N GPUs", description=PLAN_HELP,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    pl.add_argument("config", help="path of a TOML config, e.g. configs/demo_vlm.toml")
-    pl.add_argument("--gpus", type=int, default=None, help="number of GPUs to plan for, e.g. 8 (up to thousands)")
-    pl.add_argument("--nodes", type=int, default=None, help="instead of --gpus: nodes of --gpus-per-node GPUs")
-    pl.add_argument("--gpu-memory-gib", type=float, default=None,
-                    help="memory of one GPU in GiB (default: this machine's GPU, else 80)")
-    pl.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by NVLink in one node (default 8)")
-    pl.add_argument("--nvlink-gbps", type=float, default=360.0,
-                    help="bandwidth per GPU inside a node, GB/s per direction (default 360: H100/H200 NVLink)")
-    pl.add_argument("--network-gbps", type=float, default=45.0,
-                    help="bandwidth per GPU between nodes, GB/s (default 45: one 400 Gb/s NIC per GPU)")
-    pl.add_argument("--profile", default=None, help="a device profile (JSON) from --calibrate (default: the shipped "
-                    "one of train.device, mimo/planner/profiles/)")
-    pl.add_argument("--json", action="store_true", help="print every candidate as JSON (fields: README.md)")
-    pl.add_argument("--calibrate", action="store_true", help="measure this machine's device (train.device) at the "
-                    "config's shapes and write a profile to --out instead of planning")
-    pl.add_argument("--out", default="profile.json", help="where --calibrate writes (default profile.json)")
-    pl.set_defaults(func=cmd_plan)
+    add_plan_parser(sub)
     return p
 
 

@@ -51,6 +51,7 @@ class Row:
     klass: int
     why: str
     prediction: Prediction
+    microbatches: int
 
     @property
     def peak_gib(self) -> float:
@@ -84,25 +85,29 @@ def vision(cfg: Config) -> list[str]:
 
 
 def colocated_candidates(cfg: Config, gpus: int, gpus_per_node: int = 8) -> list[Modules]:
-    """Every module on all ranks: homogeneous (same tp, with/without FSDP and LM SP) and encoder/LM tp mixes,
-    tp inside a node."""
+    """Every module on all ranks: homogeneous (same tp, with/without FSDP and LM SP) and encoder/LM mixes
+    (different tp, or one side FSDP-sharded where its tp is 1, the only FSDP the gate takes), tp inside a node."""
     out: list[Modules] = []
     tps = [t for t in divisors(gpus) if t <= max(gpus_per_node, 1)]
     for tp in tps:
         for fsdp in (False, True) if gpus // tp > 1 else (False,):
             for sp in (False, True) if tp > 1 else (False,):
-                out.append(_colocated(cfg, tp, tp, sp, fsdp))
-    if vision(cfg):
-        for enc_tp in tps:
-            for lm_tp in tps:
-                if enc_tp != lm_tp:
-                    out.append(_colocated(cfg, enc_tp, lm_tp, lm_tp > 1, False))
+                out.append(_colocated(cfg, tp, tp, sp, fsdp, fsdp))
+    if not vision(cfg):
+        return out
+    shards = (False, True) if gpus > 1 else (False,)
+    for enc_tp in tps:
+        for lm_tp in tps:
+            for enc_fsdp in shards if enc_tp == 1 else (False,):
+                for lm_fsdp in shards if lm_tp == 1 else (False,):
+                    if (enc_tp, enc_fsdp) != (lm_tp, lm_fsdp):
+                        out.append(_colocated(cfg, enc_tp, lm_tp, lm_tp > 1, enc_fsdp, lm_fsdp))
     return out
 
 
-def _colocated(cfg: Config, enc_tp: int, lm_tp: int, sp: bool, fsdp: bool) -> Modules:
-    mods = {n: ModuleLayoutConfig(tp=enc_tp if n in vision(cfg) else 1, fsdp=fsdp) for n in cfg.model.modalities}
-    mods[LANGUAGE] = ModuleLayoutConfig(tp=lm_tp, sequence_parallel=sp, fsdp=fsdp)
+def _colocated(cfg: Config, enc_tp: int, lm_tp: int, sp: bool, enc_fsdp: bool, lm_fsdp: bool) -> Modules:
+    mods = {n: ModuleLayoutConfig(tp=enc_tp if n in vision(cfg) else 1, fsdp=enc_fsdp) for n in cfg.model.modalities}
+    mods[LANGUAGE] = ModuleLayoutConfig(tp=lm_tp, sequence_parallel=sp, fsdp=lm_fsdp)
     return mods
 
 
@@ -194,30 +199,33 @@ def why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float) 
     return f"pipelined: {ranks} {'idles' if len(enc) == 1 else 'idle'} while the LM runs (1F1B)"
 
 
+def microbatch_options(cfg: Config) -> list[int]:
+    """The microbatch counts `choose_microbatches` tries: the config's and every divisor of data.global_batch up
+    to 64."""
+    return sorted({cfg.parallel.microbatches, *(d for d in divisors(cfg.data.global_batch) if d <= 64)})
+
+
 def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float, profile: Profile | None = None,
-              network: Network | None = None) -> Plan:
+              network: Network | None = None, choose_microbatches: bool = False) -> Plan:
     """Every valid candidate for `gpus` GPUs of `gpu_memory_gib` GiB, costed and ranked best first; the time
-    from `profile` (default: the shipped one of train.device) and `network` (default: `Network()`)."""
+    from `profile` (default: the shipped one of train.device) and `network` (default: `Network()`). With
+    `choose_microbatches` each layout takes the parallel.microbatches (of `microbatch_options`) it runs fastest
+    at among those that fit."""
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}; pass the number of GPUs to plan for, e.g. --gpus 8")
     if gpu_memory_gib <= 0:
         raise ConfigError(f"--gpu-memory-gib must be > 0, got {gpu_memory_gib:g}; e.g. --gpu-memory-gib 80")
     cfg = with_hf_shapes(cfg)  # the trainer's checks below see the real heads, vocab and mlp
     sizes = module_sizes(cfg)
-    limit = gpu_memory_gib * GIB
     profile = profile or shipped_profile(cfg.train.device)
     network = network or Network()
     setting = Setting(cfg, sizes, profile, network)
 
     def cost(modules: Modules) -> Row | None:
-        """The costed row, or None when the trainer would refuse the layout."""
-        layout = layout_of(cfg, modules, gpus)
-        if layout is None:
-            return None
-        usage = estimate(cfg, layout, sizes, modules)
-        klass, ok = preference(layout, modules), usage.peak <= limit
-        return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib),
-                   predict(dataclasses.replace(setting, cfg=as_trained(cfg, modules, layout)), layout, modules))
+        """The row at the config's microbatches, or with `choose_microbatches` the best of every count."""
+        options = microbatch_options(cfg) if choose_microbatches else [cfg.parallel.microbatches]
+        rows = [r for r in (cost_at(setting, modules, m, gpus, gpu_memory_gib) for m in options) if r is not None]
+        return min(rows, key=_rank_key, default=None)
 
     rows = [r for r in map(cost, colocated_candidates(cfg, gpus, network.gpus_per_node)) if r is not None]
     rows += pipelined_candidates(cfg, gpus, cost, network.gpus_per_node)
@@ -228,6 +236,20 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float, profile: Profile | 
                           f"data.global_batch, e.g. --gpus {_nearest_divisor(cfg.data.global_batch, gpus)}")
     rows.sort(key=_rank_key)
     return Plan(rows, gpus, gpu_memory_gib, sizes, profile, network)
+
+
+def cost_at(setting: Setting, modules: Modules, micro: int, gpus: int, gpu_memory_gib: float) -> Row | None:
+    """The costed row of `modules` at `micro` microbatches, or None when the trainer would refuse the layout."""
+    cfg = setting.cfg
+    at = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, microbatches=micro))
+    layout = layout_of(at, modules, gpus)
+    if layout is None:
+        return None
+    trained = as_trained(at, modules, layout)
+    usage = estimate(trained, layout, setting.sizes, modules)
+    klass, ok = preference(layout, modules), usage.peak <= gpu_memory_gib * GIB
+    return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib),
+               predict(dataclasses.replace(setting, cfg=trained), layout, modules), micro)
 
 
 def _rank_key(row: Row) -> tuple:

@@ -11,7 +11,9 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   stages the smaller share); the LM's first stage also holds the embedding and its last the head (a tied
   head is the embedding, counted once where one GPU holds both), and the largest stage is reported.
   A Hugging Face model (`hf_path`) is sized with the shapes of its config.json. FSDP divides all of a module's
-  states by its dp (dp x cp for the LM: FSDP shards over both).
+  states by its dp (dp x cp for the LM: FSDP shards over both). With `train.master_weights` a module without
+  FSDP keeps 4 bytes (bf16 weight and gradient) on every rank and 12 (fp32 master weight, two moments)
+  split ZeRO-1 over its dp x cp lanes.
 - **Activations** held for the backward, per microbatch, no recompute: per transformer layer about
   tokens x hidden x 34 bytes in bf16 (Megatron's estimate with flash attention: no s^2 score term);
   under tensor parallelism (10 + 24/tp) instead of 34, or 34/tp with sequence parallel. Twice that in
@@ -59,6 +61,8 @@ FIXED_BYTES = 2 * GIB
 """CUDA context, NCCL buffers and allocator workspace, per GPU."""
 STATE_BYTES, FROZEN_BYTES = 16, 4
 """fp32 weight + grad + two AdamW moments; a frozen parameter keeps its weight only."""
+MASTER_WHOLE_BYTES, MASTER_SHARDED_BYTES = 4, 12
+"""train.master_weights: bf16 weight + bf16 grad on every rank; fp32 master + moments split over the data lanes."""
 ACT_BYTES_PER_TOKEN_HIDDEN = 34
 """Megatron's per-layer activation bytes per token per hidden unit, bf16, flash attention."""
 LOGIT_BYTES = 8
@@ -173,6 +177,8 @@ def stage_usage(cfg: Config, name: str, size: ModuleSize, grid: Grid, flags: Mod
     states = sharded / grid.tp + share * size.layer_replicated + size.other
     if flags.fsdp:
         states /= grid.dp * grid.cp
+    elif cfg.train.master_weights:  # bf16 weight and gradient whole, fp32 master and moments ZeRO-1 over the lanes
+        states *= (MASTER_WHOLE_BYTES + MASTER_SHARDED_BYTES / (grid.dp * grid.cp)) / STATE_BYTES
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
     tokens = samples * size.tokens_per_sample / grid.cp
     layer = _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.train.dtype_of(name))

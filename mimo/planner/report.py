@@ -43,9 +43,10 @@ def render(cfg: Config, plan: Plan) -> str:
             fixes = f"checkpoint activations (train.activation_checkpointing = {every}), {fixes}"
         out.append(f"warning: no candidate fits in {plan.gpu_memory_gib:g} GiB; the lowest estimate is "
                    f"{best.peak_gib:.1f} GiB. {fixes[0].upper()}{fixes[1:]}")
-    out += ["", to_toml(best.modules, cfg.parallel.microbatches, best.layout)]
-    head = ("#", "layout", "kind", "step s", "MFU", "peak GiB", "states", "acts", "fits", "why")
-    table = [head] + [(str(i + 1), label(r.layout, r.modules), KIND[r.klass], f"{r.prediction.step_s:.4g}",
+    out += ["", to_toml(best.modules, best.microbatches, best.layout)]
+    head = ("#", "layout", "kind", "micro", "step s", "MFU", "peak GiB", "states", "acts", "fits", "why")
+    table = [head] + [(str(i + 1), label(r.layout, r.modules), KIND[r.klass], str(r.microbatches),
+                       f"{r.prediction.step_s:.4g}",
                        f"{100 * r.prediction.mfu:.1f}%", f"{r.peak_gib:.2f}", f"{r.usage.states / GIB:.2f}",
                        f"{r.usage.activations / GIB:.2f}", "yes" if r.fits else "no", r.why)
                       for i, r in enumerate(plan.rows)]
@@ -68,7 +69,8 @@ def row_json(rank: int, row: Row) -> dict:
              for n, g in row.layout.grids.items()}
     return {"rank": rank, "label": label(row.layout, row.modules), "kind": KIND[row.klass],
             "modules": {n: dataclasses.asdict(m) for n, m in row.modules.items()}, "grids": grids,
-            "fits": row.fits, "peak_gib": row.peak_gib, "states_gib": row.usage.states / GIB,
+            "microbatches": row.microbatches, "fits": row.fits, "peak_gib": row.peak_gib,
+            "states_gib": row.usage.states / GIB,
             "activations_gib": row.usage.activations / GIB, "predicted_step_s": p.step_s,
             "compute_s": p.compute_s, "comm_s": p.comm_s, "reduce_s": p.reduce_s, "optimizer_s": p.optimizer_s,
             "bubble_s": p.bubble_s, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
@@ -83,7 +85,7 @@ def to_json(cfg: Config, plan: Plan) -> str:
         "gpu_memory_gib": plan.gpu_memory_gib, "profile": plan.profile.device,
         "network": dataclasses.asdict(plan.network), "microbatches": cfg.parallel.microbatches,
         "global_batch": cfg.data.global_batch, "seq_len": plan.sizes[LANGUAGE].tokens_per_sample,
-        "best_toml": to_toml(best.modules, cfg.parallel.microbatches, best.layout),
+        "best_toml": to_toml(best.modules, best.microbatches, best.layout),
         "candidates": [row_json(i + 1, r) for i, r in enumerate(plan.rows)]}, indent=1)
 
 

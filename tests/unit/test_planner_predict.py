@@ -12,7 +12,7 @@ from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.planner.candidates import layout_of, make_plan
 from mimo.planner.cost import KERNELS_BACKWARD, KERNELS_FORWARD, decoder_layer, matmul_s
-from mimo.planner.memory import module_sizes
+from mimo.planner.memory import estimate, module_sizes
 from mimo.planner.network import Network
 from mimo.planner.predict import Setting, predict
 from mimo.planner.profile import PROFILES, Profile, load_profile, shipped_profile
@@ -115,3 +115,23 @@ def test_cli_calibrate_writes_a_profile_the_planner_reads(tmp_path, capsys):
     assert profile.matmul_tflops > 0 and profile.memory_gbps > 0
     assert {"decoder.eager", "vit.eager", "audio.eager"} <= set(profile.layer_factor)
     assert make_plan(load_config("configs/demo_vlm.toml", TINY), 2, 80, profile).rows[0].prediction.step_s > 0
+
+
+def test_master_weights_keep_4_bytes_whole_and_shard_12_over_the_lanes():
+    """The tiny LM's trainable states (16 B each without master weights) on 4 data lanes: 4 + 12/4 = 7 B."""
+    modules = {"language": ModuleLayoutConfig(), "images": ModuleLayoutConfig()}
+    plain = load_config("configs/demo_vlm.toml", TINY)
+    master = load_config("configs/demo_vlm.toml", [*TINY, "--train.master_weights=true"])
+    layout = layout_of(plain, modules, 4)
+    ratio = estimate(master, layout, module_sizes(master), modules).states / \
+        estimate(plain, layout, module_sizes(plain), modules).states
+    assert ratio == pytest.approx(7 / 16)
+
+
+def test_choose_microbatches_takes_the_fastest_count_that_fits(tmp_path):
+    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--data.global_batch=16"])
+    fixed = make_plan(cfg, 2, 80, PROFILE)
+    chosen = make_plan(cfg, 2, 80, PROFILE, choose_microbatches=True)
+    assert {r.microbatches for r in fixed.rows} == {cfg.parallel.microbatches}
+    assert chosen.rows[0].prediction.step_s <= fixed.rows[0].prediction.step_s
+    assert all(16 % r.microbatches == 0 for r in chosen.rows)
