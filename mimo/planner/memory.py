@@ -152,6 +152,8 @@ def _size(cfg: Config, name: str, b: dict[str, float], params: int) -> ModuleSiz
     m = cfg.model.modalities[name]
     if m.kind == "audio":
         layers, hidden, per_input = m.audio.layers, m.audio.hidden, m.audio.max_positions
+    elif m.kind == "native_vision":  # the most patches an image of max_pixels gives
+        layers, hidden, per_input = m.native.layers, m.native.hidden, m.native.max_pixels // m.native.patch ** 2
     else:
         v = m.vit
         layers, hidden = v.layers, v.hidden

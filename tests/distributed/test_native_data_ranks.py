@@ -1,7 +1,7 @@
 """Native-resolution data on several ranks: images of four sizes, a video and a skipped sample train with the
-single process's losses and gradients on a colocated layout (two data lanes) and a non-colocated one (the tower on
-one rank, the LM on another: the LM's rank reads only image headers, the tower's only pixels, and the pipeline
-bridge carries each sample's own number of rows)."""
+single process's losses and gradients on colocated layouts (two data lanes, plain or FSDP; the LM under tp2 with
+sequence parallel and M-RoPE) and a non-colocated one (the tower on one rank, the LM on another: the LM's rank reads
+only image headers, the tower's only pixels, and the pipeline bridge carries each sample's own number of rows)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,17 @@ from tests.unit.test_native_data import TINY, manifest
 STEPS = 2
 LAYOUTS = {
     "colocated_dp2": [],
+    "fsdp_dp2": ["--parallel.modules.images.fsdp=true", "--parallel.modules.language.fsdp=true"],
+    "lm_tp2_sp": ["--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true"],
     "tower_then_lm": ["--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
                       "--parallel.modules.language.offset=1", "--parallel.modules.language.size=1"],
 }
 
 
 def config(out: Path, data: str, *extra: str):
-    return load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, f"--data.path={data}", f"--run.out_dir={out}",
-                                                              "--optim.eps=1e-2", "--optim.warmup_steps=0", *extra])
+    overrides = [*TINY, f"--data.path={data}", f"--run.out_dir={out}", "--optim.eps=1e-2", "--optim.warmup_steps=0",
+                 "--model.llm.kv_heads=2", *extra]
+    return load_config(CONFIGS / "native_qwen2_5_vl.toml", overrides)
 
 
 def _rank(rank: int, world: int, out: str, data: str, extra: list[str]) -> tuple:
