@@ -21,6 +21,14 @@ from mimo.models.sample_rows import leading_rows, run_encoder
 
 TEXT = "text"
 
+Crossing = Callable[..., torch.Tensor]
+"""A bridge hook: `(rows, counts, microbatch_rows=None) -> rows` (see `MimoModel.__init__`)."""
+
+
+def out_key(name: str) -> str:
+    """`microbatch_rows`' key of modality `name`'s Out path (its generation tokens per sample)."""
+    return f"{name}:out"
+
 
 class ModalitySubmodules(nn.Module):
     """Encoders (named, run in registration order), input projections, output projections, decoders.
@@ -199,11 +207,12 @@ class MimoModel(nn.Module):
             raise ValueError(f"output_token_ids names {no_decoder}, which have no decoder; give those modality "
                              "submodules decoders (and output projections)")
         # Hooks that parallel/ sets from outside; the defaults are the single-process behaviour.
-        # bridges[m](rows, counts): modality m's encoder rows -> this LM replica's, `counts` `[B]` its rows per
-        # sample; output_bridges[m] = (to the modality's layout, back to the LM's), the same contract, around
-        # the Out path's decoder.
-        self.bridges: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
-        self.output_bridges: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...]] = {}
+        # bridges[m](rows, counts, microbatch_rows): modality m's encoder rows -> this LM replica's, `counts`
+        # `[B]` its rows per sample, `microbatch_rows` (or None) the host list of every sample's rows in the
+        # whole microbatch (all data lanes), which spares a bridge exchanging counts; output_bridges[m] = (to
+        # the modality's layout, back to the LM's), the same contract, around the Out path's decoder.
+        self.bridges: dict[str, Crossing] = {}
+        self.output_bridges: dict[str, tuple[Crossing, Crossing]] = {}
         self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
         # The Out path's undoing of shard_sequence: this rank's `[B, S_local, H]` LM states -> the whole
         # `[B, S, H]` (identical on the ranks that shared the sequence), gradient back to this rank's positions.
@@ -217,7 +226,7 @@ class MimoModel(nn.Module):
 
     def embed_modalities(self, input_ids: torch.Tensor,
                          modality_inputs: dict[str, dict[str, dict[str, torch.Tensor]]] | None,
-                         ) -> dict[str, torch.Tensor]:
+                         microbatch_rows: dict[str, list[int]] | None = None) -> dict[str, torch.Tensor]:
         """Run each modality present in `modality_inputs`, cross its bridge; returns rows per modality. A bridge
         is a collective: every rank's batch has (maybe empty) inputs of a modality or none, alike (as
         mimo.data.batching's splits of one global batch do)."""
@@ -234,7 +243,7 @@ class MimoModel(nn.Module):
                 continue
             r = sub(inputs)
             if bridge is not None:
-                r = bridge(r, (input_ids == self.special_token_ids[name]).sum(1))
+                r = bridge(r, (input_ids == self.special_token_ids[name]).sum(1), (microbatch_rows or {}).get(name))
             rows[name] = r
         return rows
 
@@ -248,9 +257,10 @@ class MimoModel(nn.Module):
 
     def combined_embeddings(self, input_ids: torch.Tensor,
                             modality_inputs: dict | None = None,
-                            modality_token_indices: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                            modality_token_indices: dict[str, torch.Tensor] | None = None,
+                            microbatch_rows: dict[str, list[int]] | None = None) -> torch.Tensor:
         """The LM's input sequence `[B, S, H]`: text embeddings with modality rows at placeholders."""
-        rows = self.embed_modalities(input_ids, modality_inputs)
+        rows = self.embed_modalities(input_ids, modality_inputs, microbatch_rows)
         lm = self.language_model
         if modality_token_indices is not None:
             text_ids = input_ids.reshape(-1).index_select(0, modality_token_indices[TEXT])
@@ -270,7 +280,8 @@ class MimoModel(nn.Module):
                 modality_token_indices: dict[str, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None,
                 modality_targets: dict[str, torch.Tensor] | None = None,
-                document_ids: torch.Tensor | None = None, loss_rows: torch.Tensor | None = None) -> MimoOutput:
+                document_ids: torch.Tensor | None = None, loss_rows: torch.Tensor | None = None,
+                microbatch_rows: dict[str, list[int]] | None = None) -> MimoOutput:
         """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean).
 
         With `modality_targets` (`{modality: [B, K, D]}`, sample-aligned, see `output_losses`) the Out
@@ -281,7 +292,10 @@ class MimoModel(nn.Module):
         forward, `position_ids` default to 0..S-1 either way (pass them for left-padded rows). `loss_rows`
         `[N]` (with labels: the flat positions, row-major over `[B, S]`, that carry a label, computed with
         the batch so that no step waits for the device) runs the LM's last layer after attention, its final
-        norm and the loss on those rows only (`hidden` is then `[N, H]`); the loss is the same."""
+        norm and the loss on those rows only (`hidden` is then `[N, H]`); the loss is the same.
+        `microbatch_rows` (host ints, made with the batch) are every sample's placeholder rows of each modality
+        and (`out_key`) generation tokens, over the whole microbatch of every data lane: the bridges' counts
+        without an exchange (mimo.parallel.plan adds them); the result does not depend on them."""
         if document_ids is not None:
             if attention_mask is not None:
                 raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
@@ -294,7 +308,7 @@ class MimoModel(nn.Module):
                                  f"got {tuple(attention_mask.shape)}")
             queries, keys = self.row_positions(input_ids.shape[1], attention_mask.device)
             attention_mask = padding_causal_mask(attention_mask.index_select(1, keys), queries, keys)
-        embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices)
+        embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices, microbatch_rows)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         if self.shard_sequence is not None:
@@ -309,7 +323,8 @@ class MimoModel(nn.Module):
             loss_sum, num_tokens = self.loss_fn(hidden, self.language_model, labels, loss_mask)
             out = MimoOutput(hidden=hidden, loss_sum=loss_sum, num_tokens=num_tokens)
         if modality_targets:
-            out.modality_loss_sums, out.modality_num_tokens = self.output_losses(hidden, input_ids, modality_targets)
+            out.modality_loss_sums, out.modality_num_tokens = self.output_losses(hidden, input_ids, modality_targets,
+                                                                                 microbatch_rows)
         return out
 
     def row_positions(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,6 +346,7 @@ class MimoModel(nn.Module):
         return hidden[input_ids == self.output_token_ids[name]]
 
     def output_losses(self, hidden: torch.Tensor, input_ids: torch.Tensor, modality_targets: dict[str, torch.Tensor],
+                      microbatch_rows: dict[str, list[int]] | None = None,
                       ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Per modality: (decoder loss sum, output-token count) over this batch's generation tokens.
 
@@ -349,6 +365,8 @@ class MimoModel(nn.Module):
             sub = self.modality_submodules[name]
             target_rows = leading_rows(targets, per_sample, f"modality_targets['{name}']")
             there, back = self.output_bridges.get(name, (None, None))
-            pred = sub.decode(rows if there is None else there(rows, per_sample))
-            sums[name], counts[name] = sub.output_loss(pred if back is None else back(pred, per_sample), target_rows)
+            hint = (microbatch_rows or {}).get(out_key(name))
+            pred = sub.decode(rows if there is None else there(rows, per_sample, hint))
+            pred = pred if back is None else back(pred, per_sample, hint)
+            sums[name], counts[name] = sub.output_loss(pred, target_rows)
         return sums, counts

@@ -21,14 +21,12 @@ all-reduce backward) right after their bridge.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from mimo.models.layers import SelfAttention, attention
-from mimo.models.multimodal import MimoModel
+from mimo.models.multimodal import Crossing, MimoModel
 from mimo.parallel.comm import copy_to_tp, gather_from_sp, gather_from_tp
 
 SEQ_DIM = 1
@@ -40,7 +38,6 @@ HEAD_SEQ_DIM = 2
 PER_TOKEN_KEYS = ("labels", "loss_mask", "position_ids")
 """Batch entries cut along the sequence like the hidden states."""
 
-Crossing = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def zigzag_index(seq: int, cp: int, rank: int) -> torch.Tensor:
@@ -177,9 +174,9 @@ class ContextParallel:
     def enter(self, crossing: Crossing | None) -> Crossing:
         """Wrap a modality's bridge (None = identity) so its rows' gradient is summed over the CP group."""
 
-        def cross(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        def cross(rows: torch.Tensor, counts: torch.Tensor, microbatch_rows: list[int] | None = None) -> torch.Tensor:
             if crossing is not None:
-                rows = crossing(rows, counts)
+                rows = crossing(rows, counts, microbatch_rows)
             return copy_to_tp(rows, self.group)
 
         return cross

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.data.batching import split_microbatches
 from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize
-from mimo.models.multimodal import MimoModel
+from mimo.models.multimodal import MimoModel, out_key
 from mimo.parallel.bridge.colocated import ColocatedBridge
 from mimo.parallel.context import ContextParallel
 from mimo.parallel.data import (
@@ -162,6 +162,7 @@ class ParallelPlan:
         self.bridges = {} if self.pipeline is not None else {
             n: ColocatedBridge(self.layout.grids[n], self.layout.grids[LANGUAGE]) for n in cfg.model.modalities}
         self.reducers: dict[str, GradReducer] = {}
+        self.row_tokens: dict[str, dict[str, int]] = {}
         self.norm_sq_reduce = norm_sq_reducer(names)
         lm = self.layout.grids[LANGUAGE]
         sp_tp = lm.tp if self._flag(LANGUAGE, "sequence_parallel") else 1
@@ -384,6 +385,10 @@ class ParallelPlan:
     def install_bridges(self, model: MimoModel) -> None:
         for name, bridge in self.bridges.items():
             if bridge.direction != "equal":
+                # The model's token ids, whose counts per sample the bridges take from the host (microbatch_rows).
+                self.row_tokens[name] = {name: model.special_token_ids[name]}
+                if name in model.output_token_ids:
+                    self.row_tokens[name][out_key(name)] = model.output_token_ids[name]
                 model.bridges[name] = bridge.to_language
                 if name in model.output_token_ids:
                     model.output_bridges[name] = (bridge.to_encoder, bridge.to_language)
@@ -397,9 +402,29 @@ class ParallelPlan:
             return self.pipeline.local_inputs(batch)
         lanes = {name: (self.dp_rank(name), self.dp(name)) for name in self.layout.grids}
         micro = split_microbatches(batch, self.cfg.parallel.microbatches, lanes)
+        for mb, rows in zip(micro, self.microbatch_rows(batch)):
+            if rows:
+                mb["microbatch_rows"] = rows
         if self.context is not None:
             micro = [self.context.shard_batch(mb) for mb in micro]
         return micro
+
+    def microbatch_rows(self, batch: dict) -> list[dict[str, list[int]]]:
+        """Per microbatch of `batch`, for each modality whose colocated bridge moves rows: every sample's
+        placeholders (and `out_key`: generation tokens) over the whole microbatch, host ints, the same on every
+        rank (`MimoModel.forward(microbatch_rows=)`: the bridges then exchange no counts). Pure."""
+        moving = [n for n, b in self.bridges.items() if b.direction != "equal" and n in self.row_tokens]
+        ids = batch["input_ids"]
+        per_mb = ids.shape[0] // self.cfg.parallel.microbatches
+        out = []
+        for t in range(self.cfg.parallel.microbatches):
+            mb_ids = ids[t * per_mb: (t + 1) * per_mb]
+            rows = {}
+            for name in moving:
+                for key, token in self.row_tokens[name].items():
+                    rows[key] = (mb_ids == token).sum(1).tolist()
+            out.append(rows)
+        return out
 
     def agree_on_data(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """How the ranks that read data agree on a batch's per-row verdicts (elementwise maximum): among the

@@ -20,13 +20,17 @@ move by ranges, so the DP degrees need not divide one another. Its backward is t
 - `to_encoder`: the LM's states at generation tokens -> the modality's layout, where its Out-path
   decoder runs on its own DP lanes; the decoded rows come back with `to_language`.
 
-Rows per sample may vary. Both moves take the LM replica's per-sample row counts; one all-gather of them
-(with every member's row count) comes first, so every member checks every member's rows and all raise
-the same error. Equal DP degrees: identity, no collective.
+Rows per sample may vary. Both moves take the LM replica's per-sample row counts and, where the caller
+knows them on the host (`microbatch_rows`: every sample's rows of the whole microbatch, which
+`ParallelPlan.microbatches` derives from the global batch on every rank), those: then a move is one
+all-gather of the rows and no host sync. Without them one all-gather of the counts (with every member's
+row count) comes first, so every member checks every member's rows and all raise the same error. Equal
+DP degrees: identity, no collective.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -121,41 +125,70 @@ class ColocatedBridge:
         base = (self.members[0] - self.encoder.offset) // self.block * self.block + self.encoder.offset
         return [(r - base) // self.strides[side] for r in self.members]
 
-    def to_language(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def to_language(self, rows: torch.Tensor, counts: torch.Tensor,
+                    microbatch_rows: list[int] | None = None) -> torch.Tensor:
         """Collective: encoder-replica rows -> the rows of this LM replica's samples (`counts[s]` for sample s)."""
-        return self._cross(rows, counts, "encoder", "language")
+        return self._cross(rows, counts, "encoder", "language", microbatch_rows)
 
-    def to_encoder(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def to_encoder(self, rows: torch.Tensor, counts: torch.Tensor,
+                   microbatch_rows: list[int] | None = None) -> torch.Tensor:
         """Collective: rows of this LM replica's samples (`counts[s]` for sample s) -> the encoder replica's."""
-        return self._cross(rows, counts, "language", "encoder")
+        return self._cross(rows, counts, "language", "encoder", microbatch_rows)
 
-    def _cross(self, rows: torch.Tensor, counts: torch.Tensor, source: str, dest: str) -> torch.Tensor:
-        if self.direction == "equal":
-            if rows.shape[0] != int(counts.sum()):
-                raise ValueError(f"bridge: {source} rows ({rows.shape[0]}) do not match the LM batch's "
-                                 f"{int(counts.sum())} rows")
-            return rows
+    def _exchanged_rows(self, rows: torch.Tensor, counts: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Collective (one all-gather and a host sync): (the block's samples' row ends, each member's rows)."""
         mine = torch.cat([counts.long().reshape(-1), counts.new_tensor([rows.shape[0]]).long()]).to(rows.device)
         parts = [torch.empty_like(mine) for _ in self.members]
         dist.all_gather(parts, mine, group=self.group)
-        lm_lanes = self._lanes("language")
-        per_lane = {lane: parts[k][:-1] for k, lane in reversed(list(enumerate(lm_lanes)))}
+        per_lane = {lane: parts[k][:-1] for k, lane in reversed(list(enumerate(self._lanes("language"))))}
         ends = torch.cat([mine.new_zeros(1), torch.cat([per_lane[j] for j in sorted(per_lane)]).cumsum(0)]).tolist()
-        samples = len(ends) - 1
+        return ends, [int(p[-1]) for p in parts]
+
+    def _lane_rows(self, microbatch_rows: list[int]) -> int:
+        """Rows of this rank's LM lane's samples, from every sample's rows of the microbatch (pure)."""
+        per_lane = len(microbatch_rows) // self.language.dp
+        lane = (dist.get_rank() - self.language.offset) // self.strides["language"]
+        return sum(microbatch_rows[lane * per_lane: (lane + 1) * per_lane])
+
+    def _block_ends(self, microbatch_rows: list[int]) -> list[int]:
+        """The block's samples' row ends, cut from every sample's rows of the microbatch (pure)."""
+        per_lane = len(microbatch_rows) // self.language.dp
+        lanes_per_block = self.block // self.strides["language"]
+        first = (self.members[0] - self.language.offset) // self.block * lanes_per_block
+        block = microbatch_rows[first * per_lane: (first + lanes_per_block) * per_lane]
+        return [0, *itertools.accumulate(block)]
+
+    def _cross(self, rows: torch.Tensor, counts: torch.Tensor, source: str, dest: str,
+               microbatch_rows: list[int] | None) -> torch.Tensor:
+        """The move. With `microbatch_rows` (host ints, the same on every rank) the row counts need no
+        exchange: one all-gather of the rows, no host sync; without, one more all-gather of the counts. The
+        batch checks (mimo.data.checks) matched every sample's inputs to its placeholders on every rank
+        before, so with `microbatch_rows` a replica holding other rows than its samples need raises alone."""
+        if self.direction == "equal":
+            need = int(counts.sum()) if microbatch_rows is None else self._lane_rows(microbatch_rows)
+            if rows.shape[0] != need:
+                raise ValueError(f"bridge: {source} rows ({rows.shape[0]}) do not match the LM batch's {need} rows")
+            return rows
         lanes = {side: self._lanes(side) for side in (source, dest)}
+        if microbatch_rows is None:
+            ends, held = self._exchanged_rows(rows, counts)
+        else:
+            ends, held = self._block_ends(microbatch_rows), None
+        samples = len(ends) - 1
         width = {side: samples // (self.block // self.strides[side]) for side in lanes}
 
         def span(side: str, lane: int) -> tuple[int, int]:
             return ends[lane * width[side]], ends[(lane + 1) * width[side]]
 
-        held = [int(p[-1]) for p in parts]
         want = [span(source, lane)[1] - span(source, lane)[0] for lane in lanes[source]]
-        if held != want:
+        if held is None and rows.shape[0] != want[self.index]:
+            held = [rows.shape[0] if k == self.index else n for k, n in enumerate(want)]
+        if held is not None and held != want:
             raise ValueError(f"bridge ({self.direction}): the {source} replicas hold {held} rows but their samples "
                              f"need {want} (the LM batches' per-sample counts); every sample's inputs must give "
                              "exactly its placeholders")
         first = {side: [lanes[side].index(lane) for lane in sorted(set(lanes[side]))] for side in lanes}
-        there = _Move(self.group, held, first[source], span(dest, lanes[dest][self.index]))
+        there = _Move(self.group, want, first[source], span(dest, lanes[dest][self.index]))
         sizes_back = [span(dest, lane)[1] - span(dest, lane)[0] for lane in lanes[dest]]
         back = _Move(self.group, sizes_back, first[dest], span(source, lanes[source][self.index]))
         return _MoveRows.apply(rows, there, back)
