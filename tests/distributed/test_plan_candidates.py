@@ -1,4 +1,5 @@
-"""Every candidate `mimo plan` lists for demo_vlm and demo_text_to_image at 4 ranks trains one step on gloo:
+"""Every candidate `mimo plan` lists for demo_vlm, demo_text_to_image and demo_avlm at 4 and 8 ranks trains one
+step on gloo:
 the planner keeps only layouts that pass the gate, and the gate refuses whatever a later step would (a layout
 listed here that died in its first step would fail this test, naming it)."""
 
@@ -14,15 +15,15 @@ from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS, T2I
 from tests.support.dist import run_distributed
 
-GPUS = 4
-DEMOS = {"demo_vlm": CONFIGS / "demo_vlm.toml", "demo_text_to_image": T2I}
+GPUS = (4, 8)
+DEMOS = {"demo_vlm": CONFIGS / "demo_vlm.toml", "demo_text_to_image": T2I, "demo_avlm": CONFIGS / "demo_avlm.toml"}
 # Smaller data sets build faster and change no layout rule; the model, batch and microbatches stay the demo's.
 SHRINK = ["--data.train_samples=64", "--data.eval_samples=2", "--run.progress=false", "--run.tensorboard=false",
           "--train.threads=1", "--parallel.timeout_s=120"]
 
 
-def _candidates(config: Path) -> list[tuple[str, dict]]:
-    plan = make_plan(load_config(config, SHRINK), GPUS, 80.0)
+def _candidates(config: Path, gpus: int) -> list[tuple[str, dict]]:
+    plan = make_plan(load_config(config, SHRINK), gpus, 80.0)
     return [(label(row.layout, row.modules), row.modules) for row in plan.rows]
 
 
@@ -37,11 +38,13 @@ def _steps(rank: int, world: int, config: Path, out: str, candidates: list[tuple
     return losses
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("gpus", GPUS)
 @pytest.mark.parametrize("demo", list(DEMOS))
-def test_every_planned_candidate_trains_a_step(tmp_path, demo):
-    candidates = _candidates(DEMOS[demo])
+def test_every_planned_candidate_trains_a_step(tmp_path, demo, gpus):
+    candidates = _candidates(DEMOS[demo], gpus)
     assert len(candidates) >= 4, candidates
-    losses = run_distributed(_steps, GPUS, DEMOS[demo], str(tmp_path), candidates, timeout=900)[0]
+    losses = run_distributed(_steps, gpus, DEMOS[demo], str(tmp_path), candidates, timeout=900)[0]
     assert len(losses) == len(candidates)
     # Every layout computes one process's step: the same first loss everywhere.
     assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), dict(zip((n for n, _ in candidates), losses))
