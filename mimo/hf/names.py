@@ -64,7 +64,7 @@ def llm_names(lm: DecoderLM, body: str = "model.", head: str = "") -> dict[str, 
 
 def moe_names(lm: DecoderLM, body: str) -> dict[str, HFName]:
     """The MoE layers' tensors: router, each of w_gate / w_up / w_down as the stack of its experts' tensors
-    (global expert ids from the module's `expert_offset`), Qwen2-MoE's shared expert and its gate."""
+    (all E experts, whatever part of them this rank holds), Qwen2-MoE's shared expert and its gate."""
     mixtral = not (lm.cfg.qk_norm or lm.cfg.qkv_bias)  # Qwen3-MoE has qk_norm, Qwen2-MoE qkv_bias (as export)
     router, expert, (gate, up, down) = MOE_NAMES["mixtral" if mixtral else "qwen"]
     out: dict[str, HFName] = {}
@@ -73,7 +73,7 @@ def moe_names(lm: DecoderLM, body: str) -> dict[str, HFName]:
         if not hasattr(moe, "router"):
             continue
         at = f"layers.{key}.mlp."
-        experts = range(moe.expert_offset, moe.expert_offset + moe.w_gate.shape[0])
+        experts = range(moe.num_experts)  # the whole stack: a rank's view picks its experts (and FSDP shard)
         out[at + "router.weight"] = f"{body}layers.{key}.{router}.weight"
         for ours, theirs in (("w_gate", gate), ("w_up", up), ("w_down", down)):
             out[at + ours] = ExpertStack(tuple(f"{body}layers.{key}.{expert.format(e)}{theirs}.weight"

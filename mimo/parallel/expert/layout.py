@@ -134,7 +134,6 @@ def _refuse_unsupported(cfg: Config, ep: int) -> None:
     where = f"parallel.modules.language.ep = {ep}"
     refusals = [
         (cfg.train.master_weights, "with train.master_weights = true is not supported yet; set it false"),
-        (bool(cfg.model.llm.hf_path), "with model.llm.hf_path is not supported yet; train from the config's shapes"),
     ]
     for refused, why in refusals:
         if refused:
