@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from mimo.cli import main
 from mimo.config.load import load_config
@@ -22,10 +20,10 @@ from mimo.perf.apply import apply_fast_paths
 from mimo.perf.float8 import float8_linears
 from mimo.train import gate
 from mimo.train.gate import check_layout, validate_run
+from tests.support.float8_reference import SWAPPED, use_float8_reference
 from tests.support.tiny_run import DEMO, TINY, train_losses
 
 FP8_LM = ["--train.dtype=bfloat16", "--train.module_dtype.language=float8"]
-E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
 
 
 def tiny_cfg(*overrides: str):
@@ -119,48 +117,16 @@ def test_which_linears_compute_in_float8():
     assert names_of("--train.dtype=bfloat16") == []
 
 
-def qdq(t: torch.Tensor) -> torch.Tensor:
-    """`t` through float8_e4m3fn with one scale per tensor (amax to the format's largest value), back in its dtype;
-    the gradient passes straight through."""
-    scale = E4M3_MAX / t.detach().abs().amax().float().clamp(min=1e-12)
-    back = ((t.detach().float() * scale).to(torch.float8_e4m3fn).float() / scale).to(t.dtype)
-    return t + (back - t).detach()
-
-
-class QDQLinear(nn.Linear):
-    """The CPU reference of an FP8 linear: input and weight quantise-dequantised, the product in their dtype."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-        bias = None if self.bias is None else self.bias.to(dtype)
-        return F.linear(qdq(x.to(dtype)), qdq(self.weight.to(dtype)), bias)
-
-
-SWAPPED: list[str] = []
-
-
-def qdq_swap(root: nn.Module, keep) -> None:
-    """torchao's swap, with QDQLinear for Float8Linear: every nn.Linear the filter keeps, in place."""
-    for fqn, parent in list(root.named_modules()):
-        for name, child in list(parent.named_children()):
-            full = f"{fqn}.{name}" if fqn else name
-            if type(child) is nn.Linear and keep(child, full):
-                new = QDQLinear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
-                new.weight, new.bias = child.weight, child.bias
-                setattr(parent, name, new)
-                SWAPPED.append(full)
-
-
 def test_a_float8_run_with_the_cpu_reference_trains_like_the_fp32_run(monkeypatch, tmp_path: Path):
     """The config path of `mimo train` end to end (gate, build, apply_fast_paths, training, checkpoint), with the
-    device checks lifted and torchao's Float8Linear replaced by QDQLinear: exactly the LM's projections swap,
-    and the loss stays within 1% of the fp32 run's at every step (3.0e-4 here; bf16 alone 3.6e-5), finite and
-    not equal to the bf16 run's."""
+    device checks lifted and torchao's Float8Linear replaced by tests/support/float8_reference.py's QDQLinear:
+    exactly the LM's projections swap, and the loss stays within 1% of the fp32 run's at every step (3.0e-4 here;
+    bf16 alone 3.6e-5), finite and not equal to the bf16 run's."""
     fp32 = train_losses(tmp_path / "fp32", "--train.steps=12")
     bf16 = train_losses(tmp_path / "bf16", "--train.dtype=bfloat16", "--train.steps=12")
-    monkeypatch.setattr(gate, "check_float8_support", lambda cfg: None)
-    monkeypatch.setattr(float8, "torchao_swap", lambda recipe: qdq_swap)
-    SWAPPED.clear()
+    monkeypatch.setattr(gate, "check_float8_support", gate.check_float8_support)  # restored after the test
+    monkeypatch.setattr(float8, "torchao_swap", float8.torchao_swap)
+    use_float8_reference()
     fp8 = train_losses(tmp_path / "fp8", *FP8_LM, "--train.steps=12")
     assert sorted(SWAPPED) == sorted(f"language_model.layers.0.{n}" for n in LM_LAYER)
     assert len(fp8) == len(fp32) == 12 and all(torch.isfinite(torch.tensor(fp8)))
