@@ -4,9 +4,9 @@ over the LM's dp).
 
 All cases run in one spawn of 4 gloo ranks, the VLM colocated on all of them. The parallel model is built on
 the meta device, so each rank materialises only its experts (with the single-process values for its slices).
-Routers: a softmax top-2 router with both router losses (without them under cp and sequence parallel, where
-the router losses' row statistics are mimo/models/moe.py's to share), and an imbalanced one (sigmoid top-1 with
-a balancing bias that sends every token to expert 0, so the other experts' ranks receive nothing). Each case is checked
+Routers: a softmax top-2 router with both router losses (under cp and sequence parallel their row statistics are
+summed over the row's ranks), a plain top-2 one, and an imbalanced one (sigmoid top-1 with a balancing bias that
+sends every token to expert 0, so the other experts' ranks receive nothing). Each case is checked
 against one process on the same seeded model and batch: loss-token count, loss, every gradient and every
 weight after one AdamW step with clipping, max |diff| <= 1e-5 x max |ref|.
 """
@@ -134,10 +134,10 @@ CASES = [
     (dict(ep=2, fsdp=True), "softmax", 2),
     (dict(ep=2, fsdp=True), "all_to_one", 1),
     (dict(ep=4, fsdp=True), "softmax", 1),
-    (dict(ep=2, cp=2), "plain", 1),
+    (dict(ep=2, cp=2), "softmax", 1),
     (dict(ep=2, cp=2), "all_to_one", 2),
     (dict(ep=2, cp=2, fsdp=True), "plain", 1),
-    (dict(ep=2, tp=2, sequence_parallel=True), "plain", 1),
+    (dict(ep=2, tp=2, sequence_parallel=True), "softmax", 1),
     (dict(ep=2, tp=2, sequence_parallel=True), "all_to_one", 1),
 ]
 
