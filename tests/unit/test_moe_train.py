@@ -112,3 +112,16 @@ def test_checkpointed_and_compiled_blocks_train_the_router_like_eager(tmp_path, 
     assert len(runs[0]) == 3
     for (loss_a, load_a), (loss_b, load_b) in zip(*runs):
         assert loss_a == pytest.approx(loss_b, rel=1e-6) and load_a == load_b
+
+
+def test_a_resumed_sigmoid_router_continues_bit_for_bit(tmp_path):
+    """The balancing bias is in the checkpoint: resumed from step 3 of 5 (a nonzero bias: an odd number of moves),
+    the run logs what the uninterrupted one does."""
+    moving = [*MOE, "--model.llm.moe_gating=sigmoid", "--model.llm.moe_bias_rate=0.05", "--train.steps=5"]
+    whole = Trainer(tiny_config(tmp_path / "whole", *moving, "--train.save_every=1", "--train.keep_checkpoints=9"))
+    whole.train()
+    step3 = tmp_path / "whole" / "tiny" / "checkpoints" / "step_00000003"
+    Trainer(tiny_config(tmp_path / "resumed", *moving, f"--train.resume={step3}")).train()
+    rows = [[(r["loss"], r["moe_load"]) for r in metrics(tmp_path / n) if "moe_load" in r and r["step"] >= 3]
+            for n in ("whole", "resumed")]
+    assert len(rows[0]) == 2 and rows[1] == rows[0]
