@@ -57,7 +57,7 @@ def apply_gpu_defaults(cfg: Config, layout: Layout | None) -> dict[str, object]:
 def accepts(cfg: Config, layout: Layout | None) -> bool:
     """Whether the fast-path keys of `cfg` (its model resolved from any hf_path) pass the gate's checks on
     `layout`; cuDNN attention also needs every module in bf16 (it has no fp32 kernels)."""
-    if cfg.train.attention_backend == "cudnn" and any(cfg.train.dtype_of(m) != "bfloat16"
+    if cfg.train.attention_backend == "cudnn" and any(cfg.train.autocast_of(m) != "bfloat16"
                                                       for m in cfg.model.module_names):
         return False
     try:

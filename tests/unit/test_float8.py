@@ -18,6 +18,7 @@ from mimo.parallel.layout import Layout
 from mimo.perf import float8
 from mimo.perf.apply import apply_fast_paths
 from mimo.perf.float8 import float8_linears
+from mimo.perf.gpu_defaults import apply_gpu_defaults
 from mimo.train import gate
 from mimo.train.gate import check_layout, validate_run
 from tests.support.float8_reference import SWAPPED, use_float8_reference
@@ -147,3 +148,9 @@ def test_torchao_converts_the_same_linears_and_keeps_every_name():
         f"language_model.layers.0.{n}" for n in LM_LAYER if "q_proj" not in n and "k_proj" not in n
         and "v_proj" not in n)
     assert list(model.state_dict()) == before
+
+
+def test_a_float8_module_takes_the_gpu_defaults_of_a_bf16_one():
+    """Its attention, norms and the rest compute in bf16, so cuDNN attention (bf16 only) is its default too."""
+    applied = apply_gpu_defaults(tiny_cfg("--train.device=cuda", *FP8_LM), None)
+    assert applied["attention_backend"] == "cudnn" and applied["fuse_qkv"] is True
