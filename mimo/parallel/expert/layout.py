@@ -133,7 +133,9 @@ def _refuse_unsupported(cfg: Config, ep: int) -> None:
     """The features expert parallelism is not built for yet, each refused by its field."""
     where = f"parallel.modules.language.ep = {ep}"
     refusals = [
-        (cfg.train.master_weights, "with train.master_weights = true is not supported yet; set it false"),
+        (cfg.train.master_weights and not cfg.parallel.modules[LANGUAGE].fsdp,
+         "with train.master_weights = true needs parallel.modules.language.fsdp = true (its fp32 shards are the "
+         "master weights; the ZeRO-1 master state of a replicated LM would mix different ranks' experts)"),
     ]
     for refused, why in refusals:
         if refused:
