@@ -35,8 +35,8 @@ class RouterLosses:
         llm = cfg.model.llm
         self.device = torch.device(device)  # where `end`'s reduction runs (the collectives' device)
         self.names = [str(i) for i in range(llm.layers) if llm.is_moe_layer(i)]  # every MoE layer of the LM
-        held = moe_layers(model)  # "language_model.layers.3.mlp" -> "3"
-        self.layers = {self.names.index(name.split(".")[-2]): m for name, m in held.items()}
+        held = moe_layers(model)  # "language_model.layers.3.mlp" (or with a wrapper's name inside) -> "3"
+        self.layers = {self.names.index(name.split(".layers.")[1].split(".")[0]): m for name, m in held.items()}
         self.experts = llm.moe_experts
         self.scale = 1.0 / (max(1, len(self.names)) * cfg.data.global_batch)
         self.weights = (llm.moe_aux_loss_weight, llm.moe_z_loss_weight)

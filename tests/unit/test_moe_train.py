@@ -11,6 +11,7 @@ from mimo.config.validate import validate
 from mimo.models.build import build_model
 from mimo.models.flops import lm_flops
 from mimo.models.moe import MoEFeedForward, moe_layers
+from mimo.train.router_loss import RouterLosses
 from mimo.train.trainer import Trainer
 from tests.support.configs import tiny_llm
 from tests.support.tiny_run import metrics, tiny_config
@@ -125,3 +126,15 @@ def test_a_resumed_sigmoid_router_continues_bit_for_bit(tmp_path):
     rows = [[(r["loss"], r["moe_load"]) for r in metrics(tmp_path / n) if "moe_load" in r and r["step"] >= 3]
             for n in ("whole", "resumed")]
     assert len(rows[0]) == 2 and rows[1] == rows[0]
+
+
+def test_router_bookkeeping_finds_layers_inside_a_wrapper(tmp_path):
+    """A block wrapped from outside (its MoE then named language_model.layers.1.<wrapper>.mlp) keeps its index."""
+    cfg = tiny_config(tmp_path, *MOE)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    wrapper = torch.nn.Module()
+    wrapper.wrapped = model.language_model.layers["1"]
+    model.language_model.layers["1"] = wrapper
+    router = RouterLosses(model, cfg)
+    assert router.layers == {0: model.language_model.layers["0"].mlp, 1: wrapper.wrapped.mlp}
