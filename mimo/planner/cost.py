@@ -17,7 +17,8 @@ A transformer layer's time is the sum of its parts, each from the profile's fitt
 Communication inside a module (not overlapped: mimo runs it on the compute stream): tensor parallelism
 all-reduces the layer's activation twice in the forward and twice in the backward (a reduce-scatter and
 an all-gather each under sequence parallelism: the same bytes); context parallelism all-gathers the
-layer's keys and values over cp in the forward and reduce-scatters their gradient in the backward.
+layer's keys and values over cp in the forward and reduce-scatters their gradient in the backward; expert
+parallelism exchanges each MoE layer's routed rows (dispatch and combine) over its ep ranks each way.
 
 Beside the layers: the LM's head and loss on its last stage (on the loss rows only with
 `train.loss_rows_only`; bf16 chunks with `train.chunked_loss`, else fp32 logits), a ViT's patch
@@ -128,22 +129,44 @@ def _tp_comm(net: Network, grid: Grid, nbytes: float) -> float:
 
 
 def decoder_layer(cfg: Config, p: Profile, net: Network, grid: Grid, flags: ModuleLayoutConfig,
-                  samples: float, seq: int) -> Piece:
-    """One LM layer over `samples` sequences of `seq` tokens on one rank of `grid`."""
+                  samples: float, seq: int, moe: bool = False) -> Piece:
+    """One LM layer over `samples` sequences of `seq` tokens on one rank of `grid` (`moe`: its feed-forward
+    is the mixture of experts, see `_moe_products`)."""
     llm, tp, cp = cfg.model.llm, grid.tp, grid.cp
     hd, tokens = llm.attention_head_dim, samples * seq / cp
     q, kv = llm.heads * hd / tp, llm.kv_heads * hd / tp
     qkv = [(q + 2 * kv, llm.hidden)] if cfg.train.fuse_qkv else [(q, llm.hidden), (kv, llm.hidden), (kv, llm.hidden)]
     mlp = llm.mlp / tp
-    products = qkv + [(llm.hidden, q), (mlp, llm.hidden), (mlp, llm.hidden), (llm.hidden, mlp)]
+    dense = [(mlp, llm.hidden), (mlp, llm.hidden), (llm.hidden, mlp)]
+    products = qkv + [(llm.hidden, q)] + ([] if moe else dense)
     attn = samples * 2 * seq * seq * llm.heads * hd / (tp * cp)
     sp_tp = tp if flags.sequence_parallel else 1
-    piece = _layer(p, "decoder", tokens, llm.hidden, products, attn, 6 * llm.mlp / tp, sp_tp, cfg.model.freeze_llm, cfg)
+    width = llm.moe_top_k * llm.moe_mlp / tp if moe else mlp
+    piece = _layer(p, "decoder", tokens, llm.hidden, products, attn, 6 * width, sp_tp, cfg.model.freeze_llm, cfg)
     act = tokens * llm.hidden * (4 if cfg.train.dtype_of(LANGUAGE) == "float32" else 2)
     comm = _tp_comm(net, grid, act)
     kv_bytes = 2 * samples * seq * kv * 2
     cp_comm = net.all_gather(kv_bytes, grid.offset, tp, cp)
-    return piece + Piece(0.0, 0.0, comm + cp_comm, comm + cp_comm)
+    piece = piece + Piece(0.0, 0.0, comm + cp_comm, comm + cp_comm)
+    return piece + _moe_feed_forward(cfg, p, net, grid, flags, tokens) if moe else piece
+
+
+def _moe_feed_forward(cfg: Config, p: Profile, net: Network, grid: Grid, flags: ModuleLayoutConfig,
+                      tokens: float) -> Piece:
+    """A mixture-of-experts feed-forward on one rank: the router, each local expert's three products over its
+    share of the routed rows (balanced loads: tokens x top_k x ep / experts rows each, experts / ep of them), the
+    shared expert, and the dispatch and combine all-to-alls over the ep group (each way, forward and backward)."""
+    llm, tp, ep = cfg.model.llm, grid.tp, max(flags.ep, 1)
+    h, rows = llm.hidden, tokens * llm.moe_top_k * ep / llm.moe_experts
+    fwd = matmul_s(p, tokens, llm.moe_experts, h)
+    fwd += llm.moe_experts / ep * (2 * matmul_s(p, rows, llm.moe_mlp / tp, h) + matmul_s(p, rows, h, llm.moe_mlp / tp))
+    if llm.moe_shared_mlp:
+        shared = llm.moe_shared_mlp / tp
+        fwd += 2 * matmul_s(p, tokens, shared, h) + matmul_s(p, tokens, h, shared)
+    routed = tokens * llm.moe_top_k * h * 2
+    exchange = 2 * net.all_to_all(routed, grid.offset, grid.tp * grid.cp, ep)
+    factor = p.factor("decoder", cfg.train.compile)
+    return Piece(fwd * factor, fwd * factor * (1 if cfg.model.freeze_llm else 2), exchange, exchange)
 
 
 def encoder_layer(cfg: Config, p: Profile, net: Network, name: str, grid: Grid, inputs: float) -> Piece:

@@ -5,6 +5,7 @@ A group of n ranks moving B bytes (the size of one rank's full tensor):
     all-reduce       2 (n-1)/n B / bw + 2 (n-1) lat      (ring: a reduce-scatter, then an all-gather)
     all-gather       (n-1)/n B / bw + (n-1) lat          (B = the gathered tensor)
     reduce-scatter   (n-1)/n B / bw + (n-1) lat          (B = the tensor before it is scattered)
+    all-to-all       (n-1)/n B / bw + (n-1) lat          (B = what one rank sends and keeps; MoE dispatch)
     send             B / bw + lat                        (one pipeline or bridge message)
 
 bw and lat are the NVLink figures when every rank of the group sits on one node, else the network's (one
@@ -53,6 +54,8 @@ class Network:
 
     reduce_scatter = all_gather
     """The same cost as an all-gather of the unscattered tensor."""
+    all_to_all = all_gather
+    """Each rank keeps 1/n of its B bytes and sends the rest: the same bytes on the wire as an all-gather."""
 
     def send(self, nbytes: float, src: int, dst: int) -> float:
         """One point-to-point message from rank src to rank dst."""

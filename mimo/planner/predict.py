@@ -105,7 +105,12 @@ def module_piece(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, s
     last = stage == grid.pp - 1
     if name == LANGUAGE:
         seq = size.tokens_per_sample
-        piece = _times(decoder_layer(cfg, s.profile, s.network, grid, flags, samples, seq), layers)
+        held = [int(i) for i in stage_layers(size.layers, grid.pp, stage)]
+        experts = sum(cfg.model.llm.is_moe_layer(i) for i in held)
+        piece = _times(decoder_layer(cfg, s.profile, s.network, grid, flags, samples, seq), layers - experts)
+        if experts:
+            piece = piece + _times(decoder_layer(cfg, s.profile, s.network, grid, flags, samples, seq, moe=True),
+                                   experts)
         return piece + lm_head(cfg, s.profile, s.network, grid, samples, seq, _text_rows(s, seq)) if last else piece
     inputs = samples * inputs_per_sample(cfg, name)
     piece = _times(encoder_layer(cfg, s.profile, s.network, name, grid, inputs), layers)

@@ -11,7 +11,7 @@ from mimo.config.load import load_config
 from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.planner.candidates import layout_of, make_plan
-from mimo.planner.cost import KERNELS_BACKWARD, KERNELS_FORWARD, decoder_layer, matmul_s
+from mimo.planner.cost import KERNELS_BACKWARD, KERNELS_FORWARD, _moe_feed_forward, decoder_layer, matmul_s
 from mimo.planner.memory import estimate, module_sizes
 from mimo.planner.network import Network
 from mimo.planner.predict import Setting, predict
@@ -135,3 +135,17 @@ def test_choose_microbatches_takes_the_fastest_count_that_fits(tmp_path):
     assert {r.microbatches for r in fixed.rows} == {cfg.parallel.microbatches}
     assert chosen.rows[0].prediction.step_s <= fixed.rows[0].prediction.step_s
     assert all(16 % r.microbatches == 0 for r in chosen.rows)
+
+
+def test_a_mixture_of_experts_feed_forward_by_hand():
+    """4 experts of width 32, top 2, 64 tokens of hidden 32: the router (64 x 4 x 32), then per expert
+    64 x 2 / 4 = 32 rows through three 32 x 32 products; with ep 2 two experts a rank, 64 rows each, and the
+    dispatch and combine all-to-alls of 64 x 2 x 32 bf16 values over the 2 ranks, each way."""
+    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--model.llm.moe_experts=4", "--model.llm.moe_mlp=32"])
+    net = Network()
+    one = _moe_feed_forward(cfg, PROFILE, net, Grid(), ModuleLayoutConfig(), tokens=64)
+    assert one.forward_s == pytest.approx((2 * 64 * 4 * 32 + 4 * 3 * 2 * 32 * 32 * 32) / 1e14)
+    assert one.backward_s == pytest.approx(2 * one.forward_s) and one.forward_comm_s == 0.0
+    two = _moe_feed_forward(cfg, PROFILE, net, Grid(dp=2), ModuleLayoutConfig(ep=2), tokens=64)
+    assert two.forward_s == pytest.approx((2 * 64 * 4 * 32 + 2 * 3 * 2 * 64 * 32 * 32) / 1e14)
+    assert two.forward_comm_s == pytest.approx(2 * net.all_to_all(64 * 2 * 32 * 2, 0, 1, 2))
