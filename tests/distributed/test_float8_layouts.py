@@ -1,11 +1,12 @@
 """`train.module_dtype = "float8"` for both modules composes with the layouts and compilation it is installed
 among: data parallelism and FSDP2 of both modules over 2 ranks, alone and with every block compiled (aot_eager),
-train like the single-process run of the same config. torchao's Float8Linear is replaced by the CPU reference of
-tests/support/float8_reference.py, its input scaled per row so that a row's product does not depend on which
-lane holds the rest of the batch. Two steps each: both losses within 1e-4 relative (step 0 exact, step 1 3.7e-5
-seen), the first step's gradients (gathered whole) within 1e-2 (bf16 autocast rounds each lane's partial weight
-gradients: 2.1e-3 seen; after an update the weights' per-tensor scales move every FP8 rounding, 1.8e-2 seen on
-step 1, so those are not compared), and every rank swapped exactly the linears the single process swapped.
+and the 3-rank pipeline, train like the single-process run of the same config. torchao's Float8Linear is
+replaced by the CPU reference of tests/support/float8_reference.py, its input scaled per row so that a row's
+product does not depend on which lane holds the rest of the batch. Two steps each: both losses within 1e-4
+relative (step 0 exact, step 1 3.7e-5 seen), the first step's gradients (gathered whole) within 1e-2 (bf16
+autocast rounds each lane's partial weight gradients: 2.1e-3 seen; after an update the weights' per-tensor
+scales move every FP8 rounding, 1.8e-2 seen on step 1, so those are not compared), and every rank swapped
+exactly the linears the single process swapped (the pipeline's ranks together, each its own stage's).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
 FLOAT8 = ["--train.dtype=bfloat16", "--train.module_dtype.language=float8", "--train.module_dtype.images=float8",
           "--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
 LAYOUTS = {"dp2": [], "fsdp2": [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"]}
+PIPELINE3 = [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2"]
 COMPILE = ["--train.compile=true", "--train.compile_backend=aot_eager"]
 
 
@@ -59,3 +61,16 @@ def test_float8_modules_train_like_single_process(reference, tmp_path, layout, c
     assert all(abs(a - b) <= 1e-4 * b for a, b in zip(losses, ref_losses, strict=True)), (losses, ref_losses)
     assert_trains_like(f"{layout} compiled={compiled}", (losses[:1], grads[:1]), (ref_losses[:1], ref_grads[:1]),
                        rtol=1e-2)
+
+
+def test_float8_modules_on_the_pipeline_convert_each_stage_and_train_like_single_process(tmp_path_factory):
+    """The encoder on rank 0, the LM pp2 on ranks 1-2: each rank swaps the linears of the stage it holds (the
+    linears a stage released stay), together exactly the single process's, and the run trains like it."""
+    micro = "--parallel.microbatches=2"
+    ref_losses, ref_grads, ref_swapped = _train(tmp_path_factory.mktemp("single"), micro)
+    ranks = run_distributed(_rank, 3, str(tmp_path_factory.mktemp("pipe")), [*PIPELINE3, micro], timeout=600)
+    swapped = [r[2] for r in ranks]
+    assert [len(s) for s in swapped] == [8, 7, 7] and sorted(sum(swapped, [])) == ref_swapped
+    losses, grads, _ = ranks[0]
+    assert all(abs(a - b) <= 1e-4 * b for a, b in zip(losses, ref_losses, strict=True)), (losses, ref_losses)
+    assert_trains_like("pipeline3", (losses[:1], grads[:1]), (ref_losses[:1], ref_grads[:1]), rtol=1e-2)
