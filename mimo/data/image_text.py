@@ -159,7 +159,8 @@ class ImageTextData(SeededBatches):
         trainer's global batch -> local microbatches function; it is run once on a batch of row numbers to
         see which rows arrive. `agree` replaces the verdicts' MAX all-reduce (over the ranks that read data)."""
         rows = torch.arange(global_batch)
-        probe = {"input_ids": rows[:, None], "labels": rows[:, None], "position_ids": rows[:, None],
+        column = rows[:, None].expand(-1, self.seq_len)  # whole rows: context parallel cuts them as it cuts a batch's
+        probe = {"input_ids": column, "labels": column, "position_ids": column,
                  "modality_inputs": {m.name: {m.encoder: {m.key: rows}} for m in self.media}}
         micro = split(probe)
         self.text_rows = {int(r) for mb in micro for r in mb.get("input_ids", rows[:0]).reshape(-1)}

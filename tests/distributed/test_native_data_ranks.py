@@ -1,8 +1,8 @@
 """Native-resolution data on several ranks: images of four sizes, a video and a skipped sample train with the
 single process's losses and gradients on colocated layouts (two data lanes, plain, cost-balanced or FSDP; the LM
-under tp2 with sequence parallel and M-RoPE) and a non-colocated one (the tower on one rank, the LM on another: the
-LM's rank reads only image headers, the tower's only pixels, and the pipeline bridge carries each sample's own
-number of rows)."""
+under tp2 with sequence parallel, or cp2, with M-RoPE) and a non-colocated one (the tower on one rank, the LM on
+another: the LM's rank reads only image headers, the tower's only pixels, and the pipeline bridge carries each
+sample's own number of rows)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ LAYOUTS = {
     "colocated_dp2": [],
     "balanced_dp2": ["--data.balance_lanes=true"],
     "fsdp_dp2": ["--parallel.modules.images.fsdp=true", "--parallel.modules.language.fsdp=true"],
+    "lm_cp2": ["--parallel.modules.language.cp=2"],
     "lm_tp2_sp": ["--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true"],
     "tower_then_lm": ["--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
                       "--parallel.modules.language.offset=1", "--parallel.modules.language.size=1"],
