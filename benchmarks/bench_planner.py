@@ -7,6 +7,10 @@ Builds `mimo train`'s Trainer from each config (its own overrides after `::`, e.
 does (synchronised around each step, the median after --warmup steps; no checkpoint is written), and prints
 one JSON line per config: measured and predicted step seconds, their ratio, and the prediction's parts.
 Each config runs in its own process (clean device memory) unless --inline.
+
+`python -m benchmarks.bench_planner --profile P.json --third-session` predicts, with no device, the five 2-GPU
+layouts the third session measured (BENCHMARKS.md: `small` with 4 images a sample, eager `mimo train` step) and
+prints them beside those measurements.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ import torch
 
 from benchmarks.bench_vlm import timed_steps
 from mimo.config.load import load_config
-from mimo.planner.candidates import make_plan
+from mimo.config.schema import ModuleLayoutConfig
+from mimo.planner.candidates import cost_at, label, make_plan
+from mimo.planner.memory import module_sizes
+from mimo.planner.network import Network
+from mimo.planner.predict import Setting
 from mimo.planner.profile import load_profile
 from mimo.train.trainer import Trainer
 
@@ -54,14 +62,44 @@ def measured(spec: str, warmup: int, steps: int) -> dict:
     return {"step_s": rec["step_s_median"], "first_step_s": rec["first_step_s"], "peak_gib": peak}
 
 
+THIRD_SESSION = ["--data.images_per_sample=4", "--data.global_batch=8", "--data.seq_len=3776",
+                 "--model.llm.max_seq=4096",
+                 *(f"--train.{k}=false" for k in ("master_weights", "grad_table", "lm_update_early", "step_graph",
+                                                  "compile", "chunked_loss", "loss_rows_only", "fuse_qkv"))]
+"""`small` as the third session's bench_layouts ran it: 4 x 576 image + 1472 text tokens, bf16 autocast, eager."""
+THIRD_SESSION_LAYOUTS = {  # name: (images, language, microbatches, measured tokens/s on 2 H200s)
+    "dp2": (ModuleLayoutConfig(), ModuleLayoutConfig(), 2, 41532),
+    "tp2": (ModuleLayoutConfig(tp=2), ModuleLayoutConfig(tp=2), 2, 33918),
+    "enc-dp2_lm-tp2": (ModuleLayoutConfig(), ModuleLayoutConfig(tp=2), 2, 34632),
+    "enc-tp2_lm-dp2": (ModuleLayoutConfig(tp=2), ModuleLayoutConfig(), 2, 38291),
+    "pipe": (ModuleLayoutConfig(offset=0, size=1), ModuleLayoutConfig(offset=1, size=1), 8, 25057)}
+
+
+def third_session(profile: Path) -> None:
+    """The third session's 2-GPU layouts: measured step (from its tokens/s) against the prediction."""
+    cfg = load_config("benchmarks/presets/small.toml", THIRD_SESSION)
+    setting = Setting(cfg, module_sizes(cfg), load_profile(profile), Network())
+    for name, (images, language, micro, tokens_per_s) in THIRD_SESSION_LAYOUTS.items():
+        row = cost_at(setting, {"images": images, "language": language}, micro, 2, 1e6)
+        measured = cfg.data.global_batch * cfg.data.seq_len / tokens_per_s
+        p = row.prediction
+        print(json.dumps({"layout": name, "label": label(row.layout, row.modules), "microbatches": micro,
+                          "measured_step_s": measured, "predicted_step_s": p.step_s,
+                          "predicted_over_measured": p.step_s / measured, "compute_s": p.compute_s,
+                          "comm_s": p.comm_s, "reduce_s": p.reduce_s, "bubble_s": p.bubble_s}))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", required=True, type=Path)
-    ap.add_argument("--config", action="append", required=True, help="a config, overrides after '::'")
+    ap.add_argument("--config", action="append", default=[], help="a config, overrides after '::'")
+    ap.add_argument("--third-session", action="store_true", help="predict the third session's 2-GPU layouts")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--inline", action="store_true", help="measure in this process")
     args = ap.parse_args(argv)
+    if args.third_session:
+        third_session(args.profile)
     for spec in args.config:
         if args.inline:
             row = measured(spec, args.warmup, args.steps)
