@@ -11,7 +11,8 @@ With `ep` ranks in an expert-parallel group and E experts, rank r holds experts
 
 Dropless and exact for any routing: every copy is computed by its expert, whatever the imbalance (all
 tokens to one expert, ranks receiving nothing). Backward is the adjoint of each step (the all-to-alls
-send gradients back along the forward routes). The counts are one host sync per layer and microbatch.
+send gradients back along the forward routes). The split sizes are one host sync per layer and microbatch
+(expert_compute's loop path reads its per-expert counts too).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def all_to_all_moe(x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Ten
     copies = x[order // k]
     counts = torch.bincount(flat, minlength=num_experts).view(ep, local)
     recv = exchange_counts(counts, group)
-    send_rows, recv_rows = counts.sum(1).tolist(), recv.sum(1).tolist()
+    rows = torch.cat([counts.sum(1), recv.sum(1)]).tolist()  # the split sizes: one host sync
+    send_rows, recv_rows = rows[:ep], rows[ep:]
     arrived = all_to_all_rows(copies, send_rows, recv_rows, group)
     done = _run_local_experts(arrived, recv, expert_compute, rank * local)
     back = all_to_all_rows(done, recv_rows, send_rows, group)
