@@ -37,8 +37,8 @@ from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backe
 ONE_PROCESS_ONLY = ("grad_table", "lm_update_early", "step_graph")
 """Keys of the step's fast paths that run on one process only: the gradient table and the early update read
 gradients before the data-parallel reduction sums them, and NCCL collectives in a captured step are not wired
-up (README, "Fast paths"). train.master_weights runs on data-parallel and FSDP2 layouts, not pipelined ones
-(`check_master_weights_layout`)."""
+up (README, "Fast paths"). train.master_weights runs on every layout: each module's (each pipeline stage's)
+fp32 state sharded over its data lanes, FSDP2's over its shards."""
 
 
 def chunked_head_loss(lm: DecoderLM, hidden: torch.Tensor, labels: torch.Tensor,
@@ -120,7 +120,6 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
             raise ConfigError(f"train.{key} = true runs on one process only: it reads gradients before the "
                               f"data-parallel reduction, or captures a step that holds no collectives; set "
                               f"train.{key} = false for a layout of {layout.world_size} ranks")
-    check_master_weights_layout(cfg, layout)
     check_float8_layout(cfg, layout)
     lm = layout.grids[LANGUAGE]
     module = cfg.parallel.modules.get(LANGUAGE)
@@ -133,14 +132,3 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
         raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
                           "vocab-parallel chunked loss: set train.chunked_loss = true")
-
-
-def check_master_weights_layout(cfg: Config, layout: Layout) -> None:
-    """train.master_weights against a layout of more than one rank: data, tensor and context parallelism,
-    FSDP2 (with bf16 compute over its fp32 shards) and colocated modules work (each module's fp32 state
-    sharded over its data lanes); a pipelined layout does not (pure, before any process group)."""
-    if not cfg.train.master_weights:
-        return
-    if is_pipelined(layout):
-        raise ConfigError("train.master_weights = true on a pipelined layout: MasterAdamW is not wired to the "
-                          "pipeline's stages yet; set train.master_weights = false, or colocate the modules")

@@ -236,6 +236,7 @@ class Trainer:
         d = self.cfg.data
         batch, problem = read_batch(lambda: self.data.global_batch(step, d.global_batch, d.seed), pipe.needs_data)
         batch, lanes = self.balance(batch) if batch is not None else (batch, {})
+        self.optimizer.begin(step)  # MasterOptimizer's learning rates, on the device
         self.router_losses.begin()
         result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device),
                                  problem=problem)

@@ -1,9 +1,12 @@
 """`train.master_weights` on data-parallel layouts: each module's fp32 master weights and moments sharded
 ZeRO-1 over its data lanes train like the single-process master_weights run of the same global batch.
 
-Layouts: DP2 (both modules over 2 ranks), the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2), and
+Layouts: DP2 (both modules over 2 ranks), the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2),
 FSDP2 of the LM over 2 ranks (bf16 compute through FSDP2's MixedPrecisionPolicy over its fp32 shards, which with
-torch's AdamW's fp32 moments are the master state; the encoder DP2 as in the first).
+torch's AdamW's fp32 moments are the master state; the encoder DP2 as in the first), and two pipelines: the
+3-rank one (encoder on rank 0, LM pp2 on ranks 1-2) and a 4-rank one whose encoder stage is dp2 on ranks 0-1
+(its master state sharded over those two lanes) into LM pp2 on ranks 2-3. On a pipeline each stage's
+MasterAdamW holds that stage's parameters, and the global norm adds every stage's share.
 Each run is a `Trainer` built from the config, as `mimo train` builds it. Compared after STEPS steps:
 - against the single-process master_weights run: every step's loss within LOSS_RTOL, and the fp32 master
   weights (gathered whole from the shards) within MASTER_OF_MOVE of the largest distance training moved a
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -37,7 +41,14 @@ FP32_RTOL = 1e-2  # benchmarks/loss_check.py --rtol
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
 MODEL = ["--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
 MASTER = ["--train.master_weights=true", "--train.dtype=bfloat16"]
-LAYOUTS = {"dp2": (2, []), "fan_in4": (4, [f"{LANG}.tp=2"]), "fsdp2": (2, [f"{LANG}.fsdp=true"])}
+PIPELINE = [f"{IMG}.offset=0", f"{LANG}.pp=2", "--parallel.microbatches=2"]
+LAYOUTS = {"dp2": (2, []), "fan_in4": (4, [f"{LANG}.tp=2"]), "fsdp2": (2, [f"{LANG}.fsdp=true"]),
+           "pipeline3": (3, [*PIPELINE, f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2"]),
+           "pipeline4": (4, [*PIPELINE, f"{IMG}.size=2", f"{LANG}.offset=2", f"{LANG}.size=2"])}
+SHARES = {  # per rank: the modules whose master state it holds, and the fraction of each module's flat buffer
+    "dp2": [{"language": 1 / 2, "images": 1 / 2}] * 2, "fan_in4": [{"language": 1 / 2, "images": 1 / 4}] * 4,
+    "fsdp2": [{"images": 1 / 2}] * 2, "pipeline3": [{"images": 1.0}, {"language": 1.0}, {"language": 1.0}],
+    "pipeline4": [{"images": 1 / 2}] * 2 + [{"language": 1.0}] * 2}
 
 
 def full_master_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -101,12 +112,45 @@ def test_master_weights_shard_over_data_lanes(tmp_path, layout, references):
     worst = max(float(abs(run["master"][n] - ref["master"][n]).max()) for n in ref["master"])
     move = max(float(abs(ref["master"][n] - ref["initial"][n]).max()) for n in ref["master"])
     assert worst <= MASTER_OF_MOVE * move, f"{layout}: master weights differ by {worst}, training moved them {move}"
-    fsdp = {"language"} if layout == "fsdp2" else set()  # the others: LM dp2, the encoder over every rank
-    share = {n: f for n, f in {"language": 1 / 2, "images": 1 / world}.items() if n not in fsdp}
-    for rank, r in enumerate(ranks):
+    fsdp = {"language"} if layout == "fsdp2" else set()
+    for rank, (r, share) in enumerate(zip(ranks, SHARES[layout], strict=True)):
         assert {name for name, _ in r["shards"]} == set(share), rank
         assert all(frac == share[name] for name, frac in r["shards"]), (rank, r["shards"])
         assert r["fsdp"].keys() == fsdp, rank
         for name, (local, full, dtypes) in r["fsdp"].items():  # fp32 shards of the weights and moments
             assert sum(o["fsdp"][name][0] for o in ranks) == full and local < full, (rank, name)
             assert dtypes == {"torch.float32"}, (rank, name, dtypes)
+
+
+def _skip_rank(rank: int, world: int, out: str, layout: list[str]) -> dict:
+    """Four steps; in step 1 the encoder stage (rank 0) alone finds an infinite gradient after its reduction.
+    Per step: whether it stepped, and this rank's fp32 master state and bf16 weights (as numpy)."""
+    trainer = Trainer(tiny_config(Path(out), *MODEL, *layout, *MASTER))
+    calls, finalize = [], trainer.plan.finalize_grads
+
+    def poisoned(model) -> None:
+        finalize(model)
+        if rank == 0 and len(calls) == 1:
+            trainer.optimizer.params[0].grad.fill_(float("inf"))
+        calls.append(1)
+
+    trainer.plan.finalize_grads = poisoned
+    stepped, state = [], []
+    for step in range(4):
+        stepped.append(trainer.train_step(step)["stepped"])
+        tensors = [opt.master for _, opt in trainer.optimizer.parts] + list(trainer.model.parameters())
+        state.append([t.detach().float().numpy().copy() for t in tensors])
+    return {"stepped": stepped, "state": state}
+
+
+@pytest.mark.slow
+def test_a_non_finite_gradient_on_one_stage_skips_the_step_on_every_stage(tmp_path):
+    """The global norm adds every stage's share, so an infinite gradient on the encoder stage skips the step on
+    the LM's stages too: no rank's master state or weights move in it, and training goes on after."""
+    world, overrides = LAYOUTS["pipeline3"]
+    ranks = run_distributed(_skip_rank, world, str(tmp_path), overrides, timeout=600)
+    for rank, r in enumerate(ranks):
+        assert r["stepped"] == [True, False, True, True], rank
+        unchanged = [np.array_equal(a, b) for a, b in zip(r["state"][0], r["state"][1], strict=True)]
+        moved = [np.array_equal(a, b) for a, b in zip(r["state"][1], r["state"][2], strict=True)]
+        assert all(unchanged) and not any(moved[:1]), (rank, unchanged, moved)

@@ -1,7 +1,8 @@
 """`train.master_weights` checkpoints: the fp32 master weights, moments and step counts (each rank's ZeRO-1
 shard) are saved beside the bf16 weights, and a run resumed from step 4 of 6 takes the uninterrupted run's
-steps bit for bit, on 1 and on 2 ranks and with FSDP2 of the LM on 2 (its fp32 shards and torch AdamW moments
-saved as DTensors): the same losses, the same final weights, the same master state.
+steps bit for bit, on 1 and on 2 ranks, with FSDP2 of the LM on 2 (its fp32 shards and torch AdamW moments
+saved as DTensors) and on the 3-rank pipeline (each stage's own state): the same losses, the same final
+weights, the same master state.
 A checkpoint of the other optimizer kind, or of another layout, is refused naming why.
 """
 
@@ -18,6 +19,9 @@ from tests.support.tiny_run import metrics, tiny_config
 
 MASTER = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.steps=6", "--train.save_every=2"]
 STEP4 = Path("tiny") / "checkpoints" / "step_00000004"
+LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
+PIPELINE3 = [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
+             "--model.llm.layers=2", "--parallel.microbatches=2"]  # encoder on rank 0, LM pp2 on ranks 1-2
 
 
 def _train_rank(rank: int, world: int, out: str, overrides: list[str]) -> list[np.ndarray]:
@@ -38,8 +42,8 @@ def _losses(out: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in metrics(out)]
 
 
-@pytest.mark.parametrize("world, layout", [(1, []), (2, []), (2, ["--parallel.modules.language.fsdp=true"])],
-                         ids=["one", "dp2", "fsdp2"])
+@pytest.mark.parametrize("world, layout", [(1, []), (2, []), (2, ["--parallel.modules.language.fsdp=true"]),
+                                           (3, PIPELINE3)], ids=["one", "dp2", "fsdp2", "pipeline3"])
 def test_resumed_master_weights_run_is_bitwise_the_uninterrupted_one(tmp_path, world, layout):
     ref, resumed = tmp_path / "ref", tmp_path / "resumed"
     ref_state = run_distributed(_train_rank, world, str(ref), layout, timeout=300)

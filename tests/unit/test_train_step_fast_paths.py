@@ -78,8 +78,7 @@ def test_layouts_refuse_what_they_cannot_run(tmp_path):
     cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true",
                       "--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
                       "--parallel.modules.language.offset=1", "--parallel.modules.language.size=1")
-    with pytest.raises(ConfigError, match=r"train.master_weights = true on a pipelined layout"):
-        check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))
+    check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))  # per stage
     cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--train.chunked_loss=true",
                       "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
     layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2)
