@@ -3,14 +3,10 @@ included; a whole tensor is read straight into its parameter, so importing a che
 in resident memory and no more."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks.bench_import_memory import write_random_checkpoint
 from mimo.hf import import_audio_encoder, import_llava, import_llm, import_vision
 from mimo.hf.names import llm_names
 from tests.support.hf_helpers import (
@@ -23,10 +19,10 @@ from tests.support.hf_helpers import (
     tiny_vision_config,
     transformers,
 )
+from tests.support.import_memory import measure_in_fresh_process, write_random_checkpoint
 from tests.unit.test_hf_audio import whisper
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def hf_tensors_equal(module: torch.nn.Module, hf_state: dict, names: dict[str, str], dtype: torch.dtype) -> None:
@@ -88,7 +84,5 @@ def test_peak_resident_memory_of_an_import_is_about_its_size(tmp_path):
     shapes = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
                   num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)
     write_random_checkpoint(tmp_path / "ckpt", shapes)
-    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_import_memory", "--measure", "--dir",
-                          str(tmp_path / "ckpt")], check=True, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    figures = measure_in_fresh_process(tmp_path / "ckpt", timeout=300)
     assert figures["dtype"] == "bfloat16" and figures["import_over_disk"] <= 1.1, json.dumps(figures)
