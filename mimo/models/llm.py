@@ -148,11 +148,10 @@ class DecoderLM(nn.Module):
         rope = rope_cos_sin(position_ids, self.head_dim, theta, self.cfg.rope_scaling, self.cfg.mrope_section)
         return rope, sliding_window_mask(mask, self.cfg.sliding_window, s, past + s, device)
 
-    def output_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`hidden @ W^T`, soft-capped with `logit_softcap` (Gemma 2)."""
-        out = hidden @ self.output_weight().t()
+        """`hidden @ W^T`, soft-capped with `logit_softcap` (Gemma 2). An untied head is called as a module,
+        so hooks on it (FSDP2's gather of a sharded head) run around the product; a tied head is the
+        embedding's weight."""
+        out = hidden @ self.embed_tokens.weight.t() if self.lm_head is None else self.lm_head(hidden)
         cap = self.cfg.logit_softcap
         return cap * torch.tanh(out / cap) if cap else out

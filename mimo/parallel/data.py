@@ -138,8 +138,9 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
     """Shard `module` with FSDP2 over the 1-D DP `mesh`: first each of `inner_units` over its own 1-D mesh
     (an expert-parallel LM's experts over their edp ranks, with its router and shared expert over `mesh`
     first so that the experts' unit holds the experts only), then one unit per block, one per child named
-    in `own_units` (e.g. an untied LM's embedding: gathered only around its lookup, not from the first
-    forward to the last backward as the root's parameters are), then the root.
+    in `own_units` (e.g. an untied LM's embedding and head: each gathered only around its lookup or product,
+    forward and backward, not from the first forward to the last backward as the root's parameters are;
+    the child's own FSDP_ENTRY_METHODS are registered on its unit), then the root.
 
     Blocks are the children of every `layers` ModuleDict/ModuleList (LM decoder layers, ViT blocks).
     Gradients are reduce-scattered with a plain SUM (no 1/dp divide). Each rank holds a distinct
@@ -170,8 +171,11 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
         for block in container.children():
             fully_shard(block, **kwargs)
     for name in own_units:
-        if getattr(module, name, None) is not None:
-            fully_shard(getattr(module, name), **kwargs)
+        unit = getattr(module, name, None)
+        if unit is not None:
+            fully_shard(unit, **kwargs)
+            for method in getattr(unit, FSDP_ENTRY_METHODS, ()):
+                register_fsdp_forward_method(unit, method)
     root = fully_shard(module, **kwargs)
     for name in (*entry_methods, *getattr(module, FSDP_ENTRY_METHODS, ())):
         register_fsdp_forward_method(root, name)

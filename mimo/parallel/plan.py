@@ -269,8 +269,10 @@ class ParallelPlan:
                 # MimoModel calls these outside the module's forward: the LM's embedding and head, the Out path.
                 out_path = ("decode",) if name in model.output_token_ids else ()
                 entry = ("embed", "logits") if name == LANGUAGE else out_path
-                # An untied embedding is only looked up: its own unit frees it between lookup and backward.
-                own = ("embed_tokens",) if name == LANGUAGE and not self.cfg.model.llm.tie_embeddings else ()
+                # An untied embedding and head are each used once a forward: their own units free them between
+                # that use and its backward (a tied one sits in the root unit, used at both ends).
+                untied = name == LANGUAGE and not self.cfg.model.llm.tie_embeddings
+                own = ("embed_tokens", "lm_head") if untied else ()
                 mesh = self.groups[name].device_mesh(lanes)
                 experts = name == LANGUAGE and self.ep > 1
                 inner = expert_fsdp_units(module, mesh, self.expert_groups[1]) if experts else []

@@ -47,14 +47,24 @@ def chunked_head_loss(lm: DecoderLM, hidden: torch.Tensor, labels: torch.Tensor,
     """(loss sum, loss tokens) of the LM's head over `hidden` through `linear_cross_entropy`, in the autocast
     dtype where autocast is on. With `tp_group` (a vocab-parallel LM) the hidden states enter the TP region
     as `tp_lm_loss`'s do and the loss is vocab-parallel (collective over the group; both results replicated
-    on it). Installed as a method of the LM (`install_chunked_loss`), so that FSDP2 gathers the head's
-    weight around it as around `DecoderLM.logits`."""
+    on it). Installed as a method of the LM (`install_chunked_loss`); an untied head's product runs in
+    `head_chunked_loss`, a method of the head module, so that FSDP2 gathers a head sharded as its own unit
+    around that call only, as around the head's forward in `DecoderLM.logits`."""
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     hidden = hidden.to(dtype)
     if tp_group is not None:
         hidden = enter_head(hidden, tp_group, sequence_parallel)
-    return linear_cross_entropy(hidden, lm.output_weight().to(dtype), labels, kernel="auto", tp_group=tp_group)
+    if lm.lm_head is not None:
+        return lm.lm_head.chunked_loss(hidden, labels)
+    return linear_cross_entropy(hidden, lm.embed_tokens.weight.to(dtype), labels, kernel="auto", tp_group=tp_group)
+
+
+def head_chunked_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor,
+                      tp_group: ProcessGroup | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`linear_cross_entropy` of an untied head module (`nn.Linear`, or its vocab-parallel
+    `ColumnParallelLinear` with `tp_group`: collective over it) in `hidden`'s dtype."""
+    return linear_cross_entropy(hidden, head.weight.to(hidden.dtype), labels, kernel="auto", tp_group=tp_group)
 
 
 def chunked_lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
@@ -68,12 +78,18 @@ def chunked_lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
 
 def install_chunked_loss(model: MimoModel, tp: tuple[ProcessGroup, bool] | None) -> None:
     """The chunked head + loss as `model`'s loss, vocab-parallel where `tp` = (TP group, sequence parallel);
-    its LM method is declared an FSDP2 entry (mimo.parallel.data.FSDP_ENTRY_METHODS)."""
+    its LM method, and an untied head's `chunked_loss`, are declared FSDP2 entries of their modules
+    (mimo.parallel.data.FSDP_ENTRY_METHODS)."""
     lm = model.language_model
-    head = chunked_head_loss if tp is None else functools.partial(chunked_head_loss, tp_group=tp[0],
+    tp_group = None if tp is None else tp[0]
+    head = chunked_head_loss if tp is None else functools.partial(chunked_head_loss, tp_group=tp_group,
                                                                   sequence_parallel=tp[1])
     lm.chunked_head_loss = types.MethodType(head, lm)
     setattr(lm, FSDP_ENTRY_METHODS, (*getattr(lm, FSDP_ENTRY_METHODS, ()), "chunked_head_loss"))
+    if lm.lm_head is not None:
+        lm.lm_head.chunked_loss = types.MethodType(functools.partial(head_chunked_loss, tp_group=tp_group),
+                                                   lm.lm_head)
+        setattr(lm.lm_head, FSDP_ENTRY_METHODS, ("chunked_loss",))
     model.loss_fn = chunked_lm_loss
 
 

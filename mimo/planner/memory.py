@@ -232,16 +232,18 @@ def largest_parameter_bytes(cfg: Config) -> int:
 
 def _fsdp_gathered(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize]) -> float:
     """Bytes FSDP2 holds unsharded at once on one rank during a step: the module's root unit (everything
-    outside its layers, kept from forward to backward) and one layer, weights and gradients of each."""
+    outside its layers, kept from forward to backward; a tied LM's embedding with it) and its largest other
+    unit (one layer, or an untied LM's embedding or head, each its own unit), weights and gradients of each."""
     worst = 0.0
     for name, grid in layout.grids.items():
         module = cfg.parallel.modules.get(name)
         if module is None or not module.fsdp or grid.dp * grid.cp == 1:
             continue
         s = sizes[name]
-        root = (s.first + s.last) / grid.tp + s.other
         layer = (s.layer_sharded / grid.tp + s.layer_replicated) / max(s.layers, 1)
-        worst = max(worst, (root + layer) * 2 * WEIGHT_BYTES / STATE_BYTES)
+        root = s.first / grid.tp + s.other if s.tied else s.other
+        unit = layer if s.tied else max(layer, s.first / grid.tp, s.last / grid.tp)
+        worst = max(worst, (root + unit) * 2 * WEIGHT_BYTES / STATE_BYTES)
     return worst
 
 

@@ -31,7 +31,20 @@ def test_gqa_equals_repeated_heads():
 
 def test_tied_head_uses_embedding():
     lm = DecoderLM(tiny_llm(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1, mlp=32, tie_embeddings=True))
-    assert lm.lm_head is None and lm.output_weight() is lm.embed_tokens.weight
+    assert lm.lm_head is None
+    h = torch.randn(2, 3, 16)
+    assert torch.equal(lm.logits(h), h @ lm.embed_tokens.weight.t())
+
+
+def test_untied_logits_run_the_head_module_and_its_hooks():
+    """The untied head is called as a module (FSDP2 gathers a sharded head through its hooks), and its
+    logits equal the product with its weight."""
+    lm = DecoderLM(tiny_llm(vocab=50, hidden=16, layers=1, heads=2, kv_heads=1, mlp=32))
+    seen = []
+    lm.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))
+    h = torch.randn(2, 3, 16)
+    assert torch.allclose(lm.logits(h), h @ lm.lm_head.weight.t(), atol=1e-6)
+    assert seen == [h.shape]
 
 
 def test_output_rows_match_the_full_forward_and_its_gradients():
