@@ -27,6 +27,10 @@ class TrainConfig:
     # Intra-op CPU threads per process; 0 = OMP_NUM_THREADS if set, else the usable cores shared among the
     # node's processes, less those the load average says are busy, at most 16 (mimo/train/threads.py).
     threads: int = 0
+    # glibc's mmap threshold in MiB, fixed at start (so freed tensors of at least that size go back to the system
+    # at once, not kept resident in malloc's heaps); 0 leaves glibc's own, which rises to 32 MiB
+    # (mimo/train/host_memory.py). At most 32.
+    host_mmap_threshold_mb: int = 1
     # On CUDA, the fast-path keys left unset take the fastest measured values the layout accepts
     # (mimo.perf.gpu_defaults: bf16 with master weights, compile, the chunked loss, ...); false: they keep the
     # defaults written here, as on a CPU.

@@ -226,6 +226,9 @@ def validate_train(cfg: Config) -> None:
     require_at_least("train", t, ("save_every", "max_bad_steps", "throughput_warmup", "eval_every"), 0,
                      " (0 turns it off)")
     require_at_least("train", t, ("threads",), 0, " (0 = automatic, mimo/train/threads.py)")
+    if not 0 <= t.host_mmap_threshold_mb <= 32:
+        raise ConfigError(f"train.host_mmap_threshold_mb = {t.host_mmap_threshold_mb}: glibc takes 0 to 32 MiB; "
+                          "use 1 (the default), or 0 to leave glibc's own threshold")
     require_at_least("train", t, ("keep_checkpoints",), 1)
     if t.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"train.dtype = '{t.dtype}'; choose float32 or bfloat16")

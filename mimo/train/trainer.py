@@ -32,6 +32,7 @@ from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.faults import StepGuard, skip_step
 from mimo.train.gate import launch_world_size, validate_run
 from mimo.train.held_out import evaluate_held_out, read_batch
+from mimo.train.host_memory import set_mmap_threshold
 from mimo.train.master_optim import MasterOptimizer, UpdatedInStep
 from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.optim import MimoOptimizer
@@ -66,6 +67,7 @@ class Trainer:
         self.cfg = cfg
         applied = validate_run(cfg, launch_world_size())
         note = set_threads(cfg.train.threads)
+        set_mmap_threshold(cfg.train.host_mmap_threshold_mb)
         if int(os.environ.get("RANK", "0")) == 0:
             for line in (note, gpu_defaults_note(applied)):
                 if line:
