@@ -107,7 +107,8 @@ def worker(layout: str, out: str, steps: int) -> None:
     _phase(rss, record, "train", lambda: [trainer.train_step(s) for s in range(steps)])
     _phase(rss, record, "save", lambda: trainer.checkpointer.save_final(steps))
     trainer.write_run_config(steps)  # config.toml, which `mimo export` reads (rank 0)
-    print("BENCH " + json.dumps(record), flush=True)
+    # A file per rank: torchrun interleaves the ranks' stdout lines.
+    (Path(out) / f"{layout}_rank{record['rank']}.json").write_text(json.dumps(record))
 
 
 def export_worker(run: str, to: str) -> None:
@@ -134,7 +135,8 @@ def run_layout(layout: str, out: Path, steps: int) -> list[dict]:
               "-m", "benchmarks.bench_memory", *me[3:]]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(me, capture_output=True, text=True, cwd=ROOT, env=env)
-    rows = sorted(_bench_lines(r.stdout), key=lambda x: x["rank"])
+    rows = [json.loads(f.read_text()) for f in sorted(out.glob(f"{layout}_rank*.json"))]
+    rows.sort(key=lambda x: x["rank"])
     if r.returncode or len(rows) != nproc:
         raise RuntimeError(f"layout {layout} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     x = subprocess.run([sys.executable, "-m", "benchmarks.bench_memory", "--export-worker", str(out / layout),
