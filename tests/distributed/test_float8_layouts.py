@@ -18,7 +18,7 @@ import torch
 
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
-from tests.support.float8_reference import SWAPPED, use_float8_reference
+from tests.support.float8_reference import float8_reference
 from tests.support.parity import assert_trains_like, trainer_steps
 from tests.support.tiny_run import tiny_config
 
@@ -32,10 +32,10 @@ COMPILE = ["--train.compile=true", "--train.compile_backend=aot_eager"]
 
 
 def _train(out: Path, *overrides: str) -> tuple[list[float], list[dict], list[str]]:
-    use_float8_reference(rowwise=True)
-    trainer = Trainer(tiny_config(out, *FLOAT8, *overrides))
-    losses, grads = trainer_steps(trainer, STEPS)
-    return losses, [{n: g.float().numpy() for n, g in step.items()} for step in grads], sorted(SWAPPED)
+    with float8_reference(rowwise=True) as swapped:
+        trainer = Trainer(tiny_config(out, *FLOAT8, *overrides))
+        losses, grads = trainer_steps(trainer, STEPS)
+        return losses, [{n: g.float().numpy() for n, g in step.items()} for step in grads], sorted(swapped)
 
 
 def _rank(rank: int, world: int, out: str, overrides: list[str]) -> tuple:

@@ -3,11 +3,14 @@
 `QDQLinear` quantise-dequantises its input and weight through torch.float8_e4m3fn (the amax scaled to the
 format's largest value; gradients pass straight through) and multiplies in their own dtype. `qdq_swap` swaps
 it in as torchao's `convert_to_float8_training` swaps Float8Linear (same signature), recording each name in
-`SWAPPED`; `use_float8_reference()` makes `mimo train` use it: the gate's FP8 device checks lifted, torchao's
-swap replaced (in this process; a spawned rank calls it itself).
+`SWAPPED`; inside `with float8_reference():` `mimo train` uses it: the gate's FP8 device checks lifted, torchao's
+swap replaced (in this process; a spawned rank enters it itself).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +21,7 @@ from mimo.train import gate
 
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
 SWAPPED: list[str] = []
-"""The names `qdq_swap` swapped, in order, since the last `use_float8_reference`."""
+"""The names `qdq_swap` swapped, in order, since `float8_reference` was last entered."""
 
 
 def qdq(t: torch.Tensor, rowwise: bool = False) -> torch.Tensor:
@@ -54,8 +57,15 @@ def qdq_swap(root: nn.Module, keep, rowwise: bool = False) -> None:
                 SWAPPED.append(full)
 
 
-def use_float8_reference(rowwise: bool = False) -> None:
-    """Make this process's `mimo train` train "float8" modules with QDQLinear (see the module docstring)."""
+@contextlib.contextmanager
+def float8_reference(rowwise: bool = False) -> Iterator[list[str]]:
+    """Inside it, this process's `mimo train` trains "float8" modules with QDQLinear (see the module docstring);
+    yields SWAPPED, cleared first. Both patched functions are restored on leaving."""
     SWAPPED.clear()
+    saved = gate.check_float8_support, float8.torchao_swap
     gate.check_float8_support = lambda cfg: None
     float8.torchao_swap = lambda recipe: (lambda root, keep: qdq_swap(root, keep, rowwise))
+    try:
+        yield SWAPPED
+    finally:
+        gate.check_float8_support, float8.torchao_swap = saved

@@ -15,13 +15,11 @@ from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
 from mimo.models.build import build_model
 from mimo.parallel.layout import Layout
-from mimo.perf import float8
 from mimo.perf.apply import apply_fast_paths
 from mimo.perf.float8 import float8_linears
 from mimo.perf.gpu_defaults import apply_gpu_defaults
-from mimo.train import gate
 from mimo.train.gate import check_layout, validate_run
-from tests.support.float8_reference import SWAPPED, use_float8_reference
+from tests.support.float8_reference import SWAPPED, float8_reference
 from tests.support.tiny_run import DEMO, TINY, train_losses
 
 FP8_LM = ["--train.dtype=bfloat16", "--train.module_dtype.language=float8"]
@@ -118,17 +116,15 @@ def test_which_linears_compute_in_float8():
     assert names_of("--train.dtype=bfloat16") == []
 
 
-def test_a_float8_run_with_the_cpu_reference_trains_like_the_fp32_run(monkeypatch, tmp_path: Path):
+def test_a_float8_run_with_the_cpu_reference_trains_like_the_fp32_run(tmp_path: Path):
     """The config path of `mimo train` end to end (gate, build, apply_fast_paths, training, checkpoint), with the
     device checks lifted and torchao's Float8Linear replaced by tests/support/float8_reference.py's QDQLinear:
     exactly the LM's projections swap, and the loss stays within 1% of the fp32 run's at every step (3.0e-4 here;
     bf16 alone 3.6e-5), finite and not equal to the bf16 run's."""
     fp32 = train_losses(tmp_path / "fp32", "--train.steps=12")
     bf16 = train_losses(tmp_path / "bf16", "--train.dtype=bfloat16", "--train.steps=12")
-    monkeypatch.setattr(gate, "check_float8_support", gate.check_float8_support)  # restored after the test
-    monkeypatch.setattr(float8, "torchao_swap", float8.torchao_swap)
-    use_float8_reference()
-    fp8 = train_losses(tmp_path / "fp8", *FP8_LM, "--train.steps=12")
+    with float8_reference():
+        fp8 = train_losses(tmp_path / "fp8", *FP8_LM, "--train.steps=12")
     assert sorted(SWAPPED) == sorted(f"language_model.layers.0.{n}" for n in LM_LAYER)
     assert len(fp8) == len(fp32) == 12 and all(torch.isfinite(torch.tensor(fp8)))
     gap = max(abs(a - b) / b for a, b in zip(fp8, fp32))
