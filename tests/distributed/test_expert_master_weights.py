@@ -1,6 +1,7 @@
 """`train.master_weights` beside expert parallelism: LM ep2 with FSDP2 (its fp32 shards, experts over their edp
 ranks, are the master weights) trains like the single-process master_weights run of the same MoE model, within
-the bf16 bounds of tests/distributed/test_master_weights_layouts.py; without FSDP the gate refuses it."""
+the bf16 bounds of tests/distributed/test_master_weights_layouts.py; without FSDP the gate refuses it, and the GPU
+defaults leave it off."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from mimo.config.schema import ConfigError
+from mimo.parallel.layout import Layout
+from mimo.perf.gpu_defaults import apply_gpu_defaults
 from mimo.train.gate import validate_run
 from tests.distributed.test_master_weights_layouts import LANG, LOSS_RTOL, MASTER, MASTER_OF_MOVE, MODEL, train
 from tests.support.dist import run_distributed
@@ -39,3 +42,10 @@ def test_master_weights_under_expert_parallel_need_fsdp(tmp_path):
     with pytest.raises(ConfigError,
                        match="ep = 2 with train.master_weights = true needs parallel.modules.language.fsdp = true"):
         validate_run(cfg, 2)
+
+
+def test_gpu_defaults_leave_master_weights_off_under_expert_parallel_without_fsdp(tmp_path):
+    for layout, expected in (([f"{LANG}.ep=2"], False), (EP_FSDP, True)):
+        cfg = tiny_config(tmp_path, *MODEL, *MOE, *layout, "--train.device=cuda")
+        applied = apply_gpu_defaults(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))
+        assert applied.get("master_weights", False) is expected, (layout, applied)

@@ -107,7 +107,7 @@ def expert_degree(cfg: Config) -> int:
 
 def validate_expert_parallel(cfg: Config, layout: Layout) -> None:
     """parallel.modules.<name>.ep against the model and the layout (pure): the LM only, an MoE LM, ep divides
-    its dp and moe_experts, and none of the combinations expert parallelism does not support yet."""
+    its dp and moe_experts (train.master_weights with ep is mimo.perf's layout check)."""
     for name, module in cfg.parallel.modules.items():
         if module.ep < 1:
             raise ConfigError(f"parallel.modules.{name}.ep = {module.ep} must be >= 1 (1 = no expert parallelism)")
@@ -126,18 +126,4 @@ def validate_expert_parallel(cfg: Config, layout: Layout) -> None:
                           f"parallelism only); choose a divisor of {lm.dp}")
     if llm.moe_experts % ep:
         raise ConfigError(f"{where} = {ep} must divide model.llm.moe_experts ({llm.moe_experts}); choose a divisor")
-    _refuse_unsupported(cfg, ep)
-
-
-def _refuse_unsupported(cfg: Config, ep: int) -> None:
-    """The features expert parallelism is not built for yet, each refused by its field."""
-    where = f"parallel.modules.language.ep = {ep}"
-    refusals = [
-        (cfg.train.master_weights and not cfg.parallel.modules[LANGUAGE].fsdp,
-         "with train.master_weights = true needs parallel.modules.language.fsdp = true (its fp32 shards are the "
-         "master weights; the ZeRO-1 master state of a replicated LM would mix different ranks' experts)"),
-    ]
-    for refused, why in refusals:
-        if refused:
-            raise ConfigError(f"{where} {why}")
 
