@@ -216,10 +216,12 @@ class SelfAttention(nn.Module):
 
     def _qkv_in_one_product(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as slices of one product: one wider GEMM each way instead of three, and the input's
-        gradient comes out of one product (the norm before it reads one tensor instead of summing three)."""
+        gradient comes out of one product (the norm before it reads one tensor instead of summing three). A
+        projection without a bias among ones with (Whisper's key) adds zeros in its place."""
         linears = (self.q_proj, self.k_proj, self.v_proj)
         weight = torch.cat([lin.weight for lin in linears])
-        bias = None if self.q_proj.bias is None else torch.cat([lin.bias for lin in linears])
+        bias = None if all(lin.bias is None for lin in linears) else torch.cat(
+            [lin.weight.new_zeros(lin.weight.shape[0]) if lin.bias is None else lin.bias for lin in linears])
         return F.linear(x, weight, bias).split([lin.out_features for lin in linears], dim=-1)
 
 

@@ -24,7 +24,8 @@ FUSABLE = (nn.Linear, ColumnParallelLinear)
 def fuse_qkv(model: nn.Module) -> int:
     """Turn the fused projection on in every attention of `model` that this rank holds; how many. Refused
     (ValueError) where a projection is neither a plain `nn.Linear` nor a column-parallel shard of one
-    (adapted: its own forward must run) or where the three differ in dtype or bias."""
+    (adapted: its own forward must run) or where the three differ in dtype. A projection without a bias
+    beside ones with one (Whisper's key) fuses with zeros for it."""
     count = 0
     for name, module in model.named_modules():
         if not isinstance(module, SelfAttention):
@@ -35,8 +36,8 @@ def fuse_qkv(model: nn.Module) -> int:
                              f"shards of one (adapted?): leave fuse_qkv off")
         if any(lin.weight is None for lin in linears):  # released: the module runs on other ranks (pipeline)
             continue
-        if len({(lin.weight.dtype, lin.bias is None) for lin in linears}) != 1:
-            raise ValueError(f"fuse_qkv: {name}'s q/k/v projections differ in dtype or bias; leave fuse_qkv off")
+        if len({lin.weight.dtype for lin in linears}) != 1:
+            raise ValueError(f"fuse_qkv: {name}'s q/k/v projections differ in dtype; leave fuse_qkv off")
         module.fused_qkv = True
         count += 1
     return count
