@@ -104,9 +104,13 @@ def with_precomputed_rows(mb: dict, token_ids: dict[str, int], loss_rows: bool) 
     `loss_rows` the positions that carry a label (`MimoModel.forward(loss_rows=)`)."""
     present = {n: t for n, t in token_ids.items() if n in mb.get("modality_inputs", {})}
     out = {**mb, "modality_token_indices": token_indices(mb["input_ids"], present)}
-    if loss_rows:
-        out["loss_rows"] = (loss_weights(mb["labels"], mb.get("loss_mask")).reshape(-1) > 0).nonzero().squeeze(1)
-    return out
+    return with_loss_rows(out) if loss_rows else out
+
+
+def with_loss_rows(mb: dict) -> dict:
+    """A microbatch with `loss_rows`: the flat `B * S` positions that carry a label (`MimoModel.forward(loss_rows=)`),
+    on the microbatch's device (a host sync there)."""
+    return {**mb, "loss_rows": (loss_weights(mb["labels"], mb.get("loss_mask")).reshape(-1) > 0).nonzero().squeeze(1)}
 
 
 def pinned(tree: dict) -> dict:

@@ -27,7 +27,6 @@ from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.data import FSDP_ENTRY_METHODS
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.tensor import enter_head
 from mimo.perf.float8 import Float8Swap, check_float8_layout, convert_float8
 from mimo.perf.fused_qkv import fuse_qkv
@@ -141,11 +140,10 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     lm = layout.grids[LANGUAGE]
     module = cfg.parallel.modules.get(LANGUAGE)
     sharded = lm.cp > 1 or (lm.tp > 1 and module is not None and module.sequence_parallel)
-    if cfg.train.loss_rows_only and (sharded or is_pipelined(layout)):
-        why = "a pipelined layout" if is_pipelined(layout) else \
-            "the LM's sequence sharded (cp > 1 or sequence_parallel)"
-        raise ConfigError(f"train.loss_rows_only = true picks rows of the whole sequence, which {why} does not hold "
-                          "on one rank; set train.loss_rows_only = false")
+    if cfg.train.loss_rows_only and sharded:
+        raise ConfigError("train.loss_rows_only = true picks rows of the whole sequence, which the LM's sequence "
+                          "sharded (cp > 1 or sequence_parallel) does not hold on one rank; set "
+                          "train.loss_rows_only = false")
     if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
         raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
                           "vocab-parallel chunked loss: set train.chunked_loss = true")

@@ -5,7 +5,8 @@ on LM tp2 + sequence parallel (encoder tp2), LM cp2 x tp2 + sequence parallel (e
 modules over 2 ranks, the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2) and the 3-rank pipeline
 (encoder on rank 0, LM pp2 on ranks 1-2). Each run is a `Trainer` built from the config, as `mimo train` builds
 it; two steps each: both losses and every gradient of both steps (gathered whole) within 1e-5 relative.
-`train.loss_rows_only` likewise on FSDP2 and the fan-in, the layouts that hold each sequence whole on a rank.
+`train.loss_rows_only` likewise on FSDP2, the fan-in and the pipeline, the layouts that hold each sequence whole
+on a rank.
 
 Compiled runs use `train.compile_backend = "aot_eager"`: Dynamo captures each block with its collectives (as
 functional collectives) and AOTAutograd traces its joint forward and backward, functionalises the in-place
@@ -149,12 +150,14 @@ def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
     _assert_trains_like("tp2_sp inductor", (losses, grads), reference)
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "fan_in4"])
+@pytest.mark.parametrize("layout", ["fsdp2", "fan_in4", "pipeline3"])
 def test_loss_rows_only_trains_like_single_process(reference, tmp_path, layout):
     """`train.loss_rows_only` (with the chunked loss, vocab-parallel on the fan-in's LM tp2) on the layouts that
-    hold each sequence whole on a rank; CP, sequence parallel and the pipeline refuse it
-    (tests/unit/test_train_step_fast_paths.py)."""
-    switches = ["--train.loss_rows_only=true", "--train.chunked_loss=true"]
-    losses, grads, ranks = _run(tmp_path, layout, {"loss_rows_only": switches})["loss_rows_only"]
-    _assert_installed(f"{layout} loss_rows_only", switches, ranks)
-    _assert_trains_like(f"{layout} loss_rows_only", (losses, grads), reference)
+    hold each sequence whole on a rank (on the pipeline the LM's last stage finds the labelled rows in the labels
+    it reads); CP and sequence parallel refuse it (tests/unit/test_train_step_fast_paths.py)."""
+    variants = {"loss_rows_only": ["--train.loss_rows_only=true", "--train.chunked_loss=true"]}
+    if layout != "fan_in4":  # and the plain loss where the LM has no TP (TP needs the vocab-parallel chunked one)
+        variants["plain_loss"] = ["--train.loss_rows_only=true"]
+    for name, (losses, grads, ranks) in _run(tmp_path, layout, variants).items():
+        _assert_installed(f"{layout} {name}", variants[name], ranks)
+        _assert_trains_like(f"{layout} {name}", (losses, grads), reference)

@@ -55,11 +55,11 @@ def test_data_parallel_layout_drops_the_one_process_keys():
     assert applied["master_weights"] is True and applied["loss_rows_only"] is True
 
 
-def test_pipelined_layout_takes_master_weights_and_keeps_every_row():
+def test_pipelined_layout_takes_master_weights_and_the_labelled_rows():
     cfg = cuda_config("--parallel.modules.images.size=1", "--parallel.modules.language.offset=1",
                       "--parallel.modules.language.size=1")
     applied = apply_gpu_defaults(cfg, layout_of(cfg, 2))
-    assert applied["master_weights"] is True and "loss_rows_only" not in applied
+    assert applied["master_weights"] is True and applied["loss_rows_only"] is True
     assert applied["compile"] is True and applied["chunked_loss"] is True
 
 

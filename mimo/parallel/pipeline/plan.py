@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError
-from mimo.data.batching import split_microbatches, to_device
+from mimo.data.batching import split_microbatches, to_device, with_loss_rows
 from mimo.data.checks import check_batch, check_vocabulary
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
@@ -291,7 +291,10 @@ class PipelinePlan:
         try:
             if problem is None and self.module == LANGUAGE and self.needs_data:
                 check_vocabulary(model, batch)
-                text = [to_device(mb, device) for mb in lm_microbatches(batch, m, lane, dp)]
+                text = lm_microbatches(batch, m, lane, dp)
+                if self.last and self.cfg.train.loss_rows_only:  # the labelled rows, found on the host
+                    text = [with_loss_rows(mb) for mb in text]
+                text = [to_device(mb, device) for mb in text]
                 if self.context is not None:
                     text = [self.context.shard_batch(mb) for mb in text]
             elif problem is None and self.module != LANGUAGE and self.first:

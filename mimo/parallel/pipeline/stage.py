@@ -116,11 +116,16 @@ class LMStage(_Stage):
             hidden, pos = self.recv_forward()
             inputs = [hidden]
         lm = self.model.language_model
+        mb = self.text[t] if self.last else {}
+        rows = mb.get("loss_rows")  # train.loss_rows_only: the last layer and the loss on the labelled rows
         with self.autocast():
-            out = lm(hidden, pos)
+            out = lm(hidden, pos, output_rows=rows)
             if self.last:
-                mb = self.text[t]
-                loss_sum, _ = self.model.loss_fn(out, lm, mb["labels"], mb.get("loss_mask"))
+                labels, mask = mb["labels"], mb.get("loss_mask")
+                if rows is not None:
+                    labels = labels.reshape(-1).index_select(0, rows)
+                    mask = None if mask is None else mask.reshape(-1).index_select(0, rows)
+                loss_sum, _ = self.model.loss_fn(out, lm, labels, mask)
         if self.last:
             self.loss_sum += loss_sum.detach().float()
             out = loss_sum.float() * self.scale
