@@ -19,6 +19,8 @@ Each run is a `Trainer` built from the config, as `mimo train` builds it. Compar
 - against the single-process fp32 run: every loss within the loss check's bound (benchmarks/loss_check.py,
   rtol 1e-2).
 - the shards: each rank's master state holds 1/N of its module's flat buffer.
+On the 3-rank pipeline also: an infinite gradient on one stage skips the step on every stage, and master weights
+with every fast path the GPU defaults turn on there stay within the loss check's bound of the fp32 run.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from mimo.models.layers import SelfAttention
+from mimo.perf.apply import chunked_lm_loss
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
 from tests.support.tiny_run import tiny_config
@@ -154,3 +158,29 @@ def test_a_non_finite_gradient_on_one_stage_skips_the_step_on_every_stage(tmp_pa
         unchanged = [np.array_equal(a, b) for a, b in zip(r["state"][0], r["state"][1], strict=True)]
         moved = [np.array_equal(a, b) for a, b in zip(r["state"][1], r["state"][2], strict=True)]
         assert all(unchanged) and not any(moved[:1]), (rank, unchanged, moved)
+
+
+ALL_FAST = ["--train.loss_rows_only=true", "--train.chunked_loss=true", "--train.fuse_qkv=true",
+            '--train.activation_checkpointing=["language", "images"]', "--train.compile=true",
+            "--train.compile_backend=aot_eager"]
+
+
+def _all_fast_rank(rank: int, world: int, out: str, layout: list[str]) -> tuple[list[float], bool]:
+    """The losses, and whether this rank runs the chunked loss and fused q/k/v in every block it holds."""
+    trainer = Trainer(tiny_config(Path(out), *MODEL, *layout, *MASTER, *ALL_FAST))
+    held = [m for m in trainer.model.modules() if isinstance(m, SelfAttention) and m.q_proj.weight is not None]
+    installed = trainer.model.loss_fn is chunked_lm_loss and all(m.fused_qkv for m in held)
+    return [trainer.train_step(step)["loss"] for step in range(STEPS)], installed and bool(held)
+
+
+@pytest.mark.slow
+def test_master_weights_with_every_fast_path_on_the_pipeline_stay_within_the_loss_check(tmp_path, references):
+    """What the GPU defaults turn on for the pipeline (master weights, the labelled rows, the chunked loss,
+    fused q/k/v; with checkpointing and compiled blocks) against the one-process fp32 run."""
+    _, fp32 = references
+    world, overrides = LAYOUTS["pipeline3"]
+    ranks = run_distributed(_all_fast_rank, world, str(tmp_path), overrides, timeout=600)
+    assert all(installed for _, installed in ranks), ranks
+    losses = ranks[0][0]
+    for step, (a, c) in enumerate(zip(losses, fp32["losses"], strict=True)):
+        assert abs(a - c) <= FP32_RTOL * abs(c), f"step {step}: loss {a} vs one-process fp32 {c}"
