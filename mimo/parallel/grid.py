@@ -220,6 +220,20 @@ class GridGroups:
         device_type = collective_device(group).type
         return DeviceMesh.from_group(group, device_type, mesh_dim_names=("_".join(key),))
 
+    def plane_mesh(self, outer: str, inner: str) -> DeviceMesh:
+        """A 2-D DeviceMesh (`outer`, `inner`) over the ranks sharing this rank's other coordinates, e.g.
+        ("tp", "dp"): where FSDP shards each tensor-parallel chunk over dp (for DTensor views of checkpoints).
+
+        Not collective: it wraps the two 1-D groups that `build` already created.
+        """
+        self._require_member()
+        coords = self.grid.coords(self.rank)
+        plane = [[self.grid.rank_of(**{**coords, outer: i, inner: j}) for j in range(getattr(self.grid, inner))]
+                 for i in range(getattr(self.grid, outer))]
+        groups = [self.groups[self._key(outer)], self.groups[self._key(inner)]]
+        return DeviceMesh.from_group(groups, collective_device(groups[0]).type, mesh=plane,
+                                     mesh_dim_names=(outer, inner))
+
     @property
     def is_first_stage(self) -> bool:
         """True on pp stage 0; False where this rank is not in the grid."""

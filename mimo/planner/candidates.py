@@ -86,7 +86,7 @@ def vision(cfg: Config) -> list[str]:
 
 def colocated_candidates(cfg: Config, gpus: int, gpus_per_node: int = 8) -> list[Modules]:
     """Every module on all ranks: homogeneous (same tp, with/without FSDP and LM SP) and encoder/LM mixes
-    (different tp, or one side FSDP-sharded where its tp is 1, the only FSDP the gate takes), tp inside a node."""
+    (different tp, or one side FSDP-sharded where its tp is 1), tp inside a node."""
     out: list[Modules] = []
     tps = [t for t in divisors(gpus) if t <= max(gpus_per_node, 1)]
     for tp in tps:

@@ -220,14 +220,16 @@ def check_tokenizer(cfg: Config, model: ModelConfig) -> None:
 
 
 def check_checkpointable(cfg: Config, layout: Layout) -> None:
-    """Every run ends in a sharded checkpoint, and DCP cannot save FSDP shards of tensor-parallel chunks
-    (train/checkpoint/reshard.py): refuse such a module at start rather than at the end of its training."""
+    """Every run ends in a sharded checkpoint. FSDP shards of tensor-parallel chunks are saved as 2-D DTensors
+    over (tp, dp) (train/checkpoint/reshard.py), but not FSDP over cp x dp of TP chunks: refuse that module at
+    start rather than at the end of its training."""
     for name, flags in cfg.parallel.modules.items():
-        tp = layout.grids[name].tp if name in layout.grids else 1
-        if flags.fsdp and tp > 1:
-            raise ConfigError(f"parallel.modules.{name}: fsdp = true with tp = {tp} trains, but its checkpoints (every "
-                              "run ends with one) cannot be saved: FSDP over tensor-parallel chunks is not "
-                              f"checkpointable yet; set parallel.modules.{name}.fsdp = false or tp = 1")
+        grid = layout.grids.get(name)
+        if grid is not None and flags.fsdp and grid.tp > 1 and grid.cp > 1:
+            raise ConfigError(f"parallel.modules.{name}: fsdp = true with tp = {grid.tp} and cp = {grid.cp} trains, "
+                              "but its checkpoints (every run ends with one) cannot be saved: FSDP over cp x dp of "
+                              f"tensor-parallel chunks is not checkpointable yet; set parallel.modules.{name}.fsdp = "
+                              "false, tp = 1 or cp = 1")
 
 
 def check_layout(cfg: Config, layout: Layout) -> None:

@@ -174,12 +174,15 @@ def test_vit_tensor_parallel_sizes_are_checked_at_the_gate(overrides, message):
     assert re.search(message, layout_error(2, "--parallel.modules.images.tp=2", *overrides))
 
 
-def test_fsdp_over_tensor_parallel_chunks_is_refused_before_training():
-    """Every run ends in a sharded checkpoint, which DCP cannot write for FSDP over TP chunks (reshard.py)."""
-    message = layout_error(4, "--parallel.modules.language.tp=2", "--parallel.modules.language.fsdp=true",
-                           "--model.llm.kv_heads=2")
-    assert re.search(r"parallel.modules.language: fsdp = true with tp = 2 .* set parallel.modules.language.fsdp = "
-                     r"false or tp = 1", message)
+def test_fsdp_over_cp_and_tensor_parallel_chunks_is_refused_before_training():
+    """FSDP over TP chunks checkpoints as 2-D (tp, dp) DTensors (tests/distributed/test_fsdp_tp_checkpoint.py);
+    FSDP over cp x dp of TP chunks does not, so the gate refuses it and passes tp x FSDP alone."""
+    lm = ["--parallel.modules.language.tp=2", "--parallel.modules.language.fsdp=true", "--model.llm.kv_heads=2"]
+    message = layout_error(8, *lm, "--parallel.modules.language.cp=2", "--data.global_batch=8")
+    assert re.search(r"parallel.modules.language: fsdp = true with tp = 2 and cp = 2 .* set "
+                     r"parallel.modules.language.fsdp = false, tp = 1 or cp = 1", message)
+    cfg = load_config(DEMO, [*TINY, *lm])
+    check_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -5,8 +5,10 @@ replicated tensors (DP) are whole. Tensor parallelism here (parallel/tensor.py) 
 chunks under the single-device names; saved as they are, DCP would take one rank's chunk for the
 whole tensor. So before saving and loading, each plain tensor whose shape differs from the full
 model's in one dim is wrapped as a DTensor sharded on that dim over its module's TP mesh, or an
-expert-parallel LM's expert weights on dim 0 over its ep mesh (parallel/expert/) (the wrap shares
-storage, nothing is copied). The full shapes come from the model built on the meta device.
+expert-parallel LM's expert weights on dim 0 over its ep mesh (parallel/expert/); an FSDP2 shard of
+such a chunk becomes a DTensor over the 2-D (tp, dp) or (ep, edp) mesh, its chunk's dim over the first
+and dim 0 over the second (the wrap shares storage, nothing is copied). The full shapes come from the
+model built on the meta device.
 """
 
 from __future__ import annotations
@@ -43,14 +45,16 @@ def to_global(key: str, t: torch.Tensor, full: torch.Size | None, tp_mesh: Devic
     DTensor view sharded on the one dim where it is smaller than `full`."""
     if full is None or t.shape == full:
         return t
-    if isinstance(t, DTensor) and tp_mesh is not None and tp_mesh.ndim == 2:  # FSDP shards inside ep chunks
+    chunked = [d for d in range(t.dim()) if t.shape[d] != full[d]] if t.dim() == len(full) else []
+    if isinstance(t, DTensor) and tp_mesh is not None and tp_mesh.ndim == 2 and len(chunked) == 1:
+        # FSDP shards (dim 0 over the mesh's second dim) inside TP or ep chunks (their dim over its first)
         stride = torch.empty(full, device="meta").stride()
-        return DTensor.from_local(t.to_local(), tp_mesh, [Shard(0), Shard(0)], run_check=False, shape=full,
-                                  stride=stride)
+        return DTensor.from_local(t.to_local(), tp_mesh, [Shard(chunked[0]), Shard(0)], run_check=False,
+                                  shape=full, stride=stride)
     if isinstance(t, DTensor):
         raise RuntimeError(f"checkpoint entry '{key}' is a DTensor of shape {tuple(t.shape)}, but the full tensor "
-                           f"is {tuple(full)}: FSDP over tensor-parallel chunks cannot be checkpointed; use fsdp "
-                           "with tp = 1 for this module")
+                           f"is {tuple(full)}, and its module has no 2-D (tp, dp) mesh to save it over (FSDP over "
+                           "cp x dp of tensor-parallel chunks); use fsdp with tp = 1 or cp = 1 for this module")
     dims = [d for d in range(t.dim()) if t.shape[d] != full[d]] if t.dim() == len(full) else []
     if tp_mesh is None or len(dims) != 1 or t.shape[dims[0]] * tp_mesh.size() != full[dims[0]]:
         raise RuntimeError(f"checkpoint entry '{key}' has local shape {tuple(t.shape)} that is no tensor-parallel "

@@ -102,7 +102,9 @@ class RunCheckpointer:
         self.store = CheckpointStore(self.run_dir / "checkpoints", cfg.train.keep_checkpoints)
         self.tp_meshes = {}
         if plan is not None:
-            self.tp_meshes = {n: plan.groups[n].device_mesh("tp") for n in modules
+            sharded = set(plan.fsdp_modules())  # FSDP over TP chunks: each chunk sharded over dp
+            self.tp_meshes = {n: plan.groups[n].plane_mesh("tp", "dp") if n in sharded else
+                              plan.groups[n].device_mesh("tp") for n in modules
                               if plan.layout.grids[n].tp > 1 and plan.groups[n].member}
         self.expert_mesh = plan.expert_mesh() if plan is not None else None
         self.shapes = full_shapes(cfg.model) if self.tp_meshes or self.expert_mesh else {}
