@@ -111,8 +111,8 @@ class DecoderLM(nn.Module):
         `output_rows` (indices into the flattened `B * S` positions, e.g. those that carry a label) returns
         only those rows, `[len(output_rows), H]`: the last layer still attends over every position, but
         its output projection, MLP and the final norm skip the rest (image rows of a VLM, whose outputs
-        no loss reads). The rows index this module's positions: not for hidden states whose sequence is
-        sharded over ranks (sequence or context parallelism)."""
+        no loss reads). The rows index this module's positions (a context-parallel rank's own); not under
+        sequence parallelism, whose row-parallel collectives split the sequence dim evenly."""
         if output_rows is not None and not self.layers:
             raise ValueError("output_rows needs a decoder layer on this module to drop the other rows in; it has none")
         rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling,

@@ -27,6 +27,7 @@ from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.data import FSDP_ENTRY_METHODS
 from mimo.parallel.layout import Layout
+from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.tensor import enter_head
 from mimo.perf.float8 import Float8Swap, check_float8_layout, convert_float8
 from mimo.perf.fused_qkv import fuse_qkv
@@ -139,11 +140,14 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     check_expert_master_weights(cfg)
     lm = layout.grids[LANGUAGE]
     module = cfg.parallel.modules.get(LANGUAGE)
-    sharded = lm.cp > 1 or (lm.tp > 1 and module is not None and module.sequence_parallel)
-    if cfg.train.loss_rows_only and sharded:
-        raise ConfigError("train.loss_rows_only = true picks rows of the whole sequence, which the LM's sequence "
-                          "sharded (cp > 1 or sequence_parallel) does not hold on one rank; set "
-                          "train.loss_rows_only = false")
+    if cfg.train.loss_rows_only and lm.tp > 1 and module is not None and module.sequence_parallel:
+        raise ConfigError("train.loss_rows_only = true picks rows that the LM's tensor-parallel ranks hold whole, "
+                          "which sequence parallel splits between them; set train.loss_rows_only = false or "
+                          "parallel.modules.language.sequence_parallel = false")
+    if cfg.train.loss_rows_only and lm.cp > 1 and is_pipelined(layout):
+        raise ConfigError("train.loss_rows_only = true on a pipelined LM with cp > 1 is not supported: its last "
+                          "stage finds the rows before context parallel cuts the labels; set "
+                          "train.loss_rows_only = false or parallel.modules.language.cp = 1")
     if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
         raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
                           "vocab-parallel chunked loss: set train.chunked_loss = true")

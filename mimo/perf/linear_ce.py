@@ -85,7 +85,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         acc = torch.promote_types(weight.dtype, torch.float32)
         loss = torch.zeros((), dtype=acc, device=hidden.device)
         grad_logits = torch.empty(min(n, group_rows), weight.shape[0], dtype=hidden.dtype, device=hidden.device)
-        grad_weight = None
+        grad_weight = torch.zeros_like(weight) if n == 0 else None  # a rank whose rows carry no label
         with torch.autocast(hidden.device.type, enabled=False):
             for g0 in range(0, n, group_rows):
                 rows = hidden[g0:g0 + group_rows]
@@ -132,7 +132,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     labels = labels.reshape(-1)
     n = hidden.shape[0]
     chunks = max(1, -(-n // chunk_rows))
-    rows = -(-n // chunks)
+    rows = max(1, -(-n // chunks))
     group = max(1, group_bytes // (weight.shape[0] * hidden.element_size() * rows)) * rows
     if tp_group is None:
         fn = chunk_kernel(kernel, hidden.device)

@@ -5,8 +5,8 @@ on LM tp2 + sequence parallel (encoder tp2), LM cp2 x tp2 + sequence parallel (e
 modules over 2 ranks, the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2) and the 3-rank pipeline
 (encoder on rank 0, LM pp2 on ranks 1-2). Each run is a `Trainer` built from the config, as `mimo train` builds
 it; two steps each: both losses and every gradient of both steps (gathered whole) within 1e-5 relative.
-`train.loss_rows_only` likewise on FSDP2, the fan-in and the pipeline, the layouts that hold each sequence whole
-on a rank.
+`train.loss_rows_only` likewise on LM cp2 x tp2 (each CP rank takes the labelled rows of its own positions),
+FSDP2, the fan-in and the pipeline.
 
 Compiled runs use `train.compile_backend = "aot_eager"`: Dynamo captures each block with its collectives (as
 functional collectives) and AOTAutograd traces its joint forward and backward, functionalises the in-place
@@ -48,6 +48,8 @@ LAYOUTS = {
     "pipeline3": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
                       "--parallel.microbatches=2"]),
 }
+ROWS_ONLY_LAYOUTS = {"cp2_tp2_no_sp": (4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{IMG}.tp=2"])}
+"""Layouts only the loss_rows_only test runs (sequence parallel refuses it on LAYOUTS' CP one)."""
 SWITCHES = {
     "compile": ["--train.compile=true", "--train.compile_backend=aot_eager"],
     "chunked_loss": ["--train.chunked_loss=true"],
@@ -89,7 +91,7 @@ def _variants(rank: int, world: int, out: str, layout: list[str], variants: dict
 
 def _run(tmp_path: Path, layout: str, variants: dict[str, list[str]]) -> dict:
     """variant -> (losses, gradients per step, [what each rank installed])."""
-    world, overrides = LAYOUTS[layout]
+    world, overrides = {**LAYOUTS, **ROWS_ONLY_LAYOUTS}[layout]
     ranks = run_distributed(_variants, world, str(tmp_path), overrides, variants, timeout=900)
     return {name: (losses, [{n: torch.from_numpy(g) for n, g in step.items()} for step in grads],
                    [r[name][2] for r in ranks]) for name, (losses, grads, _) in ranks[0].items()}
@@ -150,13 +152,14 @@ def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
     _assert_trains_like("tp2_sp inductor", (losses, grads), reference)
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "fan_in4", "pipeline3"])
+@pytest.mark.parametrize("layout", ["cp2_tp2_no_sp", "fsdp2", "fan_in4", "pipeline3"])
 def test_loss_rows_only_trains_like_single_process(reference, tmp_path, layout):
-    """`train.loss_rows_only` (with the chunked loss, vocab-parallel on the fan-in's LM tp2) on the layouts that
-    hold each sequence whole on a rank (on the pipeline the LM's last stage finds the labelled rows in the labels
-    it reads); CP and sequence parallel refuse it (tests/unit/test_train_step_fast_paths.py)."""
+    """`train.loss_rows_only` (with the chunked loss, vocab-parallel where the LM has tp2) on LM cp2 x tp2 (each CP
+    rank finds the labelled rows among the labels of its own zigzag positions, which `shard_batch` cut; a rank may
+    hold none), FSDP2, the fan-in and the pipeline (the LM's last stage finds the labelled rows in the labels it
+    reads); sequence parallel refuses it (tests/unit/test_train_step_fast_paths.py)."""
     variants = {"loss_rows_only": ["--train.loss_rows_only=true", "--train.chunked_loss=true"]}
-    if layout != "fan_in4":  # and the plain loss where the LM has no TP (TP needs the vocab-parallel chunked one)
+    if layout in ("fsdp2", "pipeline3"):  # and the plain loss where the LM has no TP (TP needs the vocab-parallel one)
         variants["plain_loss"] = ["--train.loss_rows_only=true"]
     for name, (losses, grads, ranks) in _run(tmp_path, layout, variants).items():
         _assert_installed(f"{layout} {name}", variants[name], ranks)

@@ -38,6 +38,16 @@ def test_linear_cross_entropy_matches_full_logits():
             torch.testing.assert_close(a, b)
 
 
+def test_linear_cross_entropy_of_no_rows_is_zero_with_zero_gradients():
+    """A context-parallel rank of train.loss_rows_only may hold no labelled row: 0 loss, 0 tokens, zero gradients."""
+    hidden = torch.randn(0, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    loss, count = linear_cross_entropy(hidden, weight, torch.zeros(0, dtype=torch.long))
+    assert loss.item() == 0.0 and count.item() == 0.0
+    grad_hidden, grad_weight = torch.autograd.grad(loss, (hidden, weight))
+    assert grad_hidden.shape == (0, 16) and torch.equal(grad_weight, torch.zeros_like(weight))
+
+
 def _step_both(*optimizers) -> None:
     """One step of each optimizer, then its gradients cleared."""
     for opt in optimizers:

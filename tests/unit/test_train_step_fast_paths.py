@@ -82,6 +82,14 @@ def test_layouts_refuse_what_they_cannot_run(tmp_path):
     cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--train.chunked_loss=true",
                       "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
     layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2)
-    with pytest.raises(ConfigError, match=r"train.loss_rows_only = true picks rows of the whole sequence, which the "
-                                          r"LM's sequence sharded"):
+    with pytest.raises(ConfigError, match=r"train.loss_rows_only = true picks rows that the LM's tensor-parallel "
+                                          r"ranks hold whole, which sequence parallel splits"):
         check_fast_path_layout(cfg, layout)
+    cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--train.chunked_loss=true",
+                      "--parallel.modules.language.cp=2", "--parallel.modules.language.tp=2")
+    check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))  # own rows
+    cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--parallel.modules.images.offset=0",
+                      "--parallel.modules.images.size=1", "--parallel.modules.language.offset=1",
+                      "--parallel.modules.language.size=2", "--parallel.modules.language.cp=2")
+    with pytest.raises(ConfigError, match=r"train.loss_rows_only = true on a pipelined LM with cp > 1"):
+        check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 3))
