@@ -238,9 +238,8 @@ def validate_train(cfg: Config) -> None:
             raise ConfigError(f"train.module_dtype.{name}: '{name}' is no module of this model; choose from {modules}")
         if dtype not in ("float32", "bfloat16", FLOAT8):
             raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32, bfloat16 or float8")
-        if dtype == FLOAT8 and t.dtype != "bfloat16":
-            raise ConfigError(f"train.module_dtype.{name} = \"float8\" computes the rest of the module in bf16, so it "
-                              f"needs train.dtype = \"bfloat16\" (got \"{t.dtype}\"); set it")
+    if not takes_gpu_default_dtype(t):
+        validate_float8_dtype(t)
     if t.float8_recipe not in FLOAT8_RECIPES:
         raise ConfigError(f"train.float8_recipe = '{t.float8_recipe}'; choose one of {', '.join(FLOAT8_RECIPES)}")
     for name in t.activation_checkpointing:
@@ -254,6 +253,21 @@ def validate_train(cfg: Config) -> None:
         raise ConfigError(f"train.peak_tflops ({t.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
     if t.resume == "":
         raise ConfigError("train.resume is empty; use false, true (\"auto\") or the path of a checkpoint folder")
+
+
+def takes_gpu_default_dtype(t: Any) -> bool:
+    """Whether the gate will set train.dtype itself: left unset, on CUDA with train.gpu_defaults (the GPU
+    defaults turn it bf16 before the gate's checks of the model, mimo.perf.gpu_defaults)."""
+    return "dtype" in t.left_unset and t.device.startswith("cuda") and t.gpu_defaults
+
+
+def validate_float8_dtype(t: Any) -> None:
+    """A "float8" module computes the rest of itself in bf16: train.dtype must be bfloat16. The config-alone
+    check skips it while the GPU defaults may still set train.dtype; the gate runs it after them."""
+    for name, dtype in t.module_dtype.items():
+        if dtype == FLOAT8 and t.dtype != "bfloat16":
+            raise ConfigError(f"train.module_dtype.{name} = \"float8\" computes the rest of the module in bf16, so it "
+                              f"needs train.dtype = \"bfloat16\" (got \"{t.dtype}\"); set it")
 
 
 def validate_data(cfg: Config) -> None:

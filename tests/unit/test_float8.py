@@ -15,9 +15,10 @@ from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
 from mimo.models.build import build_model
 from mimo.parallel.layout import Layout
+from mimo.perf import gpu_defaults
 from mimo.perf.apply import apply_fast_paths
 from mimo.perf.float8 import float8_linears
-from mimo.perf.gpu_defaults import apply_gpu_defaults
+from mimo.perf.gpu_defaults import GPU_DEFAULTS, apply_gpu_defaults
 from mimo.train.gate import check_layout, validate_run
 from tests.support.float8_reference import SWAPPED, float8_reference
 from tests.support.tiny_run import DEMO, TINY, train_losses
@@ -150,3 +151,34 @@ def test_a_float8_module_takes_the_gpu_defaults_of_a_bf16_one():
     """Its attention, norms and the rest compute in bf16, so cuDNN attention (bf16 only) is its default too."""
     applied = apply_gpu_defaults(tiny_cfg("--train.device=cuda", *FP8_LM), None)
     assert applied["attention_backend"] == "cudnn" and applied["fuse_qkv"] is True
+
+
+def fp8_gpu(monkeypatch) -> None:
+    """A Hopper GPU with torchao, as far as the gate can tell (this machine has neither)."""
+    fake_gpu(monkeypatch, (9, 0))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torchao" else real(name, *a))
+
+
+def test_float8_with_train_dtype_unset_takes_the_gpu_default_bf16(monkeypatch):
+    """On CUDA the GPU defaults set the unset train.dtype to bf16, so the float8 module's need holds after them."""
+    fp8_gpu(monkeypatch)
+    cfg = tiny_cfg("--train.device=cuda", "--train.module_dtype.language=float8")
+    assert cfg.train.dtype == "float32"  # load_config leaves it to the gate's GPU defaults
+    assert validate_run(cfg, 1)["dtype"] == "bfloat16" and cfg.train.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("overrides", [["--train.gpu_defaults=false"], ["--train.dtype=float32"]])
+def test_float8_without_the_gpu_default_dtype_is_refused_at_load(overrides, monkeypatch):
+    fp8_gpu(monkeypatch)
+    with pytest.raises(ConfigError, match=r'float8" computes the rest of the module in bf16, so it needs train.dtype = '
+                                          r'"bfloat16" \(got "float32"\)'):
+        tiny_cfg("--train.device=cuda", "--train.module_dtype.language=float8", *overrides)
+
+
+def test_the_gate_rechecks_float8_when_the_gpu_defaults_leave_train_dtype(monkeypatch):
+    fp8_gpu(monkeypatch)
+    monkeypatch.setattr(gpu_defaults, "GPU_DEFAULTS", tuple(kv for kv in GPU_DEFAULTS if kv[0] != "dtype"))
+    cfg = tiny_cfg("--train.device=cuda", "--train.module_dtype.language=float8")  # as if bf16 could not apply
+    with pytest.raises(ConfigError, match=r'needs train.dtype = "bfloat16" \(got "float32"\)'):
+        validate_run(cfg, 1)
