@@ -78,6 +78,7 @@ class ContextParallel:
         self._positions: dict[tuple[int, torch.device | None], tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._orders: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self.own_attention: dict[SelfAttention, object] = {}  # each LM layer's attention before `apply`
 
     def positions(self, seq: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Row positions of this rank's queries (zigzag) and of the all-gathered keys, made and copied to
@@ -199,8 +200,14 @@ class ContextParallel:
 
         model.gather_sequence = gather
         model.mask_positions = self.positions
-        for module in model.language_model.modules():
-            if isinstance(module, SelfAttention):
-                module.attention_fn = self.attend
+        self.own_attention = {m: m.attention_fn for m in model.language_model.modules() if isinstance(m, SelfAttention)}
+        self.attend_locally(False)
         for name in model.modality_submodules:
             model.bridges[name] = self.enter(model.bridges.get(name))
+
+    def attend_locally(self, local: bool) -> None:
+        """Switch the LM's layers between CP attention (False, as `apply` installs it) and their own attention
+        (True: each CP rank attends over the whole sequence it is given, e.g. in greedy decoding, where every CP
+        rank of a data lane runs the same batch). Not collective."""
+        for module, own in self.own_attention.items():
+            module.attention_fn = own if local else self.attend

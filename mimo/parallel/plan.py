@@ -353,12 +353,11 @@ class ParallelPlan:
                 out[pname] = t.clone()
         return out if self.pipeline is None else self.pipeline.gather_to_rank0(out)
 
-    def decodes_in_place(self, model: MimoModel) -> bool:
-        """Whether every rank can run greedy decoding on its sharded model in step with the others: no
-        pipeline, no context parallelism, no sequence-parallel LM (one new token cannot be split) and no
-        bridge between data lanes of different widths (every rank decodes the same whole batch)."""
-        return (self.pipeline is None and self.context is None and not self._flag(LANGUAGE, "sequence_parallel")
-                and not model.bridges)
+    def decodes_in_place(self) -> bool:
+        """Whether every rank can run greedy decoding on its sharded model in step with the others (LM sequence
+        and context parallelism switched off by mimo.parallel.decoding): no pipeline and no bridge between data
+        lanes of different widths (every rank decodes the same whole batch)."""
+        return self.pipeline is None and all(b.direction == "equal" for b in self.bridges.values())
 
     def data_dims(self, name: str) -> str | tuple[str, ...]:
         """The dims over which a module's ranks hold different tokens: dp, and cp where the module has CP

@@ -274,6 +274,18 @@ def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: boo
     mark_tp_replicated(lm, tp)
 
 
+def set_lm_sequence_parallel(lm: DecoderLM, on: bool) -> None:
+    """Switch an LM laid out by `parallelize_lm(..., sequence_parallel=True)` between its sequence shard (on, as
+    built) and the whole sequence on every TP rank (off: block inputs copied into the TP region, row-parallel
+    outputs all-reduced, as plain TP), e.g. for greedy decoding's one-token steps. Not collective."""
+    for module in lm.modules():
+        if isinstance(module, RowParallelLinear):
+            module.sequence_parallel = on
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, _EnterTPRegion):
+                hook.sequence_parallel = on
+
+
 def parallelize_vit(vit: VisionTransformer, tp_group: ProcessGroup, sequence_parallel: bool) -> None:
     """Shard `vit` in place over `tp_group` (q/k/v/fc1 column-parallel, o/fc2 row-parallel). Not collective.
 

@@ -3,6 +3,7 @@ per-token loss -> one gradient finalisation -> optimizer -> metrics -> checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -23,6 +24,7 @@ from mimo.models.flops import train_step_flops
 from mimo.models.init import INIT_SPECS, materialize, whole
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
+from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
 from mimo.perf.apply import apply_fast_paths
@@ -372,11 +374,13 @@ class Trainer:
     def evaluate(self) -> dict:
         """The held-out evaluation of the trained model where it is: on one process the model itself; on a
         layout every rank evaluates its sharded model in step (collective: TP gathers logits, FSDP gathers
-        each block's weights) where that layout can decode (no pipeline, context or LM sequence parallelism,
-        equal data lanes); elsewhere it is left to `mimo eval --run`. Rank 0 returns the result."""
-        if self.plan is not None and not self.plan.decodes_in_place(self.model):
+        each block's weights; LM sequence and context parallelism off, see mimo.parallel.decoding) where that
+        layout can decode (no pipeline, equal data lanes); elsewhere it is left to `mimo eval --run`. Rank 0
+        returns the result."""
+        if self.plan is not None and not self.plan.decodes_in_place():
             return {"skipped": "this layout does not decode in place; run `mimo eval --run` on the run folder"}
+        unsplit = whole_sequences(self.plan, self.model) if self.plan is not None else contextlib.nullcontext()
         # Greedy decoding changes shapes every token: compiled blocks would recompile, so evaluate eagerly.
-        with torch.compiler.set_stance("force_eager"):
+        with torch.compiler.set_stance("force_eager"), unsplit:
             evaluation = evaluate_demo(self.cfg, self.model, self.data, self.device)
         return evaluation if self.is_main else {}

@@ -1,0 +1,46 @@
+"""Greedy decoding on a laid-out model, in its training layout: every rank runs the same whole batch in step.
+
+Decoding feeds the LM one new token at a time, which neither sequence parallelism (a sequence split over the
+TP group) nor context parallelism (a sequence split over the CP group) can cut. `whole_sequences` switches both
+off for a block: each TP rank then runs the whole sequence as under plain TP (inputs copied into the TP region,
+row-parallel outputs all-reduced, full-vocabulary logits gathered) and each CP rank runs it with its layers' own
+attention. No weight moves; TP, FSDP and expert sharding stay as trained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from mimo.config.schema import LANGUAGE
+from mimo.models.multimodal import MimoModel
+from mimo.parallel.plan import ParallelPlan
+from mimo.parallel.tensor import set_lm_sequence_parallel, tp_lm_logits
+
+
+@contextlib.contextmanager
+def whole_sequences(plan: ParallelPlan, model: MimoModel) -> Iterator[None]:
+    """Inside the block `model` (laid out by `plan.parallelize`) takes whole, unsplit sequences on every rank;
+    the layout as trained is restored on exit. Refuses a layout that cannot decode in place
+    (`ParallelPlan.decodes_in_place`). Not collective itself; the model's forwards inside stay collective."""
+    if not plan.decodes_in_place():
+        raise ValueError("this layout cannot decode in place (pipelined, or a bridge between data lanes of "
+                         "different widths); evaluate the run folder with `mimo eval --run`")
+    lm_cfg = plan.module_cfg[LANGUAGE]
+    split = (lm_cfg is not None and lm_cfg.sequence_parallel and plan.layout.grids[LANGUAGE].tp > 1
+             and plan.holds(LANGUAGE))
+    saved = (model.shard_sequence, model.gather_sequence, model.mask_positions, model.logits_fn)
+    if split:
+        set_lm_sequence_parallel(model.language_model, False)
+        model.logits_fn = tp_lm_logits(plan.groups[LANGUAGE].group("tp"), False)
+    if plan.context is not None:
+        plan.context.attend_locally(True)
+    model.shard_sequence = model.gather_sequence = model.mask_positions = None
+    try:
+        yield
+    finally:
+        model.shard_sequence, model.gather_sequence, model.mask_positions, model.logits_fn = saved
+        if split:
+            set_lm_sequence_parallel(model.language_model, True)
+        if plan.context is not None:
+            plan.context.attend_locally(False)
