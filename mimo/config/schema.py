@@ -19,6 +19,9 @@ COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 same graphs (Dynamo, then AOTAutograd's joint forward-backward, with the collectives and the checkpointed
 recompute) but runs them with eager kernels; eager stops after Dynamo's capture."""
 
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+"""The keys of model.llm.rope_scaling (Llama 3's long-context RoPE), as in Hugging Face's rope_scaling."""
+
 
 @dataclass
 class LLMConfig:
@@ -58,8 +61,8 @@ class LLMConfig:
     logit_softcap: float = 0.0
     # 0 = hidden // heads; Qwen3 checkpoints set it explicitly.
     head_dim: int = 0
-    # Llama 3 RoPE scaling, keys as in HF's rope_scaling (factor, low_freq_factor, high_freq_factor,
-    # original_max_position_embeddings); empty = plain RoPE.
+    # Llama 3 RoPE scaling, keys as in HF's rope_scaling (LLAMA3_ROPE_KEYS: factor, low_freq_factor,
+    # high_freq_factor, original_max_position_embeddings); empty = plain RoPE.
     rope_scaling: dict[str, float] = field(default_factory=dict)
     # Qwen2-VL's M-RoPE: the rotary frequencies split into (temporal, height, width) sections of these sizes (summing
     # to head_dim / 2), each rotated by its own axis of `[B, S, 3]` position ids; empty = one-axis RoPE.

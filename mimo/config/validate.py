@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mimo.config.schema import COMPILE_BACKENDS, LANGUAGE, Config, ConfigError
+from mimo.config.schema import COMPILE_BACKENDS, LANGUAGE, LLAMA3_ROPE_KEYS, Config, ConfigError
 from mimo.config.train_config import FLOAT8, FLOAT8_RECIPES
 
 SIZE_FIELDS = {
@@ -43,6 +43,7 @@ def validate_model(cfg: Config) -> None:
     if not llm.head_dim and llm.hidden % llm.heads:
         raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
     validate_mrope(llm)
+    validate_rope_scaling(llm)
     if llm.heads % llm.kv_heads:
         raise ConfigError(f"model.llm.heads ({llm.heads}) must be divisible by model.llm.kv_heads "
                           f"({llm.kv_heads})")
@@ -136,6 +137,23 @@ def validate_mrope(llm: Any) -> None:
         example = [half // 4, half * 3 // 8, half - half // 4 - half * 3 // 8]
         raise ConfigError(f"model.llm.mrope_section = {llm.mrope_section} must be three sizes (temporal, height, "
                           f"width) >= 0 summing to head_dim / 2 = {half}, e.g. {example}; or [] for one-axis RoPE")
+
+
+def validate_rope_scaling(llm: Any) -> None:
+    """model.llm.rope_scaling: empty, or Llama 3's four keys with factors > 0, low_freq_factor below
+    high_freq_factor (RoPE blends between them) and original_max_position_embeddings >= 1."""
+    scaling = llm.rope_scaling
+    if not scaling or llm.hf_path:  # an hf_path's config.json sets it
+        return
+    if sorted(scaling) != sorted(LLAMA3_ROPE_KEYS):
+        raise ConfigError(f"model.llm.rope_scaling has the keys {sorted(scaling)}; Llama 3's RoPE scaling takes "
+                          f"exactly {', '.join(LLAMA3_ROPE_KEYS)} (e.g. 8.0, 1.0, 4.0, 8192), or leave it empty for "
+                          "plain RoPE")
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    if not (scaling["factor"] > 0 and 0 < low < high and scaling["original_max_position_embeddings"] >= 1):
+        raise ConfigError(f"model.llm.rope_scaling = {dict(scaling)} needs factor > 0, 0 < low_freq_factor < "
+                          "high_freq_factor and original_max_position_embeddings >= 1 (Llama 3.1: 8.0, 1.0, 4.0, "
+                          "8192)")
 
 
 NATIVE_ACTS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "relu")

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mimo.config.schema import AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
-from mimo.models.layers import LLAMA3_ROPE_KEYS
+from mimo.config.schema import LLAMA3_ROPE_KEYS, AudioConfig, LLMConfig, ProjectorConfig, ViTConfig
 
 LLM_TYPES = ("qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "gemma2", "gemma3_text", "qwen2_moe", "qwen3_moe",
              "mixtral")

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mimo.config.schema import LLAMA3_ROPE_KEYS
+
 ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -45,9 +47,6 @@ class RMSNorm(nn.Module):
         if self.offset:
             return ((1.0 + self.weight.float()) * x).to(dtype)
         return self.weight * x.to(dtype)
-
-
-LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def llama3_scaled_inv_freq(inv: torch.Tensor, scaling: dict[str, float]) -> torch.Tensor:

@@ -4,6 +4,7 @@ old checks and failed at the first batch or at build are refused by `check_layou
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from mimo.parallel.layout import Layout
 from mimo.train.gate import check_layout, check_tokenizer, validate_run
 from tests.support.configs import T2I, TINY_T2I
 from tests.support.hf_helpers import tiny_causal_lm
-from tests.support.tiny_run import DEMO, TINY
+from tests.support.tiny_run import DEMO, TINY, tiny_config, train_losses
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
@@ -57,6 +58,8 @@ def real_data(tokenizer: Path | str, *more: str) -> list[str]:
     return ["--data.name=jsonl", "--data.path=unused.jsonl", f"--data.tokenizer={tokenizer}", *more]
 
 
+LLAMA3_SCALING = "factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 64"
+
 ITEM_7 = {  # case -> (overrides, what the message must say: the field, then the fix)
     "modality named language": (["--model.modalities.language.token_id=260"],
                                 r"model.modalities.language: 'language' is the language model's name.*rename"),
@@ -69,6 +72,11 @@ ITEM_7 = {  # case -> (overrides, what the message must say: the field, then the
     "logit softcap with the chunked loss on one process": (
         ["--model.llm.logit_softcap=30.0", "--train.chunked_loss=true"],
         r"model.llm.logit_softcap = 30.0 \(Gemma 2\) caps the logits.*set train.chunked_loss = false"),
+    "rope_scaling missing keys": (["--model.llm.rope_scaling={factor = 8.0}"],
+                                  r"model.llm.rope_scaling has the keys \['factor'\]; Llama 3's RoPE scaling takes "
+                                  r"exactly factor, low_freq_factor, high_freq_factor, original_max_position_emb"),
+    "rope_scaling low >= high": ([f"--model.llm.rope_scaling={{{LLAMA3_SCALING.replace('1.0', '4.0')}}}"],
+                                 r"model.llm.rope_scaling = .* needs factor > 0, 0 < low_freq_factor < high_freq"),
     "byte 97 as placeholder": (["--model.modalities.images.token_id=97"],
                                r"model.modalities.images.token_id \(97\) is an id the byte tokenizer writes for text.*"
                                r"use an id it never writes"),
@@ -81,6 +89,14 @@ def test_bad_config_is_refused_by_mimo_train(case, capsys, tmp_path):
     err = train_refusal(capsys, tmp_path, *overrides)
     assert err.startswith("mimo: error: ") and len(err.splitlines()) == 1, err
     assert re.search(message, err), err
+
+
+def test_llama3_rope_scaling_passes_the_gate_and_trains(tmp_path):
+    """Its RoPE against transformers' is tests/unit/test_hf_lm.py's; here the config's keys reach the model."""
+    scaling = f"--model.llm.rope_scaling={{{LLAMA3_SCALING}}}"
+    validate_run(tiny_config(tmp_path, scaling), 1)
+    losses = train_losses(tmp_path, scaling, "--train.steps=2")
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
 
 
 @pytest.mark.parametrize("case, overrides, message", [
