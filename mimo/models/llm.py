@@ -54,12 +54,15 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+                rows: torch.Tensor | None = None, residual_rows: torch.Tensor | None = None) -> torch.Tensor:
         """`[B, S, H]`, or with `rows` (indices into the flattened `B * S` positions) `[len(rows), H]`:
-        attention still reads every position, the rest of the layer runs on those rows only."""
+        attention still reads every position, the rest of the layer runs on those rows only. `residual_rows`:
+        the residual's own rows where they differ (sequence parallel: attention's output rows span the TP
+        group's gathered positions, the residual holds this rank's shard; `DecoderLM.forward`)."""
         inp = x if self.input_layernorm is None else self.input_layernorm(x)
         h = self.self_attn(inp, rope=rope, causal=True, mask=mask, cache=cache, layer=layer, rows=rows)
-        x = x if rows is None else x.flatten(0, 1).index_select(0, rows)
+        if rows is not None:
+            x = x.flatten(0, 1).index_select(0, rows if residual_rows is None else residual_rows)
         if self.post_norm or self.sandwich:
             x = x + self.post_attention_layernorm(h)
             inner = x if self.pre_feedforward_layernorm is None else self.pre_feedforward_layernorm(x)
@@ -101,7 +104,7 @@ class DecoderLM(nn.Module):
 
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
+                output_rows: torch.Tensor | None = None, shard_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states at
         `position_ids` `[B, S]` (or `[B, S, 3]` with `mrope_section`: Qwen2-VL's M-RoPE, see `mimo.models.mrope`).
 
@@ -111,8 +114,10 @@ class DecoderLM(nn.Module):
         `output_rows` (indices into the flattened `B * S` positions, e.g. those that carry a label) returns
         only those rows, `[len(output_rows), H]`: the last layer still attends over every position, but
         its output projection, MLP and the final norm skip the rest (image rows of a VLM, whose outputs
-        no loss reads). The rows index this module's positions (a context-parallel rank's own); not under
-        sequence parallelism, whose row-parallel collectives split the sequence dim evenly."""
+        no loss reads). The rows index this module's positions (a context-parallel rank's own). Under sequence
+        parallelism `output_rows` index the TP group's gathered positions and `shard_rows` `[M]` the same rows
+        among this rank's shard (every rank M of them, `mimo.parallel.tensor.sequence_parallel_rows`); the
+        result is this rank's `[M, H]`."""
         if output_rows is not None and not self.layers:
             raise ValueError("output_rows needs a decoder layer on this module to drop the other rows in; it has none")
         rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling,
@@ -133,7 +138,8 @@ class DecoderLM(nn.Module):
         for key, layer in self.layers.items():
             sliding = bool(self.cfg.layer_types) and self.cfg.layer_types[int(key)] == "sliding"
             hidden = layer(hidden, local_rope if sliding else rope, mask=local_mask if sliding else mask, cache=cache,
-                           layer=int(key), rows=output_rows if key == last else None)
+                           layer=int(key), rows=output_rows if key == last else None,
+                           residual_rows=shard_rows if key == last else None)
         if self.norm is not None:
             hidden = self.norm(hidden)
         return hidden

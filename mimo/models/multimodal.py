@@ -281,7 +281,8 @@ class MimoModel(nn.Module):
                 attention_mask: torch.Tensor | None = None,
                 modality_targets: dict[str, torch.Tensor] | None = None,
                 document_ids: torch.Tensor | None = None, loss_rows: torch.Tensor | None = None,
-                microbatch_rows: dict[str, list[int]] | None = None) -> MimoOutput:
+                microbatch_rows: dict[str, list[int]] | None = None,
+                shard_loss_rows: torch.Tensor | None = None) -> MimoOutput:
         """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean).
 
         With `modality_targets` (`{modality: [B, K, D]}`, sample-aligned, see `output_losses`) the Out
@@ -292,7 +293,8 @@ class MimoModel(nn.Module):
         forward, `position_ids` default to 0..S-1 either way (pass them for left-padded rows). `loss_rows`
         `[N]` (with labels: the flat positions, row-major over `[B, S]`, that carry a label, computed with
         the batch so that no step waits for the device) runs the LM's last layer after attention, its final
-        norm and the loss on those rows only (`hidden` is then `[N, H]`); the loss is the same.
+        norm and the loss on those rows only (`hidden` is then `[N, H]`); the loss is the same; under sequence
+        parallelism with `shard_loss_rows`, this rank's part of them (`DecoderLM.forward(shard_rows=)`).
         `microbatch_rows` (host ints, made with the batch) are every sample's placeholder rows of each modality
         and (`out_key`) generation tokens, over the whole microbatch of every data lane: the bridges' counts
         without an exchange (mimo.parallel.plan adds them); the result does not depend on them."""
@@ -313,7 +315,8 @@ class MimoModel(nn.Module):
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         if self.shard_sequence is not None:
             embeds = self.shard_sequence(embeds)
-        hidden = self.language_model(embeds, position_ids, mask=attention_mask, output_rows=loss_rows)
+        hidden = self.language_model(embeds, position_ids, mask=attention_mask, output_rows=loss_rows,
+                                      shard_rows=shard_loss_rows)
         if loss_rows is not None:
             labels = labels.reshape(-1).index_select(0, loss_rows)
             loss_mask = None if loss_mask is None else loss_mask.reshape(-1).index_select(0, loss_rows)

@@ -48,6 +48,12 @@ from mimo.parallel.data import REPLICAS
 SEQ_DIM = 1
 """Hidden states are `[B, S, H]`; sequence parallelism shards dim 1."""
 
+
+def token_dim(x: torch.Tensor) -> int:
+    """The dim sequence parallelism splits: the sequence of `[B, S, H]` states, the rows of `[N, H]` ones (the
+    labelled rows of `train.loss_rows_only`, an equal count per TP rank: `sequence_parallel_rows`)."""
+    return x.dim() - 2
+
 TP_PARTIAL_GRAD = "_mimo_tp_partial_grad"
 """Parameter attribute: True where each TP rank's gradient is a partial sum to be all-reduced."""
 
@@ -108,7 +114,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
         if self.sequence_parallel:
-            y = reduce_scatter_to_sp(y, self.group, SEQ_DIM)
+            y = reduce_scatter_to_sp(y, self.group, token_dim(y))
         else:
             y = reduce_from_tp(y, self.group)
         return y if self.bias is None else y + self.bias
@@ -191,7 +197,7 @@ class _EnterTPRegion:
 
     def __call__(self, module: nn.Module, args: tuple) -> tuple:
         x = args[0]
-        x = gather_from_sp(x, self.group, SEQ_DIM) if self.sequence_parallel else copy_to_tp(x, self.group)
+        x = gather_from_sp(x, self.group, token_dim(x)) if self.sequence_parallel else copy_to_tp(x, self.group)
         return (x, *args[1:])
 
 
@@ -336,7 +342,29 @@ def sequence_gather(tp_group: ProcessGroup) -> Callable[[torch.Tensor], torch.Te
 def enter_head(hidden: torch.Tensor, group: ProcessGroup, sequence_parallel: bool) -> torch.Tensor:
     """Collective. The LM head is column-parallel over the vocabulary: its input enters the TP region
     full-length (gathered from sequence-parallel shards), and its gradient leaves summed over the group."""
-    return gather_from_sp(hidden, group, SEQ_DIM) if sequence_parallel else copy_to_tp(hidden, group)
+    return gather_from_sp(hidden, group, token_dim(hidden)) if sequence_parallel else copy_to_tp(hidden, group)
+
+
+def sequence_parallel_rows(mb: dict, tp: int, rank: int) -> dict:
+    """A microbatch whose `loss_rows` (labelled flat positions of `[B, S]`, `with_loss_rows`) become those of
+    every TP rank's sequence shard (rank r: positions r*S/tp..(r+1)*S/tp-1 of each row), each padded with
+    unlabelled positions of its shard to the group's largest count M: `shard_loss_rows` `[M]` index this rank's
+    own `[B, S/tp]` positions, `loss_rows` `[tp * M]` the TP group's gathered `[B, S]` ones, rank 0's first (the
+    order in which the row-parallel collectives split and gather them). Pure, host; the same on every TP rank."""
+    labels = mb["labels"]
+    b, s = labels.shape
+    if s % tp:
+        return mb  # sequence_shard refuses this length before any row is used
+    shard = s // tp
+    labelled = torch.zeros(b * s, dtype=torch.bool)
+    labelled[mb["loss_rows"].cpu()] = True
+    per_rank = labelled.view(b, tp, shard).transpose(0, 1).reshape(tp, b * shard)
+    width = max(1, int(per_rank.sum(1).max()))
+    # Labelled positions first, then unlabelled ones (zero loss weight, zero gradient) up to `width`.
+    local = torch.sort(torch.argsort((~per_rank).to(torch.int8), dim=1, stable=True)[:, :width], dim=1).values
+    gathered = (local // shard) * s + torch.arange(tp)[:, None] * shard + local % shard
+    device = mb["loss_rows"].device
+    return {**mb, "loss_rows": gathered.reshape(-1).to(device), "shard_loss_rows": local[rank].to(device)}
 
 
 def tp_lm_loss(tp_group: ProcessGroup, sequence_parallel: bool) -> LossFn:

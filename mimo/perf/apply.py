@@ -140,10 +140,12 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     check_expert_master_weights(cfg)
     lm = layout.grids[LANGUAGE]
     module = cfg.parallel.modules.get(LANGUAGE)
-    if cfg.train.loss_rows_only and lm.tp > 1 and module is not None and module.sequence_parallel:
-        raise ConfigError("train.loss_rows_only = true picks rows that the LM's tensor-parallel ranks hold whole, "
-                          "which sequence parallel splits between them; set train.loss_rows_only = false or "
-                          "parallel.modules.language.sequence_parallel = false")
+    sequence_parallel = lm.tp > 1 and module is not None and module.sequence_parallel
+    if cfg.train.loss_rows_only and sequence_parallel and is_pipelined(layout):
+        raise ConfigError("train.loss_rows_only = true on a pipelined LM with sequence_parallel = true is not "
+                          "supported: its last stage finds the rows of the whole sequence, not of each TP rank's "
+                          "shard; set train.loss_rows_only = false or parallel.modules.language.sequence_parallel "
+                          "= false")
     if cfg.train.loss_rows_only and lm.cp > 1 and is_pipelined(layout):
         raise ConfigError("train.loss_rows_only = true on a pipelined LM with cp > 1 is not supported: its last "
                           "stage finds the rows before context parallel cuts the labels; set "

@@ -27,6 +27,7 @@ from mimo.models.multimodal import MimoModel
 from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
+from mimo.parallel.tensor import sequence_parallel_rows
 from mimo.perf.apply import apply_fast_paths
 from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.captured import CapturedStep
@@ -172,6 +173,10 @@ class Trainer:
         t = self.cfg.train
         if t.step_graph or t.loss_rows_only:
             micro = [with_precomputed_rows(mb, self.model.special_token_ids, t.loss_rows_only) for mb in micro]
+        lm_tp = self.plan.lm_tensor_parallel() if self.plan is not None and t.loss_rows_only else None
+        if lm_tp is not None and lm_tp[1]:  # sequence parallel: each TP rank's rows of its own shard
+            group = lm_tp[0]
+            micro = [sequence_parallel_rows(mb, dist.get_world_size(group), dist.get_rank(group)) for mb in micro]
         if self.captured is not None:
             micro = [pinned(mb) for mb in micro]
         return micro, int(batch["input_ids"].numel()), train_step_flops(self.cfg.model, batch), lanes

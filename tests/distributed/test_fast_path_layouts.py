@@ -5,8 +5,7 @@ on LM tp2 + sequence parallel (encoder tp2), LM cp2 x tp2 + sequence parallel (e
 modules over 2 ranks, the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2) and the 3-rank pipeline
 (encoder on rank 0, LM pp2 on ranks 1-2). Each run is a `Trainer` built from the config, as `mimo train` builds
 it; two steps each: both losses and every gradient of both steps (gathered whole) within 1e-5 relative.
-`train.loss_rows_only` likewise on LM cp2 x tp2 (each CP rank takes the labelled rows of its own positions),
-FSDP2, the fan-in and the pipeline.
+`train.loss_rows_only` likewise on every layout, and on LM cp2 x tp2 without sequence parallel.
 
 Compiled runs use `train.compile_backend = "aot_eager"`: Dynamo captures each block with its collectives (as
 functional collectives) and AOTAutograd traces its joint forward and backward, functionalises the in-place
@@ -49,7 +48,7 @@ LAYOUTS = {
                       "--parallel.microbatches=2"]),
 }
 ROWS_ONLY_LAYOUTS = {"cp2_tp2_no_sp": (4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{IMG}.tp=2"])}
-"""Layouts only the loss_rows_only test runs (sequence parallel refuses it on LAYOUTS' CP one)."""
+"""Layouts only the loss_rows_only test runs: CP without sequence parallel."""
 SWITCHES = {
     "compile": ["--train.compile=true", "--train.compile_backend=aot_eager"],
     "chunked_loss": ["--train.chunked_loss=true"],
@@ -152,12 +151,13 @@ def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
     _assert_trains_like("tp2_sp inductor", (losses, grads), reference)
 
 
-@pytest.mark.parametrize("layout", ["cp2_tp2_no_sp", "fsdp2", "fan_in4", "pipeline3"])
+@pytest.mark.parametrize("layout", ["tp2_sp", "cp2_tp2", "cp2_tp2_no_sp", "fsdp2", "fan_in4", "pipeline3"])
 def test_loss_rows_only_trains_like_single_process(reference, tmp_path, layout):
-    """`train.loss_rows_only` (with the chunked loss, vocab-parallel where the LM has tp2) on LM cp2 x tp2 (each CP
-    rank finds the labelled rows among the labels of its own zigzag positions, which `shard_batch` cut; a rank may
-    hold none), FSDP2, the fan-in and the pipeline (the LM's last stage finds the labelled rows in the labels it
-    reads); sequence parallel refuses it (tests/unit/test_train_step_fast_paths.py)."""
+    """`train.loss_rows_only` (with the chunked loss, vocab-parallel where the LM has tp2) on LM tp2 + sequence
+    parallel (each TP rank's rows of its own shard, padded with unlabelled ones to the group's largest count),
+    LM cp2 x tp2 with and without it (each CP rank's rows among its own zigzag positions, which `shard_batch` cut; a
+    rank may hold none), FSDP2, the fan-in and the pipeline (the LM's last stage finds the rows in the labels it
+    reads)."""
     variants = {"loss_rows_only": ["--train.loss_rows_only=true", "--train.chunked_loss=true"]}
     if layout in ("fsdp2", "pipeline3"):  # and the plain loss where the LM has no TP (TP needs the vocab-parallel one)
         variants["plain_loss"] = ["--train.loss_rows_only=true"]

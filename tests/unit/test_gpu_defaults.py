@@ -63,12 +63,12 @@ def test_pipelined_layout_takes_master_weights_and_the_labelled_rows():
     assert applied["compile"] is True and applied["chunked_loss"] is True
 
 
-def test_context_parallel_takes_the_labelled_rows_and_sequence_parallel_keeps_every_row():
+def test_sharded_sequences_take_the_labelled_rows():
     cfg = cuda_config("--parallel.modules.language.cp=2", "--parallel.modules.language.tp=2")
     assert apply_gpu_defaults(cfg, layout_of(cfg, 4))["loss_rows_only"] is True  # each CP rank's own rows
     cfg = cuda_config("--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
-    applied = apply_gpu_defaults(cfg, layout_of(cfg, 2))
-    assert "loss_rows_only" not in applied and applied["chunked_loss"] is True
+    applied = apply_gpu_defaults(cfg, layout_of(cfg, 2))  # each TP rank's rows of its own shard
+    assert applied["loss_rows_only"] is True and applied["chunked_loss"] is True
 
 
 def test_out_path_keeps_every_row():
