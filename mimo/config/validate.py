@@ -256,8 +256,8 @@ def validate_train(cfg: Config) -> None:
             raise ConfigError(f"train.module_dtype.{name}: '{name}' is no module of this model; choose from {modules}")
         if dtype not in ("float32", "bfloat16", FLOAT8):
             raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32, bfloat16 or float8")
-    if not takes_gpu_default_dtype(t):
-        validate_float8_dtype(t)
+    pending = gpu_default_pending(t)
+    validate_float8_dtype(t, pending)
     if t.float8_recipe not in FLOAT8_RECIPES:
         raise ConfigError(f"train.float8_recipe = '{t.float8_recipe}'; choose one of {', '.join(FLOAT8_RECIPES)}")
     for name in t.activation_checkpointing:
@@ -266,24 +266,28 @@ def validate_train(cfg: Config) -> None:
                               f"choose from {modules}")
     if t.compile_backend not in COMPILE_BACKENDS:
         raise ConfigError(f"train.compile_backend = '{t.compile_backend}'; choose one of {', '.join(COMPILE_BACKENDS)}")
-    validate_fast_path_keys(cfg)
+    validate_fast_path_keys(cfg, pending)
     if t.peak_tflops <= 0:
         raise ConfigError(f"train.peak_tflops ({t.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
     if t.resume == "":
         raise ConfigError("train.resume is empty; use false, true (\"auto\") or the path of a checkpoint folder")
 
 
-def takes_gpu_default_dtype(t: Any) -> bool:
-    """Whether the gate will set train.dtype itself: left unset, on CUDA with train.gpu_defaults (the GPU
-    defaults turn it bf16 before the gate's checks of the model, mimo.perf.gpu_defaults)."""
-    return "dtype" in t.left_unset and t.device.startswith("cuda") and t.gpu_defaults
+GPU_DEFAULT_NEEDS = frozenset({"dtype", "master_weights"})
+"""The keys other keys' checks depend on that mimo.perf.gpu_defaults may set (bf16, master weights)."""
 
 
-def validate_float8_dtype(t: Any) -> None:
-    """A "float8" module computes the rest of itself in bf16: train.dtype must be bfloat16. The config-alone
-    check skips it while the GPU defaults may still set train.dtype; the gate runs it after them."""
+def gpu_default_pending(t: Any) -> frozenset[str]:
+    """The keys of GPU_DEFAULT_NEEDS left unset on CUDA with train.gpu_defaults: the gate may still set them,
+    so the config-alone checks leave what depends on them to its checks after the GPU defaults."""
+    return GPU_DEFAULT_NEEDS & t.left_unset if t.device.startswith("cuda") and t.gpu_defaults else frozenset()
+
+
+def validate_float8_dtype(t: Any, pending: frozenset[str] = frozenset()) -> None:
+    """A "float8" module computes the rest of itself in bf16: train.dtype must be bfloat16, unless "dtype" is
+    `pending` (the GPU defaults may still set it; the gate checks again after them)."""
     for name, dtype in t.module_dtype.items():
-        if dtype == FLOAT8 and t.dtype != "bfloat16":
+        if dtype == FLOAT8 and t.dtype != "bfloat16" and "dtype" not in pending:
             raise ConfigError(f"train.module_dtype.{name} = \"float8\" computes the rest of the module in bf16, so it "
                               f"needs train.dtype = \"bfloat16\" (got \"{t.dtype}\"); set it")
 
@@ -372,8 +376,9 @@ ENCODER_COMPILE = ("blocks", "whole")
 ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
 
 
-def validate_fast_path_keys(cfg: Config) -> None:
-    """The fast paths' keys against each other and the device (the layout's checks: mimo.perf.apply)."""
+def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) -> None:
+    """The fast paths' keys against each other and the device (the layout's checks: mimo.perf.apply); a need
+    of train.dtype or train.master_weights in `pending` (gpu_default_pending) is left to the later check."""
     t = cfg.train
     if t.encoder_compile not in ENCODER_COMPILE:
         raise ConfigError(f"train.encoder_compile = '{t.encoder_compile}'; choose one of {', '.join(ENCODER_COMPILE)}")
@@ -381,7 +386,7 @@ def validate_fast_path_keys(cfg: Config) -> None:
         raise ConfigError(f"train.attention_backend = '{t.attention_backend}'; choose one of "
                           f"{', '.join(ATTENTION_BACKENDS)}")
     if t.master_weights:
-        if t.dtype != "bfloat16":
+        if t.dtype != "bfloat16" and "dtype" not in pending:
             raise ConfigError(f"train.master_weights = true turns the weights bf16, so it needs train.dtype = "
                               f"\"bfloat16\" (got \"{t.dtype}\"); set it, or master_weights = false")
         odd = [n for n, d in t.module_dtype.items() if d not in ("bfloat16", FLOAT8)]
@@ -390,7 +395,7 @@ def validate_fast_path_keys(cfg: Config) -> None:
                               "true, which turns every module's weights bf16; drop the entry or master_weights")
     needs_master = {"grad_table": t.grad_table, "lm_update_early": t.lm_update_early, "step_graph": t.step_graph}
     for key, on in needs_master.items():
-        if on and not t.master_weights:
+        if on and not t.master_weights and "master_weights" not in pending:
             raise ConfigError(f"train.{key} = true works on MasterAdamW's update: set train.master_weights = true")
     cuda = t.device.startswith("cuda")
     for key in ("grad_table", "step_graph"):

@@ -42,26 +42,27 @@ def apply_gpu_defaults(cfg: Config, layout: Layout | None) -> dict[str, object]:
     if not (t.device.startswith("cuda") and t.gpu_defaults):
         return {}
     applied: dict[str, object] = {}
-    for key, value in GPU_DEFAULTS:
+    for i, (key, value) in enumerate(GPU_DEFAULTS):
         before = getattr(t, key)
         if key not in t.left_unset or before == value:
             continue
         setattr(t, key, value)
-        if accepts(cfg, layout):
+        if accepts(cfg, layout, frozenset(k for k, _ in GPU_DEFAULTS[i + 1:]) & t.left_unset):
             applied[key] = value
         else:
             setattr(t, key, before)
     return applied
 
 
-def accepts(cfg: Config, layout: Layout | None) -> bool:
+def accepts(cfg: Config, layout: Layout | None, pending: frozenset[str] = frozenset()) -> bool:
     """Whether the fast-path keys of `cfg` (its model resolved from any hf_path) pass the gate's checks on
-    `layout`; cuDNN attention also needs every module in bf16 (it has no fp32 kernels)."""
+    `layout`, the unset keys still to try (`pending`) aside; cuDNN attention also needs every module in bf16
+    (it has no fp32 kernels)."""
     if cfg.train.attention_backend == "cudnn" and any(cfg.train.autocast_of(m) != "bfloat16"
                                                       for m in cfg.model.module_names):
         return False
     try:
-        validate_fast_path_keys(cfg)
+        validate_fast_path_keys(cfg, pending)
         check_lm_features(cfg, layout.grids[LANGUAGE] if layout is not None else Grid())
         if layout is not None and layout.world_size > 1:
             check_fast_path_layout(cfg, layout)

@@ -6,9 +6,9 @@ what a "float8" module needs of it: a GPU of compute capability >= 8.9, torchao)
 every `hf_path`, the data set against the model (its modalities, its row length, its tokenizer), then, on more
 than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Before the
 model's checks, on CUDA, the fast-path keys the user left unset take their GPU defaults where the layout
-accepts them (mimo.perf.gpu_defaults), the one change the gate makes to the config (a "float8" module's need of
-train.dtype = "bfloat16" is checked after them). Not collective (it reads
-only the files the config names), so every rank reaches the same verdict. LM features a fast path would drop
+accepts them (mimo.perf.gpu_defaults), the one change the gate makes to the config; what needs train.dtype =
+"bfloat16" or train.master_weights (a "float8" module, train.step_graph) is checked after them. Not collective
+(it reads only the files the config names), so every rank reaches the same verdict. LM features a fast path would drop
 are refused on every world size (`check_lm_features`, e.g. Gemma 2's logit soft-cap under the chunked loss).
 The blocks' fast paths run on every layout; the step's one-process keys, and `train.loss_rows_only` on a
 pipelined LM with CP or sequence parallelism, are refused (`check_fast_path_layout`). Lower layers keep
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
-from mimo.config.validate import validate, validate_float8_dtype
+from mimo.config.validate import validate, validate_fast_path_keys, validate_float8_dtype
 from mimo.data.audio_demo import avlm_row_length
 from mimo.data.demo import demo_row_length
 from mimo.data.image_text import IMAGE_TEXT_SETS
@@ -64,7 +64,8 @@ def validate_run(cfg: Config, world: int) -> dict[str, object]:
     resolved = copy.copy(cfg)  # shares cfg.train, which the GPU defaults set
     resolved.model = resolved_model(cfg.model)
     applied = apply_gpu_defaults(resolved, layout)
-    validate_float8_dtype(cfg.train)  # the config-alone check left it to the GPU defaults' train.dtype
+    validate_float8_dtype(cfg.train)  # what needs train.dtype or master_weights, now that the GPU defaults set them
+    validate_fast_path_keys(resolved)
     check_lm_features(resolved, layout.grids[LANGUAGE] if layout is not None else Grid())
     check_data_set(cfg, resolved.model)
     check_tokenizer(cfg, resolved.model)

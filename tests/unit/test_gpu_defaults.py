@@ -4,11 +4,13 @@ CUDA, on which layouts, and that a key the user set, a CPU run or a Config built
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
 from mimo.parallel.layout import Layout
 from mimo.perf.gpu_defaults import GPU_DEFAULTS, apply_gpu_defaults
+from mimo.train.gate import validate_run
 from tests.support.configs import CONFIGS, T2I
 
 VLM = CONFIGS / "demo_vlm.toml"
@@ -99,3 +101,25 @@ def test_load_config_records_the_keys_left_unset():
     with pytest.raises(ConfigError, match="unknown config key 'train.left_unset'"):
         load_config(VLM, ["--train.left_unset=1"])
 
+
+
+@pytest.mark.parametrize("opt_in", [["--train.step_graph=true", "--optim.clip=0"], ["--train.grad_table=true"],
+                                    ["--train.lm_update_early=true", "--optim.clip=0"]])
+def test_a_key_needing_master_weights_takes_them_from_the_gpu_defaults(opt_in, monkeypatch):
+    """Left unset, train.dtype and train.master_weights are the GPU defaults' to set: the config-alone check
+    leaves what needs them to the gate, which checks it after the defaults."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = cuda_config(*opt_in)
+    assert not cfg.train.master_weights  # load_config leaves it to the gate's GPU defaults
+    applied = validate_run(cfg, 1)
+    assert applied["dtype"] == "bfloat16" and applied["master_weights"] is True
+    with pytest.raises(ConfigError, match=r"works on MasterAdamW's update: set train.master_weights = true"):
+        cuda_config(*opt_in, "--train.gpu_defaults=false")
+
+
+def test_the_gate_refuses_a_key_whose_master_weights_the_defaults_could_not_set(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = cuda_config("--train.step_graph=true", "--optim.clip=0", "--train.module_dtype.images=float32")
+    with pytest.raises(ConfigError, match=r"train.step_graph = true works on MasterAdamW's update: set "
+                                          r"train.master_weights = true"):
+        validate_run(cfg, 1)  # an fp32 module keeps fp32 weights, so master_weights stays off
