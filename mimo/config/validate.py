@@ -374,6 +374,8 @@ def validate_held_out(cfg: Config) -> None:
 
 ENCODER_COMPILE = ("blocks", "whole")
 ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
+HALF_ONLY_ATTENTION = ("cudnn", "flash")
+"""SDPA backends without float32 kernels: the only one allowed, a float32 module's attention would find none."""
 
 
 def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) -> None:
@@ -402,6 +404,13 @@ def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) 
         if getattr(t, key) and not cuda:
             raise ConfigError(f"train.{key} = true needs a GPU (train.device = \"cuda\", got \"{t.device}\"); set "
                               f"train.{key} = false on a CPU")
+    fp32 = [m for m in cfg.model.module_names if t.autocast_of(m) == "float32"
+            and (m in t.module_dtype or "dtype" not in pending)]
+    if cuda and t.attention_backend in HALF_ONLY_ATTENTION and fp32:
+        raise ConfigError(f"train.attention_backend = \"{t.attention_backend}\" has no float32 kernels, and module "
+                          f"'{fp32[0]}' computes in float32 (train.dtype, train.module_dtype.{fp32[0]}); set "
+                          "train.dtype = \"bfloat16\" without float32 modules, or attention_backend = \"efficient\" "
+                          "or \"default\"")
     inside = [k for k in ("lm_update_early", "step_graph") if getattr(t, k)]
     if inside and cfg.optim.clip > 0:
         raise ConfigError(f"train.{inside[0]} = true updates the weights inside the step, before the host knows the "

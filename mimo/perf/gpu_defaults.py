@@ -56,11 +56,7 @@ def apply_gpu_defaults(cfg: Config, layout: Layout | None) -> dict[str, object]:
 
 def accepts(cfg: Config, layout: Layout | None, pending: frozenset[str] = frozenset()) -> bool:
     """Whether the fast-path keys of `cfg` (its model resolved from any hf_path) pass the gate's checks on
-    `layout`, the unset keys still to try (`pending`) aside; cuDNN attention also needs every module in bf16
-    (it has no fp32 kernels)."""
-    if cfg.train.attention_backend == "cudnn" and any(cfg.train.autocast_of(m) != "bfloat16"
-                                                      for m in cfg.model.module_names):
-        return False
+    `layout`, the unset keys still to try (`pending`) aside (cuDNN attention needs every module in bf16)."""
     try:
         validate_fast_path_keys(cfg, pending)
         check_lm_features(cfg, layout.grids[LANGUAGE] if layout is not None else Grid())

@@ -123,3 +123,22 @@ def test_the_gate_refuses_a_key_whose_master_weights_the_defaults_could_not_set(
     with pytest.raises(ConfigError, match=r"train.step_graph = true works on MasterAdamW's update: set "
                                           r"train.master_weights = true"):
         validate_run(cfg, 1)  # an fp32 module keeps fp32 weights, so master_weights stays off
+
+
+HALF_ONLY_FP32 = [(["--train.attention_backend=cudnn", "--train.gpu_defaults=false"], "language"),
+                  (["--train.attention_backend=flash", "--train.module_dtype.images=float32"], "images")]
+
+
+@pytest.mark.parametrize("overrides, module", HALF_ONLY_FP32)
+def test_a_half_only_attention_backend_with_an_fp32_module_is_refused_at_load(overrides, module):
+    """cuDNN and flash attention have no fp32 kernels: allowed alone, an fp32 module's first attention would
+    find none (torch's "No available kernel") after the gate."""
+    with pytest.raises(ConfigError, match=rf"train.attention_backend = \"(cudnn|flash)\" has no float32 kernels, and "
+                                          rf"module '{module}' computes in float32"):
+        cuda_config(*overrides)
+
+
+def test_cudnn_attention_with_train_dtype_unset_takes_the_gpu_default_bf16(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = cuda_config("--train.attention_backend=cudnn")
+    assert validate_run(cfg, 1)["dtype"] == "bfloat16" and cfg.train.attention_backend == "cudnn"
