@@ -146,10 +146,6 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
                           "supported: its last stage finds the rows of the whole sequence, not of each TP rank's "
                           "shard; set train.loss_rows_only = false or parallel.modules.language.sequence_parallel "
                           "= false")
-    if cfg.train.loss_rows_only and lm.cp > 1 and is_pipelined(layout):
-        raise ConfigError("train.loss_rows_only = true on a pipelined LM with cp > 1 is not supported: its last "
-                          "stage finds the rows before context parallel cuts the labels; set "
-                          "train.loss_rows_only = false or parallel.modules.language.cp = 1")
     if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
         raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
                           "vocab-parallel chunked loss: set train.chunked_loss = true")

@@ -11,7 +11,7 @@ accepts them (mimo.perf.gpu_defaults), the one change the gate makes to the conf
 (it reads only the files the config names), so every rank reaches the same verdict. LM features a fast path would drop
 are refused on every world size (`check_lm_features`, e.g. Gemma 2's logit soft-cap under the chunked loss).
 The blocks' fast paths run on every layout; the step's one-process keys, and `train.loss_rows_only` on a
-pipelined LM with CP or sequence parallelism, are refused (`check_fast_path_layout`). Lower layers keep
+pipelined LM with sequence parallelism, are refused (`check_fast_path_layout`). Lower layers keep
 asserts for their own invariants and never repeat these checks.
 """
 

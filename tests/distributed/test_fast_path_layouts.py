@@ -5,7 +5,8 @@ on LM tp2 + sequence parallel (encoder tp2), LM cp2 x tp2 + sequence parallel (e
 modules over 2 ranks, the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2) and the 3-rank pipeline
 (encoder on rank 0, LM pp2 on ranks 1-2). Each run is a `Trainer` built from the config, as `mimo train` builds
 it; two steps each: both losses and every gradient of both steps (gathered whole) within 1e-5 relative.
-`train.loss_rows_only` likewise on every layout, and on LM cp2 x tp2 without sequence parallel.
+`train.loss_rows_only` likewise on every layout, on LM cp2 x tp2 without sequence parallel and on the pipeline
+with LM cp2.
 
 Compiled runs use `train.compile_backend = "aot_eager"`: Dynamo captures each block with its collectives (as
 functional collectives) and AOTAutograd traces its joint forward and backward, functionalises the in-place
@@ -47,8 +48,11 @@ LAYOUTS = {
     "pipeline3": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
                       "--parallel.microbatches=2"]),
 }
-ROWS_ONLY_LAYOUTS = {"cp2_tp2_no_sp": (4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{IMG}.tp=2"])}
-"""Layouts only the loss_rows_only test runs: CP without sequence parallel."""
+ROWS_ONLY_LAYOUTS = {
+    "cp2_tp2_no_sp": (4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{IMG}.tp=2"]),
+    "pipeline_cp2": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.cp=2"]),
+}
+"""Layouts only the loss_rows_only test runs: CP without sequence parallel, and on a pipeline."""
 SWITCHES = {
     "compile": ["--train.compile=true", "--train.compile_backend=aot_eager"],
     "chunked_loss": ["--train.chunked_loss=true"],
@@ -151,15 +155,16 @@ def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
     _assert_trains_like("tp2_sp inductor", (losses, grads), reference)
 
 
-@pytest.mark.parametrize("layout", ["tp2_sp", "cp2_tp2", "cp2_tp2_no_sp", "fsdp2", "fan_in4", "pipeline3"])
+@pytest.mark.parametrize("layout", ["tp2_sp", "cp2_tp2", "cp2_tp2_no_sp", "fsdp2", "fan_in4", "pipeline3",
+                                    "pipeline_cp2"])
 def test_loss_rows_only_trains_like_single_process(reference, tmp_path, layout):
     """`train.loss_rows_only` (with the chunked loss, vocab-parallel where the LM has tp2) on LM tp2 + sequence
     parallel (each TP rank's rows of its own shard, padded with unlabelled ones to the group's largest count),
     LM cp2 x tp2 with and without it (each CP rank's rows among its own zigzag positions, which `shard_batch` cut; a
-    rank may hold none), FSDP2, the fan-in and the pipeline (the LM's last stage finds the rows in the labels it
-    reads)."""
+    rank may hold none), FSDP2, the fan-in and the pipelines (the LM's last stage finds the rows in the labels it
+    reads, after CP cut them)."""
     variants = {"loss_rows_only": ["--train.loss_rows_only=true", "--train.chunked_loss=true"]}
-    if layout in ("fsdp2", "pipeline3"):  # and the plain loss where the LM has no TP (TP needs the vocab-parallel one)
+    if layout in ("fsdp2", "pipeline3", "pipeline_cp2"):  # and the plain loss where the LM has no TP
         variants["plain_loss"] = ["--train.loss_rows_only=true"]
     for name, (losses, grads, ranks) in _run(tmp_path, layout, variants).items():
         _assert_installed(f"{layout} {name}", variants[name], ranks)

@@ -94,5 +94,4 @@ def test_layouts_refuse_what_they_cannot_run(tmp_path):
     cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--parallel.modules.images.offset=0",
                       "--parallel.modules.images.size=1", "--parallel.modules.language.offset=1",
                       "--parallel.modules.language.size=2", "--parallel.modules.language.cp=2")
-    with pytest.raises(ConfigError, match=r"train.loss_rows_only = true on a pipelined LM with cp > 1"):
-        check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 3))
+    check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 3))  # CP-cut rows

@@ -292,11 +292,11 @@ class PipelinePlan:
             if problem is None and self.module == LANGUAGE and self.needs_data:
                 check_vocabulary(model, batch)
                 text = lm_microbatches(batch, m, lane, dp)
-                if self.last and self.cfg.train.loss_rows_only:  # the labelled rows, found on the host
-                    text = [with_loss_rows(mb) for mb in text]
-                text = [to_device(mb, device) for mb in text]
                 if self.context is not None:
                     text = [self.context.shard_batch(mb) for mb in text]
+                if self.last and self.cfg.train.loss_rows_only:  # the labelled rows of this rank, on the host
+                    text = [with_loss_rows(mb) for mb in text]
+                text = [to_device(mb, device) for mb in text]
             elif problem is None and self.module != LANGUAGE and self.first:
                 check_batch(model, batch, [self.module])
                 inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp)
