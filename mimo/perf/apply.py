@@ -27,7 +27,6 @@ from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.data import FSDP_ENTRY_METHODS
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.plan import is_pipelined
 from mimo.parallel.tensor import enter_head
 from mimo.perf.float8 import Float8Swap, check_float8_layout, convert_float8
 from mimo.perf.fused_qkv import fuse_qkv
@@ -139,13 +138,6 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     check_float8_layout(cfg, layout)
     check_expert_master_weights(cfg)
     lm = layout.grids[LANGUAGE]
-    module = cfg.parallel.modules.get(LANGUAGE)
-    sequence_parallel = lm.tp > 1 and module is not None and module.sequence_parallel
-    if cfg.train.loss_rows_only and sequence_parallel and is_pipelined(layout):
-        raise ConfigError("train.loss_rows_only = true on a pipelined LM with sequence_parallel = true is not "
-                          "supported: its last stage finds the rows of the whole sequence, not of each TP rank's "
-                          "shard; set train.loss_rows_only = false or parallel.modules.language.sequence_parallel "
-                          "= false")
     if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
         raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
                           "vocab-parallel chunked loss: set train.chunked_loss = true")

@@ -10,8 +10,8 @@ accepts them (mimo.perf.gpu_defaults), the one change the gate makes to the conf
 "bfloat16" or train.master_weights (a "float8" module, train.step_graph) is checked after them. Not collective
 (it reads only the files the config names), so every rank reaches the same verdict. LM features a fast path would drop
 are refused on every world size (`check_lm_features`, e.g. Gemma 2's logit soft-cap under the chunked loss).
-The blocks' fast paths run on every layout; the step's one-process keys, and `train.loss_rows_only` on a
-pipelined LM with sequence parallelism, are refused (`check_fast_path_layout`). Lower layers keep
+The blocks' fast paths and `train.loss_rows_only` run on every layout; the step's one-process keys are
+refused (`check_fast_path_layout`). Lower layers keep
 asserts for their own invariants and never repeat these checks.
 """
 

@@ -6,7 +6,7 @@ modules over 2 ranks, the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x
 (encoder on rank 0, LM pp2 on ranks 1-2). Each run is a `Trainer` built from the config, as `mimo train` builds
 it; two steps each: both losses and every gradient of both steps (gathered whole) within 1e-5 relative.
 `train.loss_rows_only` likewise on every layout, on LM cp2 x tp2 without sequence parallel and on the pipeline
-with LM cp2.
+with LM cp2 or LM tp2 + sequence parallel.
 
 Compiled runs use `train.compile_backend = "aot_eager"`: Dynamo captures each block with its collectives (as
 functional collectives) and AOTAutograd traces its joint forward and backward, functionalises the in-place
@@ -51,8 +51,11 @@ LAYOUTS = {
 ROWS_ONLY_LAYOUTS = {
     "cp2_tp2_no_sp": (4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{IMG}.tp=2"]),
     "pipeline_cp2": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.cp=2"]),
+    "pipeline_tp2_sp": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.tp=2",
+                            f"{LANG}.sequence_parallel=true"]),
 }
-"""Layouts only the loss_rows_only test runs: CP without sequence parallel, and on a pipeline."""
+"""Layouts only the loss_rows_only test runs: CP without sequence parallel, and CP or sequence parallel on a
+pipeline (encoder on rank 0, LM on ranks 1-2)."""
 SWITCHES = {
     "compile": ["--train.compile=true", "--train.compile_backend=aot_eager"],
     "chunked_loss": ["--train.chunked_loss=true"],
@@ -156,7 +159,7 @@ def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["tp2_sp", "cp2_tp2", "cp2_tp2_no_sp", "fsdp2", "fan_in4", "pipeline3",
-                                    "pipeline_cp2"])
+                                    "pipeline_cp2", "pipeline_tp2_sp"])
 def test_loss_rows_only_trains_like_single_process(reference, tmp_path, layout):
     """`train.loss_rows_only` (with the chunked loss, vocab-parallel where the LM has tp2) on LM tp2 + sequence
     parallel (each TP rank's rows of its own shard, padded with unlabelled ones to the group's largest count),

@@ -37,6 +37,7 @@ from mimo.parallel.pipeline.microbatches import encoder_microbatches, lm_microba
 from mimo.parallel.pipeline.schedule import run_1f1b, run_forwards, stage_index, warmup_microbatches
 from mimo.parallel.pipeline.split import drop_parameters, only_encoder, split_encoder, split_lm
 from mimo.parallel.pipeline.stage import EncoderStage, LMStage, StageLink
+from mimo.parallel.tensor import sequence_parallel_rows
 
 
 def agree_on_input(problem: str | None, device: torch.device) -> None:
@@ -296,6 +297,10 @@ class PipelinePlan:
                     text = [self.context.shard_batch(mb) for mb in text]
                 if self.last and self.cfg.train.loss_rows_only:  # the labelled rows of this rank, on the host
                     text = [with_loss_rows(mb) for mb in text]
+                    module = self.cfg.parallel.modules.get(LANGUAGE)
+                    if self.grid.tp > 1 and module is not None and module.sequence_parallel:  # of this TP shard
+                        tp_rank = self.groups.rank_in("tp")
+                        text = [sequence_parallel_rows(mb, self.grid.tp, tp_rank) for mb in text]
                 text = [to_device(mb, device) for mb in text]
             elif problem is None and self.module != LANGUAGE and self.first:
                 check_batch(model, batch, [self.module])

@@ -119,7 +119,7 @@ class LMStage(_Stage):
         mb = self.text[t] if self.last else {}
         rows = mb.get("loss_rows")  # train.loss_rows_only: the last layer and the loss on the labelled rows
         with self.autocast():
-            out = lm(hidden, pos, output_rows=rows)
+            out = lm(hidden, pos, output_rows=rows, shard_rows=mb.get("shard_loss_rows"))
             if self.last:
                 labels, mask = mb["labels"], mb.get("loss_mask")
                 if rows is not None:
