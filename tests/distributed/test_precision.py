@@ -91,7 +91,8 @@ def test_module_dtypes_hold_in_a_pipeline_on_two_ranks(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("--train.module_dtype.vision=float32", r"train.module_dtype.vision: 'vision' is no module of this model; "
                                             r"choose from \['language', 'images'\]"),
-    ("--train.module_dtype.images=float16", r"train.module_dtype.images = 'float16'; choose float32, bfloat16 or float8"),
+    ("--train.module_dtype.images=float16",
+     r"train.module_dtype.images = 'float16'; choose float32, bfloat16 or float8"),
 ])
 def test_bad_module_dtypes_name_the_field(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
