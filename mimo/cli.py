@@ -24,7 +24,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from mimo.parallel.launch import die_with_launcher, launch_local, report_error
 
     die_with_launcher()  # first: the imports below take seconds
-    from mimo.parallel.runtime import launched_distributed, leave_distributed
+    from mimo.parallel.runtime import launched_distributed
     from mimo.train.faults import RunAborted
     from mimo.train.gate import validate_run
     from mimo.train.trainer import Trainer
@@ -45,7 +45,6 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
                      "failed or stopped first, or the ranks disagree; a collective waits at most "
                      f"parallel.timeout_s = {cfg.parallel.timeout_s:g} s")
         return 1
-    leave_distributed()
     return 0
 
 
@@ -325,16 +324,27 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:
-        sys.exit(args.func(args, rest))
+        code = args.func(args, rest)
     except (ConfigError, FileNotFoundError) as e:
         from mimo.parallel.launch import report_error
 
         report_error(f"mimo: error: {e}")
-        sys.exit(2)
+        code = 2
     except Exception:
         from mimo.parallel.launch import report_crash, under_launcher
 
         if not under_launcher():
             raise
         report_crash()
-        sys.exit(1)
+        code = 1
+    _leave_process_groups()
+    sys.exit(code)
+
+
+def _leave_process_groups() -> None:
+    """Destroy this rank's process groups before the interpreter exits, however the command ended: left to
+    interpreter shutdown, gloo's threads can abort the rank (exit code 134) after its error was reported."""
+    if "torch.distributed" in sys.modules:  # never initialised otherwise; importing torch costs seconds
+        from mimo.parallel.runtime import leave_distributed
+
+        leave_distributed()
