@@ -44,7 +44,7 @@ class GradReducer:
 
     Construct once per module, before training: it multiplies each parameter's REPLICAS by the DP
     size, because after the reduction every DP rank holds an identical copy of the gradient. The
-    bucket plan covers the parameters that require grad at construction time.
+    bucket plan covers the parameters that require grad at construction time (`params`, in order).
     """
 
     def __init__(self, module: nn.Module, group: ProcessGroup, bucket_mb: float = 25.0,
@@ -53,10 +53,10 @@ class GradReducer:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}; 25 is a good default")
         self.group = group
         self.size = dist.get_world_size(group)
-        params = [p for p in (module.parameters() if params is None else params) if p.requires_grad]
-        for p in params:
+        self.params = [p for p in (module.parameters() if params is None else params) if p.requires_grad]
+        for p in self.params:
             setattr(p, REPLICAS, getattr(p, REPLICAS, 1) * self.size)
-        self.buckets = _plan_buckets(params, int(bucket_mb * 2**20))
+        self.buckets = _plan_buckets(self.params, int(bucket_mb * 2**20))
 
     def reduce(self) -> None:
         """Sum gradients over the group; call once per step, after all microbatches' backward."""

@@ -295,10 +295,11 @@ class ParallelPlan:
         return expert_mesh(self.layout.grids[LANGUAGE], self.ep, self.rank, self.expert_groups,
                            self._flag(LANGUAGE, "fsdp"))
 
-    def master_state_group(self, name: str) -> ProcessGroup | None:
-        """The group module `name`'s fp32 master state is sharded over under train.master_weights (ZeRO-1): its
-        data lanes (`data_dims`), whose GradReducer sums the gradients first; None where it has one lane here."""
-        return self.reducers[name].group if name in self.reducers else None
+    def master_state_groups(self, name: str) -> list[tuple[list[nn.Parameter], ProcessGroup]]:
+        """(parameters, group) of each GradReducer of module `name` (which sums them there first), the groups its
+        fp32 master state is sharded over under train.master_weights (ZeRO-1): on an expert-parallel LM dense
+        parameters over all lanes, experts over their edp group; empty where it has one lane (not sharded)."""
+        return [(r.params, r.group) for key, r in self.reducers.items() if key in (name, f"{name}.experts")]
 
     def fsdp_modules(self) -> list[str]:
         """The modules FSDP2 shards on this rank (fsdp = true and more than one data lane here)."""

@@ -136,19 +136,7 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
                               f"data-parallel reduction, or captures a step that holds no collectives; set "
                               f"train.{key} = false for a layout of {layout.world_size} ranks")
     check_float8_layout(cfg, layout)
-    check_expert_master_weights(cfg)
     lm = layout.grids[LANGUAGE]
     if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
         raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
                           "vocab-parallel chunked loss: set train.chunked_loss = true")
-
-
-def check_expert_master_weights(cfg: Config) -> None:
-    """train.master_weights on an expert-parallel LM needs FSDP2, whose fp32 shards are then the master weights
-    (pure): the ZeRO-1 master state of a replicated LM spans its whole dp, which holds different experts."""
-    lm = cfg.parallel.modules.get(LANGUAGE)
-    if cfg.train.master_weights and lm is not None and lm.ep > 1 and not lm.fsdp:
-        raise ConfigError(f"parallel.modules.language.ep = {lm.ep} with train.master_weights = true needs "
-                          "parallel.modules.language.fsdp = true (its fp32 shards are then the master weights; the "
-                          "ZeRO-1 master state of a replicated LM would mix different ranks' experts), or set "
-                          "train.master_weights = false")

@@ -7,10 +7,13 @@ them), each with the module's learning rate; the schedule's learning rate lives 
 With `early` the language model's groups update inside backward, as soon as their last gradient is in
 (`MasterAdamW(first=...)`).
 
-On a data-parallel layout (`groups`: a module's data-lane group, from ParallelPlan.master_state_group) the
-module's gradients arrive already summed over its lanes (the plan's GradReducer), and its MasterAdamW keeps
-the fp32 master weights and moments of its own 1/N of the flat buffer only (ZeRO-1): each rank updates its
-shard and all-gathers the new bf16 weights, a collective over the group. The global norm is then
+On a data-parallel layout (`groups`: a module's (parameters, data-lane group) pairs, from
+ParallelPlan.master_state_groups) the module's gradients arrive already summed over each group (the plan's
+GradReducers), and the MasterAdamW of each pair keeps the fp32 master weights and moments of its own 1/N of
+that pair's flat buffer only (ZeRO-1): each rank updates its shard and all-gathers the new bf16 weights, a
+collective over the group. An expert-parallel LM has two pairs: its dense parameters over all its data
+lanes, its experts over their edp group (the ranks that hold the same experts), so no shard mixes experts
+of different ranks. The global norm is then
 `norm_sq_reduce` over the ranks' per-module shares, as in MimoOptimizer.
 
 Checkpoints hold no torch optimizer state under this mode (`optimizers` is empty); `master_state(rank)` is
@@ -41,7 +44,8 @@ class UpdatedInStep(RuntimeError):
 class MasterOptimizer:
     """Per module and decay group, a MasterAdamW; the global gradient norm, clipping and the skip on a
     non-finite norm as in MimoOptimizer (where the update is not already inside the step). `groups` maps a
-    module to the data-lane group its master state is sharded over (absent or None: not sharded);
+    module to the (parameters, group) pairs its master state is sharded over, which together hold all its
+    trainable parameters (absent or empty: not sharded);
     `norm_sq_reduce` (with groups) makes the global norm from every rank's per-module shares. A module in
     `fsdp` (FSDP2 with mixed precision, mimo.parallel.data.BF16_COMPUTE) keeps its fp32 sharded parameters as
     the master weights and takes torch's AdamW over them (fp32 moments, sharded alike; checkpointed per
@@ -49,8 +53,8 @@ class MasterOptimizer:
 
     def __init__(self, modules: dict[str, nn.Module], cfg: OptimConfig, total_steps: int, early: bool = False,
                  grad_table: bool = False, compile: bool = False,
-                 groups: dict[str, ProcessGroup | None] | None = None, norm_sq_reduce: NormReducer | None = None,
-                 fsdp: Collection[str] = ()):
+                 groups: dict[str, list[tuple[list[nn.Parameter], ProcessGroup]]] | None = None,
+                 norm_sq_reduce: NormReducer | None = None, fsdp: Collection[str] = ()):
         self.cfg, self.total_steps, self.early = cfg, total_steps, early
         self.norm_sq_reduce = norm_sq_reduce
         self.parts: list[tuple[str, MasterAdamW]] = []
@@ -63,20 +67,28 @@ class MasterOptimizer:
                     self.optimizers[name] = torch.optim.AdamW(decay_groups, lr=lr, betas=(cfg.beta1, cfg.beta2),
                                                               eps=cfg.eps)
                 continue
-            group = (groups or {}).get(name)
-            for decay_group in param_groups(mod, cfg.weight_decay):
-                params = decay_group["params"]
-                opt = MasterAdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                  weight_decay=decay_group["weight_decay"], compile=compile, grad_table=grad_table,
-                                  first=params if early and name == LANGUAGE else (), group=group,
-                                  summed_grads=group is not None)
-                self.parts.append((name, opt))
+            for params, group in (groups or {}).get(name) or [(list(mod.parameters()), None)]:
+                self._add_parts(name, mod, {id(p) for p in params}, group, lr, early, grad_table, compile)
         self.module_params: dict[str, list[nn.Parameter]] = {}
         for name, opt in self.parts:
             self.module_params.setdefault(name, []).extend(opt.params)
         for name, torch_opt in self.optimizers.items():
             self.module_params[name] = [p for g in torch_opt.param_groups for p in g["params"]]
         self.params = [p for ps in self.module_params.values() for p in ps]
+
+    def _add_parts(self, name: str, mod: nn.Module, ids: set[int], group: ProcessGroup | None, lr: float,
+                   early: bool, grad_table: bool, compile: bool) -> None:
+        """One MasterAdamW per decay group of `mod`'s parameters in `ids`, sharded over `group`."""
+        cfg = self.cfg
+        for decay_group in param_groups(mod, cfg.weight_decay):
+            params = [p for p in decay_group["params"] if id(p) in ids]
+            if not params:
+                continue
+            opt = MasterAdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                              weight_decay=decay_group["weight_decay"], compile=compile, grad_table=grad_table,
+                              first=params if early and name == LANGUAGE else (), group=group,
+                              summed_grads=group is not None)
+            self.parts.append((name, opt))
 
     def master_state(self, rank: int) -> dict:
         """This rank's optimizer state, the tensors themselves (a checkpoint loads into them in place):

@@ -134,7 +134,7 @@ class Trainer:
         t = self.cfg.train
         if t.master_weights:
             modules = module_map(self.model)
-            sharded = {} if self.plan is None else {n: self.plan.master_state_group(n) for n in modules}
+            sharded = {} if self.plan is None else {n: self.plan.master_state_groups(n) for n in modules}
             return MasterOptimizer(modules, self.cfg.optim, t.steps, early=t.lm_update_early,
                                    grad_table=t.grad_table, compile=t.compile and self.device.type == "cuda",
                                    groups=sharded, norm_sq_reduce=self.plan.norm_sq_reduce if self.plan else None,

@@ -107,7 +107,7 @@ def expert_degree(cfg: Config) -> int:
 
 def validate_expert_parallel(cfg: Config, layout: Layout) -> None:
     """parallel.modules.<name>.ep against the model and the layout (pure): the LM only, an MoE LM, ep divides
-    its dp and moe_experts (train.master_weights with ep is mimo.perf's layout check)."""
+    its dp and moe_experts."""
     for name, module in cfg.parallel.modules.items():
         if module.ep < 1:
             raise ConfigError(f"parallel.modules.{name}.ep = {module.ep} must be >= 1 (1 = no expert parallelism)")
