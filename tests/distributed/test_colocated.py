@@ -25,7 +25,7 @@ from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
-from tests.support.parity import close, freeze_key_biases, grads_then_step
+from tests.support.parity import close, freeze_key_biases, grads_then_step, step_matches_reference
 
 RTOL = 1e-5
 IMG, S, TOKENS_PER_IMAGE = 60, 16, 4
@@ -97,17 +97,7 @@ def _run_case(rank: int, world: int, enc_tp: int, lm_tp: int, micro: int, asymme
         close(f"{what} embeddings after the bridge mb{t}", seen[-1], ref["embeds"][rows], RTOL)
         (par(**mb).loss_sum / n_global).backward()
     hook.remove()
-    plan.finalize_grads(par)
-    grads = plan.gather_full(par, grads=True)
-    stepped, _, _ = opt.step(0)
-    assert stepped, what
-    params = plan.gather_full(par)
-    if rank == 0:
-        assert grads.keys() == ref["grads"].keys()
-        for name, g in grads.items():
-            close(f"{what} grad {name}", g, ref["grads"][name], RTOL)
-        for name, p in params.items():
-            close(f"{what} weight after step {name}", p, ref["params"][name], RTOL)
+    step_matches_reference(what, rank, plan, par, opt, ref, RTOL)
 
 
 # (encoder tp, LM tp) by world size: fan-in, then fan-out

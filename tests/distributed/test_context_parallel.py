@@ -29,7 +29,7 @@ from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
-from tests.support.parity import close, freeze_key_biases, grads_then_step
+from tests.support.parity import close, freeze_key_biases, grads_then_step, step_matches_reference
 
 RTOL = 1e-5
 N, S, PACK, IMG, PAD, TOKENS_PER_IMAGE = 16, 16, 32, 60, 0, 4
@@ -103,17 +103,7 @@ def _run_case(rank: int, world: int, lm: dict, enc_tp: int, micro: int, packed: 
         (out.loss_sum / n_global).backward()
         loss += out.loss_sum.detach()
     worst = max(worst, close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"], RTOL))
-    plan.finalize_grads(par)
-    grads = plan.gather_full(par, grads=True)
-    stepped, _, _ = opt.step(0)
-    assert stepped, what
-    params = plan.gather_full(par)
-    if rank == 0:
-        assert grads.keys() == ref["grads"].keys()
-        for name, g in grads.items():
-            worst = max(worst, close(f"{what} grad {name}", g, ref["grads"][name], RTOL))
-        for name, p in params.items():
-            worst = max(worst, close(f"{what} weight after step {name}", p, ref["params"][name], RTOL))
+    worst = max(worst, step_matches_reference(what, rank, plan, par, opt, ref, RTOL))
     return worst
 
 

@@ -20,7 +20,7 @@ from mimo.train.trainer import module_map
 from tests.distributed.test_pipeline import IMG, MICRO, PER_MB, RTOL, _batch, _module, _reference
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
-from tests.support.parity import freeze_key_biases, rel_diff
+from tests.support.parity import freeze_key_biases, step_matches_reference
 
 # LM (tp, pp, dp) on ranks 1..4 beside the encoder on rank 0, and its ep
 CASES = [((1, 2, 2), 2), ((1, 1, 4), 4), ((1, 1, 4), 2)]
@@ -63,19 +63,7 @@ def _run_case(rank: int, world: int, lm: tuple, ep: int) -> float:
     result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])
     assert worst <= RTOL, f"{what}: loss {result.loss} vs {ref['loss']}"
-    plan.finalize_grads(par)
-    grads = plan.gather_full(par, grads=True)
-    stepped, _, _ = opt.step(0)
-    assert stepped, what
-    params = plan.gather_full(par)
-    if rank != 0:
-        return worst
-    assert grads.keys() == ref["grads"].keys() == params.keys(), what
-    for kind, got, want in (("grad", grads, ref["grads"]), ("weight after step", params, ref["params"])):
-        for name, t in got.items():
-            r = rel_diff(t, want[name])
-            assert r <= RTOL, f"{what}: {kind} {name}: max |diff| is {r:.3g} x max |ref|"
-            worst = max(worst, r)
+    worst = max(worst, step_matches_reference(what, rank, plan, par, opt, ref, RTOL))
     return worst
 
 

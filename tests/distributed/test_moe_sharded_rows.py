@@ -19,7 +19,7 @@ from mimo.train.router_loss import RouterLosses
 from mimo.train.trainer import module_map
 from tests.distributed.test_expert_parallel import N, _batch, _config, _prepare
 from tests.support.dist import run_distributed
-from tests.support.parity import close, grads_then_step
+from tests.support.parity import close, grads_then_step, step_matches_reference
 
 RTOL = 1e-5
 
@@ -68,16 +68,7 @@ def _run_case(rank: int, world: int, lm: dict, micro: int) -> float:
     for layer, shares in log["moe_load"].items():
         want = torch.tensor(ref["log"]["moe_load"][layer])
         worst = max(worst, close(f"{what} load {layer}", torch.tensor(shares), want, RTOL))
-    plan.finalize_grads(par)
-    grads = plan.gather_full(par, grads=True)
-    stepped, _, _ = opt.step(0)
-    assert stepped, what
-    params = plan.gather_full(par)
-    if rank == 0:
-        for name, g in grads.items():
-            worst = max(worst, close(f"{what} grad {name}", g, ref["grads"][name], RTOL))
-        for name, p in params.items():
-            worst = max(worst, close(f"{what} weight after step {name}", p, ref["params"][name], RTOL))
+    worst = max(worst, step_matches_reference(what, rank, plan, par, opt, ref, RTOL))
     return worst
 
 

@@ -33,7 +33,7 @@ from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
-from tests.support.parity import freeze_key_biases, grads_then_step, rel_diff
+from tests.support.parity import freeze_key_biases, grads_then_step, step_matches_reference
 
 RTOL = 1e-5
 IMG, S, MICRO, PER_MB = 60, 16, 4, 4
@@ -113,19 +113,7 @@ def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])
     assert worst <= RTOL, f"{what}: loss {result.loss} vs {ref['loss']}"
     assert result.flops == train_step_flops(cfg.model, batch), f"{what}: the step's FLOPs are counted once"
-    plan.finalize_grads(par)
-    grads = plan.gather_full(par, grads=True)
-    stepped, _, _ = opt.step(0)
-    assert stepped, what
-    params = plan.gather_full(par)
-    if rank != 0:
-        return worst
-    assert grads.keys() == ref["grads"].keys() == params.keys(), what
-    for kind, got, want in (("grad", grads, ref["grads"]), ("weight after step", params, ref["params"])):
-        for name, t in got.items():
-            r = rel_diff(t, want[name])
-            assert r <= RTOL, f"{what}: {kind} {name}: max |diff| is {r:.3g} x max |ref|"
-            worst = max(worst, r)
+    worst = max(worst, step_matches_reference(what, rank, plan, par, opt, ref, RTOL))
     return worst
 
 

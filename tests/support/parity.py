@@ -46,6 +46,27 @@ def close(what: str, got: torch.Tensor, ref: torch.Tensor, rtol: float) -> float
     return diff / scale if scale else 0.0
 
 
+def step_matches_reference(what: str, rank: int, plan, par: torch.nn.Module, opt: MimoOptimizer, ref: dict,
+                           rtol: float) -> float:
+    """After the parallel run's backward: finalize its gradients, gather them, take one optimizer step and
+    gather the weights (collective); on rank 0 assert every gradient and weight within `rtol` of the
+    one-process reference's (`grads_then_step`'s, as ref["grads"] and ref["params"]). The worst ratio (0.0
+    off rank 0)."""
+    plan.finalize_grads(par)
+    grads = plan.gather_full(par, grads=True)
+    stepped, _, _ = opt.step(0)
+    assert stepped, what
+    params = plan.gather_full(par)
+    if rank != 0:
+        return 0.0
+    assert grads.keys() == ref["grads"].keys() == params.keys(), what
+    worst = 0.0
+    for kind, got, want in (("grad", grads, ref["grads"]), ("weight after step", params, ref["params"])):
+        for name, t in got.items():
+            worst = max(worst, close(f"{what} {kind} {name}", t, want[name], rtol))
+    return worst
+
+
 def trainer_steps(trainer: Trainer, steps: int) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
     """`trainer` run for `steps` steps (collective under a layout): each step's loss, and each step's
     gradients as the optimizer gets them, unsharded (on rank 0 under a layout; {} elsewhere)."""
