@@ -7,6 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from mimo.export import export_causal_lm, export_llava
+from mimo.hf import import_llava, import_llm
+from mimo.models.layers import padded_causal_mask
+from mimo.models.llm import DecoderLM
+
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-5
@@ -98,3 +103,54 @@ def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
         for p in model.parameters():
             p.add_(scale * torch.randn_like(p))
     return model
+
+
+def padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two sequences, the second left-padded by 4: ids, 0/1 attention mask, position ids."""
+    torch.manual_seed(2)
+    ids = torch.randint(0, vocab, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    return ids, mask, (mask.cumsum(1) - 1).clamp_min(0)
+
+
+def compare(lm: DecoderLM, hf: torch.nn.Module) -> tuple[float, float]:
+    ids, mask, pos = padded_batch(lm.cfg.vocab)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+        hidden = lm(lm.embed(ids), pos, mask=padded_causal_mask(mask))
+        logits = lm.logits(hidden)
+    real = mask.bool()
+    return rel_diff(hidden[real], ref.hidden_states[-1][real]), rel_diff(logits[real], ref.logits[real])
+
+
+def lm_both_ways(hf: torch.nn.Module, directory: Path, architecture: str) -> DecoderLM:
+    """`hf` saved, imported and exported under `directory`: the import's hidden states and logits within TOL of
+    transformers' (`compare`), and the export loads as `architecture` with no missing or unexpected weights and
+    the same logits. The imported LM."""
+    lm = import_llm(save(hf, directory / "hf"))
+    assert max(compare(lm, hf)) <= TOL
+    again, info = transformers.AutoModelForCausalLM.from_pretrained(export_causal_lm(lm, directory / "out"),
+                                                                    output_loading_info=True)
+    assert type(again).__name__ == architecture and not info["missing_keys"] and not info["unexpected_keys"]
+    assert max(compare(lm, again.float().eval())) <= TOL
+    return lm
+
+
+def llava_both_ways(text: str, directory: Path) -> None:
+    """A tiny LLaVA (CLIP tower, a `text` LM, "default" feature selection) saved, imported and exported under
+    `directory`: mimo's logits within TOL of transformers' (`llava_logits`), and the export loads as a LLaVA
+    whose LM is `text`, with the same logits."""
+    torch.manual_seed(0)
+    config = transformers.LlavaConfig(
+        vision_config=tiny_vision_config("clip").to_dict(), text_config=tiny_text_config(text).to_dict(),
+        image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy="default")
+    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
+    _, model = import_llava(save(hf, directory / "hf"))
+    ours, ref, ids, pixels = llava_logits(hf, model)
+    assert rel_diff(ours, ref) <= TOL
+    again = transformers.LlavaForConditionalGeneration.from_pretrained(export_llava(model, directory / "out"))
+    again = again.float().eval()
+    assert again.config.text_config.model_type == text
+    with torch.no_grad():
+        assert rel_diff(again(input_ids=ids, pixel_values=pixels).logits, ours) <= TOL

@@ -7,7 +7,7 @@ import torch
 
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError, ProjectorConfig
-from mimo.export import export_causal_lm, export_llava, export_vision_tower
+from mimo.export import export_llava, export_vision_tower
 from mimo.hf import import_llava, import_llm, import_vision
 from mimo.hf.files import DirectorySource, RowsSlice
 from mimo.hf.load import dim_shard_fn
@@ -17,7 +17,9 @@ from mimo.models.projector import MLPProjector
 from mimo.models.vit import patchify
 from tests.support.hf_helpers import (
     TOL,
+    llava_both_ways,
     llava_logits,
+    lm_both_ways,
     perturb,
     rel_diff,
     save,
@@ -28,7 +30,6 @@ from tests.support.hf_helpers import (
 )
 from tests.support.tiny_run import DEMO, TINY
 from tests.unit.test_gate import layout_error
-from tests.unit.test_hf_lm import compare
 from tests.unit.test_hf_padding import EOS, PAD, hf_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,30 +42,12 @@ LM_FAMILIES = {"mistral": ("MistralForCausalLM", {}), "phi3": ("Phi3ForCausalLM"
 @pytest.mark.parametrize("case", list(LM_FAMILIES))
 def test_lm_family_both_ways(case, tmp_path):
     arch, extra = LM_FAMILIES[case]
-    hf = perturb(tiny_causal_lm(case.removesuffix("_tied"), **extra))
-    lm = import_llm(save(hf, tmp_path / "hf"))
-    assert max(compare(lm, hf)) <= TOL
-    out = export_causal_lm(lm, tmp_path / "out")
-    again, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
-    assert type(again).__name__ == arch and not info["missing_keys"] and not info["unexpected_keys"]
-    assert max(compare(lm, again.float().eval())) <= TOL
+    lm_both_ways(perturb(tiny_causal_lm(case.removesuffix("_tied"), **extra)), tmp_path, arch)
 
 
 @pytest.mark.parametrize("text", ["mistral", "phi3", "olmo2", "gemma3_text"])
 def test_llava_with_family_lm_both_ways(text, tmp_path):
-    torch.manual_seed(0)
-    config = transformers.LlavaConfig(
-        vision_config=tiny_vision_config("clip").to_dict(), text_config=tiny_text_config(text).to_dict(),
-        image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy="default")
-    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
-    _, model = import_llava(save(hf, tmp_path / "hf"))
-    ours, ref, ids, pixels = llava_logits(hf, model)
-    assert rel_diff(ours, ref) <= TOL
-    out = export_llava(model, tmp_path / "out")
-    again = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
-    assert again.config.text_config.model_type == text
-    with torch.no_grad():
-        assert rel_diff(again(input_ids=ids, pixel_values=pixels).logits, ours) <= TOL
+    llava_both_ways(text, tmp_path)
 
 
 def test_sliding_window_is_refused_naming_the_field(tmp_path):

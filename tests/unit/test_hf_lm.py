@@ -6,13 +6,12 @@ import torch
 
 from mimo.export import export_causal_lm
 from mimo.hf import import_llm
-from mimo.models.layers import padded_causal_mask
 from mimo.models.llm import DecoderLM
 from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import (
     TOL,
+    compare,
     perturb,
-    rel_diff,
     save,
     tiny_causal_lm,
     transformers,
@@ -24,25 +23,6 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "lo
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 CASES = {"qwen2": ("qwen2", {}), "qwen2_tied": ("qwen2", {"tie_word_embeddings": True}), "qwen3": ("qwen3", {}),
          "llama": ("llama", {}), "llama3_rope": ("llama", {"rope_parameters": LLAMA3_ROPE})}
-
-
-def padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Two sequences, the second left-padded by 4: ids, 0/1 attention mask, position ids."""
-    torch.manual_seed(2)
-    ids = torch.randint(0, vocab, (2, 12))
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, :4] = 0
-    return ids, mask, (mask.cumsum(1) - 1).clamp_min(0)
-
-
-def compare(lm: DecoderLM, hf: torch.nn.Module) -> tuple[float, float]:
-    ids, mask, pos = padded_batch(lm.cfg.vocab)
-    with torch.no_grad():
-        ref = hf(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
-        hidden = lm(lm.embed(ids), pos, mask=padded_causal_mask(mask))
-        logits = lm.logits(hidden)
-    real = mask.bool()
-    return rel_diff(hidden[real], ref.hidden_states[-1][real]), rel_diff(logits[real], ref.logits[real])
 
 
 @pytest.mark.parametrize("case", list(CASES))

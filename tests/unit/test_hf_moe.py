@@ -7,9 +7,8 @@ import copy
 import pytest
 import torch
 
-from mimo.export import export_causal_lm, export_llava
 from mimo.export.config import text_architecture
-from mimo.hf import import_llava, import_llm
+from mimo.hf import import_llm
 from mimo.hf.build import build_model
 from mimo.hf.files import DirectorySource
 from mimo.hf.load import dim_shard_fn, hf_slice
@@ -18,17 +17,15 @@ from mimo.train.trainer import Trainer
 from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import (
     TOL,
-    llava_logits,
+    compare,
+    llava_both_ways,
+    lm_both_ways,
     perturb,
-    rel_diff,
     save,
     tiny_causal_lm,
-    tiny_text_config,
-    tiny_vision_config,
     transformers,
 )
 from tests.support.tiny_run import metrics, tiny_config
-from tests.unit.test_hf_lm import compare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,33 +34,15 @@ FAMILIES = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalL
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_moe_lm_both_ways(family, tmp_path):
-    hf = perturb(tiny_causal_lm(family))
-    lm = import_llm(save(hf, tmp_path / "hf"))
+    lm = lm_both_ways(perturb(tiny_causal_lm(family)), tmp_path, FAMILIES[family])
     assert lm.cfg.moe_experts == 8 and lm.cfg.family == family
     assert [lm.cfg.is_moe_layer(i) for i in range(lm.cfg.layers)] == ([True, False, True] if family == "qwen3_moe"
                                                                         else [True, True])
-    assert max(compare(lm, hf)) <= TOL
-    out = export_causal_lm(lm, tmp_path / "out")
-    again, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
-    assert type(again).__name__ == FAMILIES[family] and not info["missing_keys"] and not info["unexpected_keys"]
-    assert max(compare(lm, again.float().eval())) <= TOL
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_llava_with_moe_lm_both_ways(family, tmp_path):
-    torch.manual_seed(0)
-    config = transformers.LlavaConfig(
-        vision_config=tiny_vision_config("clip").to_dict(), text_config=tiny_text_config(family).to_dict(),
-        image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy="default")
-    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
-    _, model = import_llava(save(hf, tmp_path / "hf"))
-    ours, ref, ids, pixels = llava_logits(hf, model)
-    assert rel_diff(ours, ref) <= TOL
-    out = export_llava(model, tmp_path / "out")
-    again = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
-    assert again.config.text_config.model_type == family
-    with torch.no_grad():
-        assert rel_diff(again(input_ids=ids, pixel_values=pixels).logits, ours) <= TOL
+    llava_both_ways(family, tmp_path)
 
 
 def test_an_expert_shard_reads_only_its_experts(tmp_path):

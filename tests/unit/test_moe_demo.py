@@ -9,8 +9,7 @@ from mimo.export import export_run
 from mimo.train.checkpoint.weights import load_run
 from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS
-from tests.support.hf_helpers import TOL, rel_diff, transformers
-from tests.unit.test_hf_lm import compare
+from tests.support.hf_helpers import TOL, compare, rel_diff, transformers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
