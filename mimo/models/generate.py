@@ -2,7 +2,8 @@
 
 Text out: greedy decoding with a KV cache; the prompt (with its images) is encoded once, then one token
 at a time reuses the cached keys and values of every layer. Prompts of different lengths are left-padded
-with an attention mask, as transformers' `generate` takes them.
+with an attention mask, as transformers' `generate` takes them. M-RoPE prompts (Qwen2-VL) come with their
+`[B, S, 3]` positions (mimo.models.mrope); new tokens continue past each row's largest one.
 
 Image out (the Out path): one forward over `<bos> prompt <gen>*P`, then the decoder. All P generation
 tokens go in at once: the decoder reads the LM's states at them (the same states training saw), so no
@@ -38,14 +39,26 @@ def padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
 
 
+def next_positions(positions: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """`[B]`: the position of each row's first new token, one past the largest of its prompt's (over every axis
+    of M-RoPE's `[B, S, 3]`; padding skipped). For M-RoPE this is transformers' Qwen2-VL `rope_deltas` plus the
+    row's prompt length; for positions counting 0, 1, ... it is the row's length."""
+    top = positions.amax(-1) if positions.dim() == 3 else positions
+    return top.masked_fill(attention_mask == 0, -1).amax(1) + 1
+
+
 @torch.no_grad()
 def greedy_generate(model: MimoModel, input_ids: torch.Tensor, modality_inputs: dict | None,
                     max_new_tokens: int, eos_id: int, use_cache: bool = True,
-                    attention_mask: torch.Tensor | None = None) -> list[list[int]]:
+                    attention_mask: torch.Tensor | None = None,
+                    position_ids: torch.Tensor | None = None) -> list[list[int]]:
     """New tokens for each row of a prompt batch `[B, S]`, each cut after its EOS.
 
     Prompts of different lengths come left-padded with their `[B, S]` 0/1 `attention_mask` (see `left_pad`):
     padded keys are hidden and positions count from each row's first token, as in transformers' `generate`.
+    `position_ids` (default: that count) are the prompt's, `[B, S]` or, for an M-RoPE LM, `[B, S, 3]`
+    (`mimo.models.mrope.mrope_positions`); the k-th new token of a row sits at `next_positions` + k on every
+    axis, as transformers' Qwen2-VL decodes.
     """
     lm = model.language_model
     b, s = input_ids.shape
@@ -54,12 +67,16 @@ def greedy_generate(model: MimoModel, input_ids: torch.Tensor, modality_inputs: 
     if mask.shape != input_ids.shape or not bool(mask[:, -1].all()):
         raise ValueError(f"attention_mask must be input_ids' shape {tuple(input_ids.shape)} and left-padded (every "
                          f"row's last entry 1), got shape {tuple(mask.shape)}; pad prompts with left_pad")
+    pos = padded_positions(mask) if position_ids is None else position_ids.to(dev)
+    if pos.shape[:2] != input_ids.shape or pos.dim() not in (2, 3):
+        raise ValueError(f"position_ids must be [B, S] or [B, S, 3] with input_ids' {tuple(input_ids.shape)}, got "
+                         f"{tuple(pos.shape)}")
+    step = next_positions(pos, mask)
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     out = torch.empty(b, 0, dtype=torch.long, device=dev)
     cache = KVCache() if use_cache else None
     ids = input_ids
     embeds = model.combined_embeddings(input_ids, modality_inputs)
-    pos = padded_positions(mask)
     for _ in range(max_new_tokens):
         # Without padding the LM's own causal masks (and SDPA's fast causal kernel) serve.
         hidden = lm(embeds, pos, mask=mask if attention_mask is not None else None, cache=cache)
@@ -70,13 +87,13 @@ def greedy_generate(model: MimoModel, input_ids: torch.Tensor, modality_inputs: 
         if bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        new = step.view(b, 1, *[1] * (pos.dim() - 2)).expand(b, 1, *pos.shape[2:])
+        step = step + 1
         if use_cache:
-            embeds = lm.embed(nxt[:, None])
-            pos = pos[:, -1:] + 1
+            embeds, pos = lm.embed(nxt[:, None]), new
         else:
             ids = torch.cat([ids, nxt[:, None]], dim=1)
-            embeds = model.combined_embeddings(ids, modality_inputs)
-            pos = padded_positions(mask)
+            embeds, pos = model.combined_embeddings(ids, modality_inputs), torch.cat([pos, new], dim=1)
     result = []
     for row in out.tolist():
         result.append(row[: row.index(eos_id) + 1] if eos_id in row else row)
