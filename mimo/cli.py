@@ -72,11 +72,6 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
                           "there, not with --image/--audio")
     requests = requests or pair_inputs(texts, args.image or [], args.audio or [])
     cfg, model = load_run(args.run)
-    native = [n for n, m in cfg.model.modalities.items() if m.kind == "native_vision"]
-    if native:
-        raise ConfigError(f"mimo generate does not decode with M-RoPE yet (issue 31), and '{args.run}' has the "
-                          f"native_vision modality '{native[0]}'; export it (mimo export) and generate with "
-                          "transformers' Qwen2-VL / Qwen2.5-VL")
     set_threads(cfg.train.threads)
     if args.out:
         if not model.output_token_ids:
@@ -93,9 +88,10 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
 
 def generate_text(cfg, model, requests: list, max_new_tokens: int, run: str) -> list[str]:
     """`mimo generate`: each prompt (after its image and clip, if any) decoded greedily, all in one left-padded
-    batch. The run's tokenizer (the one `mimo export` ships) encodes it as training did: BOS, placeholders,
-    text. A prompt that asks about an input it lacks gets a warning on stderr first."""
-    from mimo.data.prompts import missing_input_warnings, prompt_batch
+    batch (M-RoPE positions for a native-resolution run). The run's tokenizer (the one `mimo export` ships)
+    encodes it as training did: BOS, placeholders, text. A prompt that asks about an input it lacks gets a
+    warning on stderr first."""
+    from mimo.data.prompts import missing_input_warnings, prompt_batch, prompt_positions
     from mimo.data.samples import special_ids
     from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
     from mimo.export.hf import run_tokenizer_spec
@@ -109,7 +105,8 @@ def generate_text(cfg, model, requests: list, max_new_tokens: int, run: str) -> 
     for line in [*missing_input_warnings(cfg, requests), *notes]:
         print(line, file=sys.stderr)
     ids, mask = left_pad(prompts, pad)
-    outs = greedy_generate(model, ids, modality_inputs or None, max_new_tokens, eos, attention_mask=mask)
+    outs = greedy_generate(model, ids, modality_inputs or None, max_new_tokens, eos, attention_mask=mask,
+                           position_ids=prompt_positions(cfg, ids, mask, modality_inputs))
     if spec == "byte":
         return [tok.decode(o) for o in outs]
     return [tok.decode([i for i in o if i != eos], skip_special_tokens=True) for o in outs]

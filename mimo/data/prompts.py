@@ -1,6 +1,6 @@
 """Prompts for `mimo generate`: each a text with an optional image and clip, read from flags or a file, laid
-out as training laid out its samples (`<bos> [<image>*N] [<audio>*k] text`), and checked for a question
-about an input it was not given."""
+out as training laid out its samples (`<bos> [<image>*N] [<audio>*k] text`; a native-resolution image with its
+own grid's placeholders and M-RoPE positions), and checked for a question about an input it was not given."""
 
 from __future__ import annotations
 
@@ -18,13 +18,17 @@ from mimo.data.audio_demo import AUDIO_QUESTIONS, CLIP_SAMPLES
 from mimo.data.audio_files import AudioDecodeError, decode_audio
 from mimo.data.image_text import IMAGE_TEXT_SETS
 from mimo.data.media import clip_samples
+from mimo.data.native_images import load_item, tokens_of
+from mimo.data.samples import BadSample, ImageRef
 from mimo.data.shapes import QUESTIONS, image_tensor_values
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_mel_spectrogram
+from mimo.models.mrope import mrope_positions
 from mimo.models.multimodal import MimoModel
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 
 IMAGE_MARK, AUDIO_MARK = "<image>", "<audio>"
+VISION_KINDS = ("vision", "native_vision")
 ALWAYS_IMAGE_SETS = ("shapes", *IMAGE_TEXT_SETS)
 """Data sets whose every training sample holds an image: a prompt without one is unlike all of them."""
 
@@ -76,7 +80,7 @@ def missing_input_warnings(cfg: Config, requests: list[PromptRequest]) -> list[s
     kinds = {m.kind for m in cfg.model.modalities.values()}
     out = []
     for r in requests:
-        if "vision" in kinds and r.image is None and (
+        if kinds & set(VISION_KINDS) and r.image is None and (
                 r.text in QUESTIONS.values() or IMAGE_MARK in r.text or cfg.data.name in ALWAYS_IMAGE_SETS):
             out.append(f"mimo: warning: the prompt {r.text!r} asks about an image but has none; give it with "
                        "--image (the answer below is a guess)")
@@ -93,11 +97,44 @@ def clip_length(cfg: Config, encoder: AudioEncoder) -> int:
     return CLIP_SAMPLES if cfg.data.name == "avlm" else clip_samples(cfg, encoder.cfg.max_positions)
 
 
-def only_modality(cfg: Config, kind: str, flag: str, run: str) -> str:
-    names = [n for n, m in cfg.model.modalities.items() if m.kind == kind]
+def only_modality(cfg: Config, kinds: tuple[str, ...], flag: str, run: str) -> str:
+    names = [n for n, m in cfg.model.modalities.items() if m.kind in kinds]
     if len(names) != 1:
-        raise ConfigError(f"{flag} needs a run with exactly one {kind} modality; '{run}' has {len(names)}")
+        raise ConfigError(f"{flag} needs a run with exactly one {' or '.join(kinds)} modality; '{run}' has "
+                          f"{len(names)}")
     return names[0]
+
+
+def image_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str]) -> tuple[dict, list[int]]:
+    """(modality `name`'s encoder inputs for the images at `paths`, each image's placeholders), as training reads
+    them: a fixed-size ViT's square bicubic resize, or a native-resolution tower's own grid within its
+    [min_pixels, max_pixels] (mimo.data.native_images)."""
+    m = cfg.model.modalities[name]
+    if m.kind == "native_vision":
+        try:
+            items = [load_item((ImageRef(p),), m.native) for p in paths]
+        except BadSample as e:
+            raise ConfigError(f"--image: {e}") from e
+        pixels = torch.from_numpy(np.concatenate([patches for patches, _ in items]))
+        grids = torch.tensor([grid for _, grid in items], dtype=torch.long)
+        return {"visual": {"pixel_values": pixels, "grid_thw": grids}}, [tokens_of(g, m.native) for _, g in items]
+    vit = model.modality_submodules[name].encoders["vit"]
+    size = m.vit.image
+    pixels = [image_tensor_values(np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BICUBIC)))
+              for p in paths]
+    return {"vit": {"pixel_values": torch.from_numpy(np.stack(pixels))}}, [vit.tokens_per_image] * len(paths)
+
+
+def prompt_positions(cfg: Config, ids: torch.Tensor, mask: torch.Tensor, inputs: dict) -> torch.Tensor | None:
+    """M-RoPE's `[B, S, 3]` positions of a left-padded prompt batch `ids` (`mask` 1 at tokens) whose images fill
+    the native_vision modality's placeholders (mimo.models.mrope); None for a run without one, whose positions
+    count from each row's first token."""
+    native = [n for n, m in cfg.model.modalities.items() if m.kind == "native_vision"]
+    if not native or not cfg.model.llm.mrope_section:
+        return None
+    m = cfg.model.modalities[native[0]]
+    grids = inputs[native[0]]["visual"]["grid_thw"] if native[0] in inputs else torch.zeros(0, 3, dtype=torch.long)
+    return mrope_positions(ids, m.token_id, grids, m.native.merge, attention_mask=mask)
 
 
 def prompt_batch(cfg: Config, model: MimoModel, requests: list[PromptRequest], run: str,
@@ -108,17 +145,13 @@ def prompt_batch(cfg: Config, model: MimoModel, requests: list[PromptRequest], r
     notes: list[str] = []
     inputs: dict = {}
     if any(r.image for r in requests):
-        name = only_modality(cfg, "vision", "--image", run)
-        vit = model.modality_submodules[name].encoders["vit"]
-        size = cfg.model.modalities[name].vit.image
-        pixels = [image_tensor_values(np.asarray(Image.open(r.image).convert("RGB").resize((size, size),
-                                                                                           Image.BICUBIC)))
-                  for r in requests if r.image]
-        inputs[name] = {"vit": {"pixel_values": torch.from_numpy(np.stack(pixels))}}
+        name = only_modality(cfg, VISION_KINDS, "--image", run)
+        inputs[name], counts = image_inputs(cfg, model, name, [r.image for r in requests if r.image])
+        it = iter(counts)
         for ids, r in zip(placeholders, requests):
-            ids += [cfg.model.modalities[name].token_id] * vit.tokens_per_image if r.image else []
+            ids += [cfg.model.modalities[name].token_id] * next(it) if r.image else []
     if any(r.audio for r in requests):
-        name = only_modality(cfg, "audio", "--audio", run)
+        name = only_modality(cfg, ("audio",), "--audio", run)
         mcfg, encoder = cfg.model.modalities[name], model.modality_submodules[name].encoders["whisper"]
         length = clip_length(cfg, encoder)
         try:

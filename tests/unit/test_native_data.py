@@ -15,9 +15,12 @@ from mimo.config.load import load_config
 from mimo.config.schema import NativeViTConfig
 from mimo.data.native_data import build_native_data
 from mimo.data.native_images import grid_of, load_item, smart_resize
+from mimo.data.samples import ImageRef
+from mimo.data.tokenizer import ByteTokenizer
 from mimo.hf.build import build_model as build_hf_model
 from mimo.hf.qwen2_vl import import_qwen2_vl, qwen_vl_inputs
 from mimo.models.build import build_model
+from mimo.models.generate import left_pad
 from mimo.models.mrope import mrope_positions
 from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS
@@ -94,8 +97,9 @@ def test_a_manifest_becomes_batches_with_per_sample_tokens(tmp_path):
     assert torch.isfinite(out.loss_sum)
 
 
-def test_mimo_train_then_export_on_native_resolution_data(tmp_path):
-    """Six steps of `mimo train` on images of four sizes and a video, a falling loss, then `mimo export`."""
+def test_mimo_train_then_export_on_native_resolution_data(tmp_path, capsys):
+    """Six steps of `mimo train` on images of four sizes and a video, a falling loss, then `mimo export`; `mimo
+    generate` on the run answers two images of different sizes as transformers' generate on the export does."""
     run = tmp_path / "runs"
     cli(["train", str(CONFIGS / "native_qwen2_5_vl.toml"), *TINY, f"--data.path={manifest(tmp_path)}",
          f"--run.out_dir={run}", "--run.name=n", "--train.steps=6", "--optim.lr=3e-3"])
@@ -103,12 +107,14 @@ def test_mimo_train_then_export_on_native_resolution_data(tmp_path):
     assert len(losses) == 6 and losses[-1] < losses[0]
     summary = json.loads((run / "n" / "summary.json").read_text())
     assert summary["eval"]["data"]["corrupt_samples"] == 1
-    with pytest.raises(SystemExit) as refused:
-        main(["generate", "--run", str(run / "n"), "--prompt", "hi"])
-    assert refused.value.code == 2
     cli(["export", "--run", str(run / "n"), "--to", str(tmp_path / "hf")])
     hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
     cfg = load_config(run / "n" / "config.toml")
+    capsys.readouterr()
+    cli(["generate", "--run", str(run / "n"), "--max-new-tokens", "8", "--image", str(tmp_path / "i0.png"), "--image",
+         str(tmp_path / "i3.png"), "--prompt", "pic", "--prompt", "a picture"])
+    assert capsys.readouterr().out == hf_answers(hf, cfg.model.modalities["images"].native, tmp_path,
+                                                 ["pic", "a picture"])
     _, model = import_qwen2_vl(tmp_path / "hf")
     grid = torch.tensor([[1, 4, 6]])
     ids = torch.tensor([[1] + [259] * 6 + [5, 6, 7]])
@@ -117,6 +123,20 @@ def test_mimo_train_then_export_on_native_resolution_data(tmp_path):
         ref = hf(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(ids == 259).int()).logits
         ours = model(**qwen_vl_inputs(cfg.model, ids, pixels, grid)).logits
     assert rel_diff(ours, ref) <= TOL
+
+
+def hf_answers(hf, native: NativeViTConfig, tmp_path, texts: list[str]) -> str:
+    """transformers' greedy answers to `<bos> <image>*n text` for images i0 and i3 (as mimo's data reads them),
+    left-padded, one line each."""
+    tok = ByteTokenizer()
+    items = [load_item((ImageRef(str(tmp_path / f"i{k}.png")),), native) for k in (0, 3)]
+    rows = [[tok.BOS] + [tok.IMAGE] * (math.prod(g) // 4) + tok.encode(t) for (_, g), t in zip(items, texts)]
+    ids, mask = left_pad(rows, tok.PAD)
+    out = hf.generate(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == tok.IMAGE).int(),
+                      pixel_values=torch.from_numpy(np.concatenate([p for p, _ in items])),
+                      image_grid_thw=torch.tensor([g for _, g in items]), max_new_tokens=8, do_sample=False,
+                      eos_token_id=tok.EOS, pad_token_id=tok.PAD)[:, ids.shape[1]:]
+    return "".join(tok.decode(row) + "\n" for row in out.tolist())
 
 
 def test_training_from_a_qwen_vl_checkpoint_named_by_hf_path(tmp_path):
