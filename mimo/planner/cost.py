@@ -4,8 +4,9 @@ A transformer layer's time is the sum of its parts, each from the profile's fitt
 (mimo.planner.profile), times the profile's measured `layer_factor` of that kind:
 
 - matrix products, per rank: the forward's q/k/v (one product with `train.fuse_qkv`), output, and MLP
-  products at [tokens, n / tp] (a decoder's gate, up and down; an encoder's two), the backward each twice
-  (input and weight gradient; a frozen module's weight gradient is skipped);
+  products at [tokens, n / tp] (a decoder's gate, up and down, a MoE feed-forward's unsplit, as it runs
+  TP-replicated; an encoder's two), the backward each twice (input and weight gradient; a frozen module's
+  weight gradient is skipped);
 - attention: `mimo.models.flops`'s count (causal at half, the LM's over cp), / tp, backward
   `attention_backward_ratio` times the forward;
 - element-wise traffic: ~40 bytes x hidden per token (norms, residuals, RoPE, casts) plus the MLP
@@ -141,7 +142,7 @@ def decoder_layer(cfg: Config, p: Profile, net: Network, grid: Grid, flags: Modu
     products = qkv + [(llm.hidden, q)] + ([] if moe else dense)
     attn = samples * 2 * seq * seq * llm.heads * hd / (tp * cp)
     sp_tp = tp if flags.sequence_parallel else 1
-    width = llm.moe_top_k * llm.moe_mlp / tp if moe else mlp
+    width = llm.moe_top_k * llm.moe_mlp if moe else mlp  # the MoE runs TP-replicated
     piece = _layer(p, "decoder", tokens, llm.hidden, products, attn, 6 * width, sp_tp, cfg.model.freeze_llm, cfg)
     act = tokens * llm.hidden * (4 if cfg.train.dtype_of(LANGUAGE) == "float32" else 2)
     comm = _tp_comm(net, grid, act)
@@ -155,13 +156,14 @@ def _moe_feed_forward(cfg: Config, p: Profile, net: Network, grid: Grid, flags: 
                       tokens: float) -> Piece:
     """A mixture-of-experts feed-forward on one rank: the router, each local expert's three products over its
     share of the routed rows (balanced loads: tokens x top_k x ep / experts rows each, experts / ep of them), the
-    shared expert, and the dispatch and combine all-to-alls over the ep group (each way, forward and backward)."""
-    llm, tp, ep = cfg.model.llm, grid.tp, max(flags.ep, 1)
+    shared expert, and the dispatch and combine all-to-alls over the ep group (each way, forward and backward).
+    Nothing of it is split by tp: mimo.parallel.tensor runs the MoE TP-replicated on the replicated input."""
+    llm, ep = cfg.model.llm, max(flags.ep, 1)
     h, rows = llm.hidden, tokens * llm.moe_top_k * ep / llm.moe_experts
     fwd = matmul_s(p, tokens, llm.moe_experts, h)
-    fwd += llm.moe_experts / ep * (2 * matmul_s(p, rows, llm.moe_mlp / tp, h) + matmul_s(p, rows, h, llm.moe_mlp / tp))
+    fwd += llm.moe_experts / ep * (2 * matmul_s(p, rows, llm.moe_mlp, h) + matmul_s(p, rows, h, llm.moe_mlp))
     if llm.moe_shared_mlp:
-        shared = llm.moe_shared_mlp / tp
+        shared = llm.moe_shared_mlp
         fwd += 2 * matmul_s(p, tokens, shared, h) + matmul_s(p, tokens, h, shared)
     routed = tokens * llm.moe_top_k * h * 2
     exchange = 2 * net.all_to_all(routed, grid.offset, grid.tp * grid.cp, ep)

@@ -149,3 +149,6 @@ def test_a_mixture_of_experts_feed_forward_by_hand():
     two = _moe_feed_forward(cfg, PROFILE, net, Grid(dp=2), ModuleLayoutConfig(ep=2), tokens=64)
     assert two.forward_s == pytest.approx((2 * 64 * 4 * 32 + 2 * 3 * 2 * 64 * 32 * 32) / 1e14)
     assert two.forward_comm_s == pytest.approx(2 * net.all_to_all(64 * 2 * 32 * 2, 0, 1, 2))
+    # Under tp2 the MoE runs TP-replicated (mimo.parallel.tensor): the same products on every TP rank.
+    tp2 = _moe_feed_forward(cfg, PROFILE, net, Grid(tp=2), ModuleLayoutConfig(), tokens=64)
+    assert tp2.forward_s == pytest.approx(one.forward_s)
