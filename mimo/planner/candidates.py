@@ -4,7 +4,9 @@ The candidates are a small deterministic set (at most a few hundred): homogeneou
 tp t, dp N/t, replicated or FSDP, the LM with and without sequence parallel), colocated mixes (encoder
 tp_e, LM tp_l, the LM sequence parallel when tp_l > 1) and pipelined
 ones (each encoder alone on the first N/2, N/4 or N/8 ranks, the LM on the rest with the least tp x pp
-that fits). Tensor parallelism stays inside a node (tp <= gpus per node). A candidate the trainer would
+that fits). For an MoE LM every colocated candidate comes again with the LM's experts split by each ep > 1
+that divides N (`expert_candidates`; the gate keeps those whose ep divides the LM's dp and moe_experts);
+pipelined ones keep ep 1. Tensor parallelism stays inside a node (tp <= gpus per node). A candidate the trainer would
 refuse (`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that cannot run.
 Memory comes from `mimo.planner.memory`, the predicted step time from `mimo.planner.predict`.
 
@@ -111,6 +113,15 @@ def _colocated(cfg: Config, enc_tp: int, lm_tp: int, sp: bool, enc_fsdp: bool, l
     return mods
 
 
+def expert_candidates(cfg: Config, candidates: list[Modules], gpus: int) -> list[Modules]:
+    """For an MoE LM, each of `candidates` with the LM's ep set to every divisor > 1 of `gpus` (expert
+    parallelism carved out of its dp); the gate's `validate_expert_parallel` drops an ep that does not divide
+    the LM's dp or moe_experts. None for a dense LM."""
+    if not cfg.model.llm.moe_experts:
+        return []
+    return [{**m, LANGUAGE: dataclasses.replace(m[LANGUAGE], ep=ep)} for m in candidates for ep in divisors(gpus)[1:]]
+
+
 def _lm_split_cost(r: Row) -> tuple:
     """Order of fitting LM layouts: least tp x pp, then least tp, then least memory."""
     lm = r.layout.grids[LANGUAGE]
@@ -178,8 +189,15 @@ def preference(layout: Layout, modules: Modules) -> int:
     return FSDP if any(m.fsdp for m in modules.values()) else PLAIN_DP
 
 
-def why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float) -> str:
-    """The row's reason in words."""
+def why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float, ep: int = 1) -> str:
+    """The row's reason in words (with the LM's `ep` > 1, what expert parallelism adds)."""
+    reason = _why(layout, klass, usage, fits, limit_gib)
+    if ep > 1:
+        reason += f"; LM ep{ep}: 1/{ep} of the experts a GPU, their tokens sent by all-to-all"
+    return reason
+
+
+def _why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float) -> str:
     if not fits:
         return (f"does not fit: needs {usage.peak / GIB:.1f} GiB > {limit_gib:g} (states "
                 f"{usage.states / GIB:.1f}, activations {usage.activations / GIB:.1f})")
@@ -227,7 +245,9 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float, profile: Profile | 
         rows = [r for r in (cost_at(setting, modules, m, gpus, gpu_memory_gib) for m in options) if r is not None]
         return min(rows, key=_rank_key, default=None)
 
-    rows = [r for r in map(cost, colocated_candidates(cfg, gpus, network.gpus_per_node)) if r is not None]
+    colocated = colocated_candidates(cfg, gpus, network.gpus_per_node)
+    colocated += expert_candidates(cfg, colocated, gpus)
+    rows = [r for r in map(cost, colocated) if r is not None]
     rows += pipelined_candidates(cfg, gpus, cost, network.gpus_per_node)
     if not rows:
         raise ConfigError(f"--gpus {gpus}: no candidate layout for {gpus} GPUs passes the config's checks "
@@ -248,7 +268,8 @@ def cost_at(setting: Setting, modules: Modules, micro: int, gpus: int, gpu_memor
     trained = as_trained(at, modules, layout)
     usage = estimate(trained, layout, setting.sizes, modules)
     klass, ok = preference(layout, modules), usage.peak <= gpu_memory_gib * GIB
-    return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib),
+    ep = modules[LANGUAGE].ep if LANGUAGE in modules else 1
+    return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib, ep),
                predict(dataclasses.replace(setting, cfg=trained), layout, modules), micro)
 
 
@@ -264,7 +285,8 @@ def _nearest_divisor(batch: int, gpus: int) -> int:
 
 
 def label(layout: Layout, modules: Modules) -> str:
-    """A short name: 'dp8', 'tp2 dp4 +LM sp', 'images dp8 | LM tp2+sp dp4', 'images[0-1] dp2 | LM[2-7] pp3 dp2'."""
+    """A short name: 'dp8', 'tp2 dp4 +LM sp', 'images dp8 | LM tp2+sp dp4', 'images[0-1] dp2 | LM[2-7] pp3 dp2',
+    'images dp4 | LM dp4 ep2' (the LM's experts split over 2 of its lanes)."""
     grids = layout.grids
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in grids}
 
@@ -273,10 +295,10 @@ def label(layout: Layout, modules: Modules) -> str:
         parts = [f"tp{g.tp}" + ("+sp" if f.sequence_parallel else "")] if g.tp > 1 else []
         parts += [f"cp{g.cp}"] if g.cp > 1 else []
         parts += [f"pp{g.pp}"] if g.pp > 1 else []
-        parts += [f"dp{g.dp}"] + (["fsdp"] if f.fsdp else [])
+        parts += [f"dp{g.dp}"] + ([f"ep{f.ep}"] if f.ep > 1 else []) + (["fsdp"] if f.fsdp else [])
         return " ".join(parts)
 
-    same = len({(g.tp, g.cp, g.pp, g.dp, flags[n].fsdp) for n, g in grids.items()}) == 1
+    same = len({(g.tp, g.cp, g.pp, g.dp, flags[n].fsdp, flags[n].ep) for n, g in grids.items()}) == 1
     if layout.colocated and same:
         enc = [n for n in grids if n != LANGUAGE]
         base = one(enc[0]) if enc else one(LANGUAGE)
@@ -303,7 +325,7 @@ def to_toml(modules: Modules, microbatches: int, layout: Layout) -> str:
         if not layout.colocated:
             lines += [f"offset = {m.offset}", f"size = {m.size}"]
         lines.append(f"tp = {m.tp}  # dp = {grid.dp}")
-        lines += [f"{k} = {getattr(m, k)}" for k in ("cp", "pp") if getattr(m, k) > 1]
+        lines += [f"{k} = {getattr(m, k)}" for k in ("cp", "pp", "ep") if getattr(m, k) > 1]
         lines += [f"{k} = true" for k in ("sequence_parallel", "fsdp") if getattr(m, k)]
         lines.append("")
     return "\n".join(lines)

@@ -14,6 +14,12 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   states by its dp (dp x cp for the LM: FSDP shards over both). With `train.master_weights` a module without
   FSDP keeps 4 bytes (bf16 weight and gradient) on every rank and 12 (fp32 master weight, two moments)
   split ZeRO-1 over its dp x cp lanes.
+- **Mixture of experts**: the routed experts' stacked weights (`w_gate`, `w_up`, `w_down`) are not split by
+  tp (mimo.parallel.tensor runs the MoE feed-forward TP-replicated; its router and shared expert count as
+  replicated weights too) but by the LM's ep: each rank of an ep group holds E / ep experts, so 1/ep of the
+  expert bytes. FSDP shards those over their edp group of dp x cp / ep ranks, which comes to 1/(dp x cp) of
+  all experts as without ep; with `train.master_weights` a replicated LM keeps the experts' 4 bytes / ep and
+  their 12 / (dp x cp) (ZeRO-1 over the edp group of its 1/ep).
 - **Activations** held for the backward, per microbatch, no recompute: per transformer layer about
   tokens x hidden x 34 bytes in bf16 (Megatron's estimate with flash attention: no s^2 score term);
   under tensor parallelism (10 + 24/tp) instead of 34, or 34/tp with sequence parallel. Twice that in
@@ -50,6 +56,8 @@ import torch
 from mimo.config.schema import LANGUAGE, Config, ModuleLayoutConfig
 from mimo.hf.build import resolve_hf_architecture
 from mimo.models.build import build_model
+from mimo.models.moe import MoEFeedForward
+from mimo.parallel.expert.layout import EXPERT_WEIGHTS
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
@@ -88,6 +96,7 @@ class ModuleSize:
     tokens_per_sample: int  # LM: seq_len; encoder: inputs per sample x tokens per input
     vocab: int = 0  # LM only: the logits' width
     tied: bool = False  # LM only: the head is the embedding, one tensor on the first and the last stage
+    experts: float = 0.0  # LM only: state bytes of all layers' routed experts (ep-split, PP-split, not TP-split)
 
 
 @dataclass(frozen=True)
@@ -120,19 +129,24 @@ def module_sizes(cfg: Config) -> dict[str, ModuleSize]:
     cfg = with_hf_shapes(cfg)
     with torch.device("meta"):
         model = build_model(cfg.model)
+    moe = tuple(f"{n}." for n, m in model.named_modules() if isinstance(m, MoEFeedForward))
     buckets: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
     for pname, p in model.named_parameters():
         name = LANGUAGE if pname.startswith("language_model.") else pname.split(".")[1]
-        b = buckets.setdefault(name, dict.fromkeys(("sharded", "replicated", "first", "last", "other"), 0.0))
+        b = buckets.setdefault(name, dict.fromkeys(("sharded", "replicated", "first", "last", "other", "experts"),
+                                                   0.0))
         counts[name] = counts.get(name, 0) + p.numel()
         nbytes = p.numel() * (STATE_BYTES if p.requires_grad else FROZEN_BYTES)
-        b[_bucket(pname, p.dim())] += nbytes
+        b[_bucket(pname, p.dim(), pname.startswith(moe))] += nbytes
     return {name: _size(cfg, name, b, counts[name]) for name, b in buckets.items()}
 
 
-def _bucket(pname: str, dim: int) -> str:
-    """Which split applies to a parameter, from its name (see the module docstring)."""
+def _bucket(pname: str, dim: int, in_moe: bool) -> str:
+    """Which split applies to a parameter, from its name and whether a MoE feed-forward holds it (see the
+    module docstring)."""
+    if in_moe:
+        return "experts" if pname.rsplit(".", 1)[-1] in EXPERT_WEIGHTS else "replicated"
     if _LAYER.match(pname):
         return "sharded" if dim >= 2 else "replicated"
     if pname.startswith("language_model.embed_tokens."):
@@ -148,7 +162,7 @@ def _size(cfg: Config, name: str, b: dict[str, float], params: int) -> ModuleSiz
         llm = cfg.model.llm
         seq = row_length(cfg, cfg.model) or (cfg.data.pack_length if cfg.data.packing else cfg.data.seq_len)
         return ModuleSize(llm.layers, b["sharded"], b["replicated"], b["first"], b["last"], b["other"], params,
-                          llm.hidden, seq, llm.vocab, llm.tie_embeddings)
+                          llm.hidden, seq, llm.vocab, llm.tie_embeddings, b["experts"])
     m = cfg.model.modalities[name]
     if m.kind == "audio":
         layers, hidden, per_input = m.audio.layers, m.audio.hidden, m.audio.max_positions
@@ -177,10 +191,14 @@ def stage_usage(cfg: Config, name: str, size: ModuleSize, grid: Grid, flags: Mod
     # a tied head is the embedding: one tensor, on the first stage and the last (once when they are one)
     sharded = share * size.layer_sharded + (first or (last and size.tied)) * size.first + last * size.last
     states = sharded / grid.tp + share * size.layer_replicated + size.other
-    if flags.fsdp:
-        states /= grid.dp * grid.cp
+    experts, ep, lanes = share * size.experts, flags.ep, grid.dp * grid.cp
+    if flags.fsdp:  # the experts' 1/ep over their edp ranks: 1/lanes of them, as the rest
+        states = (states + experts) / lanes
     elif cfg.train.master_weights:  # bf16 weight and gradient whole, fp32 master and moments ZeRO-1 over the lanes
-        states *= (MASTER_WHOLE_BYTES + MASTER_SHARDED_BYTES / (grid.dp * grid.cp)) / STATE_BYTES
+        states = (states * (MASTER_WHOLE_BYTES + MASTER_SHARDED_BYTES / lanes)
+                  + experts * (MASTER_WHOLE_BYTES / ep + MASTER_SHARDED_BYTES / lanes)) / STATE_BYTES
+    else:
+        states += experts / ep
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
     tokens = samples * size.tokens_per_sample / grid.cp
     layer = _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.train.dtype_of(name))
@@ -240,7 +258,7 @@ def _fsdp_gathered(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize]) ->
         if module is None or not module.fsdp or grid.dp * grid.cp == 1:
             continue
         s = sizes[name]
-        layer = (s.layer_sharded / grid.tp + s.layer_replicated) / max(s.layers, 1)
+        layer = (s.layer_sharded / grid.tp + s.layer_replicated + s.experts / module.ep) / max(s.layers, 1)
         root = s.first / grid.tp + s.other if s.tied else s.other
         unit = layer if s.tied else max(layer, s.first / grid.tp, s.last / grid.tp)
         worst = max(worst, (root + unit) * 2 * WEIGHT_BYTES / STATE_BYTES)

@@ -8,7 +8,8 @@
   (mimo.planner.simulate), each stage's forward and backward per microbatch from its layers (the LM's head
   on its last stage), each boundary's message from the network model (the pipeline bridge's leader send plus
   its broadcast to the TP group).
-- **After the backward** (both): each module's gradients are all-reduced over its dp x cp group (bf16 with
+- **After the backward** (both): each module's gradients are all-reduced over its dp x cp group (an
+  expert-parallel LM's experts, 1/ep of them per rank, over their edp group of dp x cp / ep ranks; bf16 with
   `train.master_weights`, which also all-gathers the updated bf16 weights; fp32 otherwise). mimo runs the
   reduction after the whole backward, so it is exposed; `overlap_dp=True` models a reduction that hides
   under the last microbatch's backward. FSDP all-gathers each layer's weights in the forward and again in
@@ -134,29 +135,42 @@ def _bridge(s: Setting, name: str, enc: Grid, lm: Grid) -> Piece:
 def _tail(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, stage: int, last_backward: float,
           compute: float) -> tuple[float, float]:
     """(exposed reduction, optimizer) seconds after the backward of one rank of stage `stage` of `name`."""
-    cfg, size = s.cfg, s.sizes[name]
+    cfg, net = s.cfg, s.network
+    grad_bytes = 2 if cfg.train.master_weights else 4
+    exposed = replicated = held = shard = 0.0
+    for params, stride, lanes in _reduce_groups(s, name, grid, flags, stage):
+        held += params
+        if flags.fsdp and lanes > 1:
+            gathers = 2 * net.all_gather(params * 2, grid.offset, stride, lanes)
+            scatter = net.reduce_scatter(params * 4, grid.offset, stride, lanes)
+            edges = (gathers / 2 + scatter) / max(s.sizes[name].layers, 1)  # the first gather, the last scatter
+            exposed += max(edges, (gathers + scatter) * cfg.parallel.microbatches - compute)
+            shard += params / lanes
+            continue
+        reduce = net.all_reduce(params * grad_bytes, grid.offset, stride, lanes)
+        if cfg.train.master_weights and lanes > 1:
+            reduce += net.all_gather(params * 2, grid.offset, stride, lanes)
+        replicated += reduce
+        shard += params / lanes if cfg.train.master_weights else params
+    exposed += max(0.0, replicated - last_backward) if s.overlap_dp else replicated
+    return exposed, memory_s(s.profile, shard * ADAMW_BYTES + held * grad_bytes)
+
+
+def _reduce_groups(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig,
+                   stage: int) -> list[tuple[float, int, int]]:
+    """(parameters this rank holds, rank stride, ranks) of each group its gradients are reduced over: all but
+    the routed experts over the dp x cp lanes (stride tp); an expert-parallel LM's experts, 1/ep of them here,
+    over their edp group, taken as every ep-th lane (lanes / ep ranks, stride tp x ep)."""
+    size = s.sizes[name]
     share = len(stage_layers(size.layers, grid.pp, stage)) / max(size.layers, 1)
     first, last = stage == 0, stage == grid.pp - 1
     states = (share * size.layer_sharded + first * size.first + last * size.last) / grid.tp
-    params = (states + share * size.layer_replicated + size.other) / STATE_BYTES
-    lanes = grid.dp * grid.cp
-    grad_bytes = 2 if cfg.train.master_weights else 4
-    if flags.fsdp and lanes > 1:
-        gathers = 2 * s.network.all_gather(params * 2, grid.offset, grid.tp, lanes)
-        scatter = s.network.reduce_scatter(params * 4, grid.offset, grid.tp, lanes)
-        edges = (gathers / 2 + scatter) / max(size.layers, 1)  # the first layer's gather, the last one's scatter
-        exposed = max(edges, (gathers + scatter) * cfg.parallel.microbatches - compute)
-        shard = params / lanes
-    else:
-        exposed = s.network.all_reduce(params * grad_bytes, grid.offset, grid.tp, lanes)
-        shard = params
-        if cfg.train.master_weights and lanes > 1:
-            exposed += s.network.all_gather(params * 2, grid.offset, grid.tp, lanes)
-            shard = params / lanes
-        if s.overlap_dp:
-            exposed = max(0.0, exposed - last_backward)
-    optimizer = memory_s(s.profile, shard * ADAMW_BYTES + params * grad_bytes)
-    return exposed, optimizer
+    dense = (states + share * size.layer_replicated + size.other) / STATE_BYTES
+    lanes, ep = grid.dp * grid.cp, flags.ep
+    groups = [(dense, grid.tp, lanes)]
+    if size.experts:
+        groups.append((share * size.experts / ep / STATE_BYTES, grid.tp * ep, lanes // ep))
+    return groups
 
 
 def predict(s: Setting, layout: Layout, modules: dict[str, ModuleLayoutConfig]) -> Prediction:

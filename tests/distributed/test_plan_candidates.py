@@ -1,5 +1,5 @@
-"""Every candidate `mimo plan` lists for demo_vlm, demo_text_to_image and demo_avlm at 4 and 8 ranks trains one
-step on gloo:
+"""Every candidate `mimo plan` lists for demo_vlm, demo_text_to_image and demo_avlm at 4 and 8 ranks, and every
+expert-parallel one it lists for demo_moe_vlm at 4 (beside its plain dp4), trains one step on gloo:
 the planner keeps only layouts that pass the gate, and the gate refuses whatever a later step would (a layout
 listed here that died in its first step would fail this test, naming it)."""
 
@@ -47,4 +47,14 @@ def test_every_planned_candidate_trains_a_step(tmp_path, demo, gpus):
     losses = run_distributed(_steps, gpus, DEMOS[demo], str(tmp_path), candidates, timeout=900)[0]
     assert len(losses) == len(candidates)
     # Every layout computes one process's step: the same first loss everywhere.
+    assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), dict(zip((n for n, _ in candidates), losses))
+
+
+@pytest.mark.slow
+def test_every_planned_expert_parallel_candidate_trains_a_step(tmp_path):
+    config = CONFIGS / "demo_moe_vlm.toml"
+    candidates = [(name, m) for name, m in _candidates(config, 4) if m["language"].ep > 1 or name == "dp4"]
+    assert {m["language"].ep for _, m in candidates} == {1, 2, 4}, candidates
+    losses = run_distributed(_steps, 4, config, str(tmp_path), candidates, timeout=900)[0]
+    assert len(losses) == len(candidates)
     assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), dict(zip((n for n, _ in candidates), losses))
