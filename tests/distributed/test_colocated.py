@@ -8,7 +8,6 @@ seeded model on the same global batch: the LM's input embeddings after the bridg
 gradient, and the weights after one AdamW step with clipping, max |diff| <= 1e-5 x max |ref|.
 """
 
-import copy
 import math
 
 import pytest
@@ -25,7 +24,7 @@ from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
-from tests.support.parity import close, freeze_key_biases, grads_then_step, step_matches_reference
+from tests.support.parity import close, grads_then_step, reference_and_parallel_copy, step_matches_reference
 
 RTOL = 1e-5
 IMG, S, TOKENS_PER_IMAGE = 60, 16, 4
@@ -72,15 +71,7 @@ def _run_case(rank: int, world: int, enc_tp: int, lm_tp: int, micro: int, asymme
     what = f"world {world} enc tp{enc_tp} lm tp{lm_tp} micro {micro} asym {asymmetric}"
     cfg = _config(enc_tp, lm_tp, micro)
     batch = _batch(micro, asymmetric)
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    freeze_key_biases(model)
-    par = copy.deepcopy(model)
-    ref = _reference(cfg, batch, model)
-
-    plan = ParallelPlan(cfg, rank, world)
-    plan.parallelize(par)
-    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda model: _reference(cfg, batch, model))
     seen = []
     hook = par.language_model.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
     micro_batches = plan.microbatches(batch)

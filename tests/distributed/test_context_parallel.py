@@ -8,7 +8,6 @@ CP-local logits (unpacked), every gradient and every weight after one AdamW step
 max |diff| <= 1e-5 x max |ref|. Packed cases pack the same samples into rows of 32 tokens.
 """
 
-import copy
 
 import pytest
 import torch
@@ -20,16 +19,13 @@ from mimo.config.schema import (
 )
 from mimo.data.batching import COUNTS
 from mimo.data.packing import pack_batch
-from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
 from mimo.parallel.context import check_divisible, gathered_order, zigzag_index
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import ParallelPlan, validate_plan
-from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
-from tests.support.parity import close, freeze_key_biases, grads_then_step, step_matches_reference
+from tests.support.parity import close, grads_then_step, reference_and_parallel_copy, step_matches_reference
 
 RTOL = 1e-5
 N, S, PACK, IMG, PAD, TOKENS_PER_IMAGE = 16, 16, 32, 60, 0, 4
@@ -75,15 +71,7 @@ def _run_case(rank: int, world: int, lm: dict, enc_tp: int, micro: int, packed: 
     what = f"world {world} lm {lm} enc tp{enc_tp} micro {micro} packed {packed} tied {tie}"
     cfg = _config(lm, enc_tp, micro, tie)
     batch = _batch()
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    freeze_key_biases(model)
-    par = copy.deepcopy(model)
-    ref = _reference(cfg, batch, model)
-
-    plan = ParallelPlan(cfg, rank, world)
-    plan.parallelize(par)
-    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda model: _reference(cfg, batch, model))
     data = pack_batch(batch, PAD, PACK, plan.batch_multiple())[0] if packed else batch
     micro_batches = plan.microbatches(data)
     tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro_batches)

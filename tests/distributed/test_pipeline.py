@@ -10,7 +10,6 @@ embeddings, so the first and last LM stages' copies must get the summed gradient
 """
 
 import contextlib
-import copy
 import re
 
 import pytest
@@ -29,11 +28,9 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.schedule import warmup_microbatches
 from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.plan import ParallelPlan, validate_plan
-from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
-from tests.support.parity import freeze_key_biases, grads_then_step, step_matches_reference
+from tests.support.parity import grads_then_step, reference_and_parallel_copy, step_matches_reference
 
 RTOL = 1e-5
 IMG, S, MICRO, PER_MB = 60, 16, 4, 4
@@ -99,15 +96,7 @@ def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool
     what = f"encoder {enc} LM {lm} tied {tied} sp {sp}"
     cfg = _config(enc, lm, tied, sp)
     batch = _batch()
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    freeze_key_biases(model)
-    par = copy.deepcopy(model)
-    ref = _reference(cfg, batch, model)
-
-    plan = ParallelPlan(cfg, rank, world)
-    plan.parallelize(par)
-    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda model: _reference(cfg, batch, model))
     pipe = plan.pipeline
     result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])

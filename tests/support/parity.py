@@ -3,9 +3,14 @@ the relative comparison every tensor goes through."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import torch
 
 from mimo.config.schema import Config
+from mimo.models.build import build_model
+from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import Trainer, module_map
 
@@ -44,6 +49,20 @@ def close(what: str, got: torch.Tensor, ref: torch.Tensor, rtol: float) -> float
     diff, scale = _diff_and_scale(got, ref)
     assert diff <= rtol * scale, f"{what}: max |diff| {diff:.3g} > {rtol} x max |ref| {scale:.3g}"
     return diff / scale if scale else 0.0
+
+
+def reference_and_parallel_copy(cfg: Config, rank: int, world: int, reference: Callable[[torch.nn.Module], dict]
+                                ) -> tuple[dict, ParallelPlan, torch.nn.Module, MimoOptimizer]:
+    """The model cfg builds under seed 0 (key biases frozen): `reference(model)` run on it in this process, and a
+    copy taken before, parallelized under cfg's layout as `rank` of `world` (collective), with its optimizer."""
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    freeze_key_biases(model)
+    par = copy.deepcopy(model)
+    ref = reference(model)
+    plan = ParallelPlan(cfg, rank, world)
+    plan.parallelize(par)
+    return ref, plan, par, MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
 
 
 def step_matches_reference(what: str, rank: int, plan, par: torch.nn.Module, opt: MimoOptimizer, ref: dict,
