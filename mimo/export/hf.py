@@ -30,6 +30,7 @@ from mimo.export.tokens import (
 )
 from mimo.hf.build import build_model
 from mimo.hf.names import llm_names, projector_names, vit_names, with_prefix
+from mimo.models.anyres import AnyResSubmodules
 from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel
@@ -83,11 +84,11 @@ def export_causal_lm(lm: DecoderLM, directory: str | Path, dtype: torch.dtype | 
     return out
 
 
-def _act_name(fn: object) -> str:
+def act_name(fn: object) -> str:
     return next((k for k, v in ACTIVATIONS.items() if v is fn), repr(fn))
 
 
-def _llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
+def llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
     """The one vision modality a LLaVA directory can hold: a ViT encoder and one MLP projector."""
     fix = "export the LM alone instead (export_causal_lm / mimo export --lm-only)"
     if len(model.modality_submodules) != 1:
@@ -113,7 +114,7 @@ def _llava_parts(model: MimoModel) -> tuple[str, VisionTransformer, MLP]:
     return name, vit, projs[0]
 
 
-def _unused_tower_tensors(vit: VisionTransformer, dtype: torch.dtype, prefix: str,
+def unused_tower_tensors(vit: VisionTransformer, dtype: torch.dtype, prefix: str,
                           source_of: SourceOf = LiveSource) -> dict[str, Entry]:
     """What the Hugging Face tower class holds but mimo's tower does not use: the final LayerNorm without
     post_norm (stored as the identity) and DINOv2's mask token (zeros); DINOv2's cls token and positions get
@@ -138,7 +139,7 @@ def export_vision_tower(vit: VisionTransformer, directory: str | Path, dtype: to
     (its `last_hidden_state` is mimo's output with post_norm, its `hidden_states[-1]` without)."""
     prefix = VISION_PREFIXES[vision_family_of(vit.cfg, "the vision tower")]
     tensors = gather_entries(vit, with_prefix(vit_names(vit), prefix), dtype)
-    tensors.update(_unused_tower_tensors(vit, next(iter(tensors.values())).dtype, prefix))
+    tensors.update(unused_tower_tensors(vit, next(iter(tensors.values())).dtype, prefix))
     config = hf_vision_config(vit.cfg, "the vision tower", _dtype_name(tensors))
     out = prepare_dir(directory)
     save_hf_weights(tensors, out)
@@ -155,12 +156,15 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
     processor `AutoProcessor` loads (mimo's pixel preparation), bos/eos/pad ids and generation_config.json.
     Tensors stream one at a time from `source_of(module)` (default: the model's own)."""
     tf = require_transformers()
-    name, vit, proj = _llava_parts(model)
+    name, vit, proj = llava_parts(model)
+    if isinstance(model.modality_submodules[name], AnyResSubmodules):
+        raise ValueError(f"modality '{name}' tiles anyres images and has a newline row, which LLaVA does not; "
+                         "export it with mimo.export.llava_next.export_llava_next (LLaVA-NeXT / OneVision)")
     lm = model.language_model
     tensors = gather_entries(lm, llm_names(lm, "language_model.model.", "language_model."), dtype, source_of)
     tensors.update(gather_entries(vit, with_prefix(vit_names(vit), "vision_tower."), dtype, source_of))
     # The tower's final LayerNorm is unused by LLaVA but expected by the class: store it as the identity.
-    tensors.update(_unused_tower_tensors(vit, next(iter(tensors.values())).dtype, "vision_tower.", source_of))
+    tensors.update(unused_tower_tensors(vit, next(iter(tensors.values())).dtype, "vision_tower.", source_of))
     tensors.update(gather_entries(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype, source_of))
     dt = _dtype_name(tensors)
     vcfg = vit.cfg
@@ -171,7 +175,7 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
         vision_config=hf_vision_config(vcfg, f"model.modalities.{name}.vit", dt).to_dict(),
         text_config=hf_text_config(lm.cfg, dt, ids).to_dict(), image_token_index=model.special_token_ids[name],
         image_seq_length=vit.tokens_per_image, vision_feature_layer=-1, vision_feature_select_strategy=strategy,
-        projector_hidden_act=hf_act(_act_name(proj.act), f"model.modalities.{name}.projector.act"),
+        projector_hidden_act=hf_act(act_name(proj.act), f"model.modalities.{name}.projector.act"),
         multimodal_projector_bias=proj.fc1.bias is not None, tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
     config.architectures = ["LlavaForConditionalGeneration"]
     out = prepare_dir(directory)

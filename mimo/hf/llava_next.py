@@ -3,7 +3,7 @@
 `AnyResSubmodules` (tiles at the best grid resolution, rows put back in place, a newline row per line).
 
 For inference and evaluation: the returned ModelConfig describes the LM and the tower, but a training config
-cannot yet ask for anyres tiling, and there is no export back.
+cannot yet ask for anyres tiling; mimo.export.llava_next writes the model back.
 """
 
 from __future__ import annotations

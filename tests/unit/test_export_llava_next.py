@@ -1,0 +1,120 @@
+"""LLaVA-NeXT and LLaVA-OneVision out: a random anyres model exported with the byte tokenizer loads with
+`AutoProcessor` and transformers' class as they are; on a left-padded batch of prompts with images of different
+sizes the logits match in fp32 and `generate` gives mimo's greedy tokens."""
+
+import json
+import stat
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mimo.config.schema import ModalityConfig, ModelConfig, ViTConfig
+from mimo.data.tokenizer import ByteTokenizer
+from mimo.export.hf import export_llava
+from mimo.export.llava_next import export_llava_next
+from mimo.hf.build import build_model
+from mimo.models.anyres import AnyResSubmodules
+from mimo.models.generate import greedy_generate
+from mimo.models.multimodal import MimoModel
+from tests.support.configs import tiny_llm
+from tests.support.hf_helpers import TOL, perturb, rel_diff, transformers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PINPOINTS = [[16, 32], [32, 16], [32, 32], [16, 48]]
+PROMPTS = ["what color?", "a", "how many shapes are there?"]
+SIZES = [(20, 40), (40, 24), (12, 44)]  # (height, width)
+STEPS = 8
+TOWERS = {"clip": {}, "siglip": dict(class_token=False, pre_norm=False, patch_bias=True, act="gelu_tanh")}
+# anyres_max_1 shrinks every grid of more than one tile (OneVision's interpolation).
+CASES = {"next_clip": ("clip", 0, "LlavaNextForConditionalGeneration"),
+         "next_siglip": ("siglip", 0, "LlavaNextForConditionalGeneration"),
+         "onevision_siglip": ("siglip", 9, "LlavaOnevisionForConditionalGeneration"),
+         "onevision_shrunk": ("siglip", 1, "LlavaOnevisionForConditionalGeneration")}
+
+
+def anyres_model(tower: str, max_tiles: int) -> MimoModel:
+    vit = ViTConfig(image=16, patch=4, hidden=16, heads=2, mlp=32, **TOWERS[tower])
+    cfg = ModelConfig(llm=tiny_llm(vocab=ByteTokenizer.vocab_size, init_std=0.2),
+                      modalities={"images": ModalityConfig(token_id=ByteTokenizer.IMAGE, vit=vit)})
+    torch.manual_seed(0)
+    plain = build_model(cfg)
+    sub = plain.modality_submodules["images"]
+    tiled = AnyResSubmodules(sub.encoders["vit"], sub.input_projections[0], cfg.llm.hidden, PINPOINTS, max_tiles)
+    model = MimoModel(plain.language_model, {"images": tiled}, {"images": ByteTokenizer.IMAGE})
+    return perturb(model, scale=0.3).eval()
+
+
+def images() -> list[Image.Image]:
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in SIZES]
+
+
+def mimo_inputs(sub: AnyResSubmodules, inputs) -> dict:
+    """The processor's `[n, tiles, C, S, S]` pixels (padded to the most tiles) as the tiles of each image."""
+    counts = [1 + r * c for r, c in (sub.tiles_of(tuple(s)) for s in inputs.image_sizes.tolist())]
+    pixels = torch.cat([p[:n] for p, n in zip(inputs.pixel_values, counts)])
+    return {"images": {"vit": {"pixel_values": pixels, "image_sizes": inputs.image_sizes}}}
+
+
+def processed(out, max_tiles: int):
+    """The exported processor's batch: `AutoProcessor` for LLaVA-NeXT. LlavaOnevisionProcessor needs torchvision,
+    which this environment lacks, so for OneVision its image processor, its token count (the class's own
+    `_get_number_of_features`, given the saved processor_config.json) and the tokenizer make the batch."""
+    texts = ["<image>" + p for p in PROMPTS]
+    if not max_tiles:
+        return transformers.AutoProcessor.from_pretrained(out)(text=texts, images=images(), padding=True,
+                                                                return_tensors="pt")
+    saved = json.loads((out / "processor_config.json").read_text())
+    assert saved["processor_class"] == "LlavaOnevisionProcessor"
+    pixels = transformers.AutoImageProcessor.from_pretrained(out)(images(), return_tensors="pt")
+    counter = object.__new__(transformers.LlavaOnevisionProcessor)
+    counter.image_processor = transformers.LlavaOnevisionImageProcessorPil(**saved["image_processor"])
+    counter.num_image_tokens, counter.vision_aspect_ratio = saved["num_image_tokens"], saved["vision_aspect_ratio"]
+    side = pixels.pixel_values.shape[-1]
+    counts = [counter._get_number_of_features(h, w, side, side) for h, w in pixels.image_sizes.tolist()]
+    texts = [t.replace("<image>", "<image>" * n) for t, n in zip(texts, counts)]
+    tokens = transformers.AutoTokenizer.from_pretrained(out)(texts, padding=True, return_tensors="pt")
+    return transformers.BatchFeature({**tokens, **pixels})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_anyres_export_matches_transformers(case, tmp_path):
+    tower, max_tiles, arch = CASES[case]
+    model = anyres_model(tower, max_tiles)
+    out = export_llava_next(model, tmp_path / "out", tokenizer="byte")
+    assert json.loads((out / "config.json").read_text())["architectures"] == [arch]
+    hf = getattr(transformers, arch).from_pretrained(out).float().eval()
+    inputs = processed(out, max_tiles)
+    sub = model.modality_submodules["images"]
+    ours_in = mimo_inputs(sub, inputs)
+    tiles = [1 + r * c for r, c in (sub.tiles_of(tuple(s)) for s in inputs.image_sizes.tolist())]
+    with torch.no_grad():
+        per_image = [len(sub({"vit": {"pixel_values": p[:n], "image_sizes": s[None]}}))
+                     for p, s, n in zip(inputs.pixel_values, inputs.image_sizes, tiles)]
+    # The processor expands each <image> into the rows the model gives that image (they differ by size).
+    assert (inputs.input_ids == ByteTokenizer.IMAGE).sum(1).tolist() == per_image and len(set(per_image)) > 1
+    real = inputs.attention_mask.bool()
+    with torch.no_grad():
+        ref = hf(**inputs).logits
+        ours = model(inputs.input_ids, modality_inputs=ours_in, attention_mask=inputs.attention_mask).logits
+    assert rel_diff(ours[real], ref[real]) <= TOL
+    made = hf.generate(**inputs, max_new_tokens=STEPS, do_sample=False)[:, inputs.input_ids.shape[1]:]
+    mine = greedy_generate(model, inputs.input_ids, ours_in, STEPS, ByteTokenizer.EOS,
+                           attention_mask=inputs.attention_mask)
+    assert mine == [[t for t in row if t != ByteTokenizer.PAD] for row in made.tolist()]
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o644 for f in out.iterdir())
+
+
+def test_llava_export_refuses_an_anyres_model(tmp_path):
+    with pytest.raises(ValueError, match="export_llava_next"):
+        export_llava(anyres_model("clip", 0), tmp_path / "out")
+
+
+def test_a_tower_that_drops_a_patch_is_refused(tmp_path):
+    model = anyres_model("clip", 0)
+    model.modality_submodules["images"].encoders["vit"].cfg.drop_class_token = False
+    with pytest.raises(ValueError, match="vit.drop_class_token = true"):
+        export_llava_next(model, tmp_path / "out")
