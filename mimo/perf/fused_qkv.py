@@ -15,7 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from mimo.models.layers import SelfAttention
-from mimo.parallel.tensor import ColumnParallelLinear
+from mimo.parallel.tensor_layers import ColumnParallelLinear
 
 FUSABLE = (nn.Linear, ColumnParallelLinear)
 """Projections whose forward is exactly `F.linear(x, weight, bias)`."""

@@ -18,7 +18,7 @@ from mimo.config.load import load_config
 from mimo.data.batching import to_device
 from mimo.models.generate import greedy_generate
 from mimo.parallel.decoding import whole_sequences
-from mimo.parallel.tensor import RowParallelLinear
+from mimo.parallel.tensor_layers import RowParallelLinear
 from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.checkpoint.weights import load_run
 from mimo.train.trainer import Trainer

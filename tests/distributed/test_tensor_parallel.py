@@ -35,8 +35,8 @@ from mimo.parallel.tensor import (
     sync_sequence_parallel_grads,
     tp_lm_logits,
     tp_lm_loss,
-    vocab_parallel_cross_entropy,
 )
+from mimo.parallel.tensor_layers import vocab_parallel_cross_entropy
 from mimo.train.optim import MimoOptimizer
 from tests.support.configs import tiny_llm
 from tests.support.dist import run_distributed
