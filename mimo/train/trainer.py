@@ -24,6 +24,7 @@ from mimo.models.flops import train_step_flops
 from mimo.models.init import INIT_SPECS, materialize, whole
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
+from mimo.models.out_loss import OutPathLoss
 from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
@@ -39,7 +40,6 @@ from mimo.train.host_memory import set_mmap_threshold
 from mimo.train.master_optim import MasterOptimizer, UpdatedInStep
 from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.optim import MimoOptimizer
-from mimo.train.out_loss import OutPathLoss
 from mimo.train.plot import plot_curve, run_curve
 from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.router_loss import ROUTER_KEYS, RouterLosses

@@ -14,11 +14,11 @@ from mimo.data.audio_demo import AVLMData
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
 from mimo.models.build import build_model
+from mimo.models.out_loss import OutPathLoss
 from mimo.parallel.data import GradReducer, apply_fsdp
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
-from mimo.train.out_loss import OutPathLoss
 from mimo.train.trainer import Trainer, module_map
 from tests.support.configs import AVLM, T2I, TINY_T2I
 from tests.support.configs import TINY_AVLM as TINY

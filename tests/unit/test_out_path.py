@@ -21,11 +21,11 @@ from mimo.data.text_to_image import TextToImageData
 from mimo.eval.text_to_image import judge_recognises, train_judge
 from mimo.models.build import build_model
 from mimo.models.decoders import image_to_patches, patches_to_image
+from mimo.models.out_loss import OutPathLoss
 from mimo.parallel import plan as plan_module
 from mimo.parallel.layout import Layout
 from mimo.parallel.plan import validate_plan
 from mimo.train.checkpoint.weights import save_weights
-from mimo.train.out_loss import OutPathLoss
 from tests.support.configs import tiny_llm
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -63,5 +63,11 @@ class OutPathLoss:
         """(the step's weighted Out-path objective, each modality's unweighted per-output-token loss)."""
         if not self.ids:
             return 0.0, {}
-        per_token = reduce(self.sums) / self.counts
-        return float((self.weights * per_token).sum()), dict(zip(self.keys, per_token.tolist()))
+        return self.summary(reduce(self.sums), self.counts)
+
+    def summary(self, sums: torch.Tensor, counts: torch.Tensor) -> tuple[float, dict[str, float]]:
+        """`end`'s result from the global sums and output-token counts per modality (a pipelined layout
+        gathers them with the step's other numbers). Pure."""
+        per_token = sums / counts.clamp_min(1.0)
+        weights = self.weights.to(per_token.device, per_token.dtype)
+        return float((weights * per_token).sum()), dict(zip(self.keys, per_token.tolist()))
