@@ -225,6 +225,7 @@ class ParallelPlan:
         if on_meta:
             self.materialize_local(model, device)
         self.apply_data_parallel(model, sharded=False)
+        self.reducers.update(self.pipeline.out_path_reducers(model) if self.pipeline is not None else {})
 
     def share_router_rows(self, model: MimoModel) -> None:
         """Where the LM's rows are split (sequence parallel: over tp; context parallel: over cp), the MoE layers'
@@ -237,8 +238,8 @@ class ParallelPlan:
                             self.groups[LANGUAGE].size_of(dims), grid.cp)
 
     def tp_rank(self, name: str) -> tuple[int, int]:
-        """(this rank's TP rank, the tp) of module `name`."""
-        return self.groups[name].rank_in("tp"), self.layout.grids[name].tp
+        """(this rank's TP rank, the tp) of module `name`; (0, 1) where it holds no TP shard (a pipeline's Out path)."""
+        return (self.groups[name].rank_in("tp"), self.layout.grids[name].tp) if self.holds(name) else (0, 1)
 
     def local_view(self, model: MimoModel) -> LocalView:
         """Where each of this rank's parameters sits in the full tensor (mimo.parallel.materialize)."""

@@ -251,10 +251,10 @@ class Trainer:
                                  problem=problem)
         self.plan.finalize_grads(self.model)
         router_objective, router_log = self.router_losses.end(pipe.sum_per_lm_lane)
-        rec = self.update(step, result.loss + router_objective)
+        rec = self.update(step, result.loss + result.out_objective + router_objective)
         self.router_losses.after_update(rec["stepped"])
         return {**rec, "tokens": result.tokens, "loss_tokens": result.loss_tokens, "flops": result.flops, **lanes,
-                **router_log}
+                **result.out_losses, **router_log}
 
     def update(self, step: int, loss: float) -> dict:
         """The optimizer step after finalised gradients, or a skip that every rank agrees on when the loss

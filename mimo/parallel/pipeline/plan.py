@@ -3,8 +3,9 @@
 A layout is pipelined when its module grids are disjoint (SPEC 2.2), or when it has one module
 with pp > 1. Then every rank runs exactly one stage of one module. `PipelinePlan` is that rank's
 view: its stage, its links to the neighbouring stages, the bridges from each encoder to the LM,
-the LM's tied-embedding group; it cuts the model down to the stage (`split`) and runs a training
-step's forward and backward passes (`train_step`). Everything after the backward (sequence-parallel
+the LM's tied-embedding group; it cuts the model down to the stage (`split`; the Out path's decoders
+go to the LM's last stage, where the final states are) and runs a training step's forward and
+backward passes (`train_step`). Everything after the backward (sequence-parallel
 and DP gradient reductions, the global norm, the optimizer) is the same as for colocated layouts.
 
 Pieces: split (what a stage holds), microbatches (what a stage reads), stage (what a stage computes
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -28,14 +29,23 @@ from mimo.data.checks import check_batch, check_vocabulary
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
+from mimo.models.out_loss import OutPathLoss
 from mimo.parallel.bridge.pipelined import PipelineBridge
 from mimo.parallel.context import ContextParallel
+from mimo.parallel.data import GradReducer
 from mimo.parallel.grid import Grid, GridGroups, member_group, pair_groups
 from mimo.parallel.layout import Layout
 from mimo.parallel.p2p import Outbox
 from mimo.parallel.pipeline.microbatches import encoder_microbatches, lm_microbatches
 from mimo.parallel.pipeline.schedule import run_1f1b, run_forwards, stage_index, warmup_microbatches
-from mimo.parallel.pipeline.split import drop_parameters, only_encoder, split_encoder, split_lm
+from mimo.parallel.pipeline.split import (
+    drop_parameters,
+    keep_out_path,
+    only_encoder,
+    out_path_parts,
+    split_encoder,
+    split_lm,
+)
 from mimo.parallel.pipeline.stage import EncoderStage, LMStage, StageLink
 from mimo.parallel.tensor import sequence_parallel_rows
 
@@ -78,9 +88,6 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
                               "modules on disjoint ranks or pp > 1; set fsdp = false")
     for name, m in cfg.model.modalities.items():
         grid = layout.grids[name]
-        if m.output_token_id >= 0:
-            raise ConfigError(f"model.modalities.{name}.output_token_id: the Out path needs a colocated layout; "
-                              "give every module the same ranks or set output_token_id = -1")
         if grid.pp == 1:
             continue
         if m.kind != "vision":
@@ -97,13 +104,16 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
 
 @dataclass(frozen=True)
 class StepResult:
-    """A step's numbers, identical on every rank: mean loss per token, loss tokens, input tokens, model FLOPs
-    (mimo.models.flops; carried in float64, so exact below 2^53)."""
+    """A step's numbers, identical on every rank: mean text loss per token, loss tokens, input tokens, model
+    FLOPs (mimo.models.flops; carried in float64, so exact below 2^53); the Out path's weighted objective and
+    each modality's per-output-token loss (mimo.models.out_loss, `OutPathLoss.end`)."""
 
     loss: float
     loss_tokens: int
     tokens: int
     flops: int
+    out_objective: float = 0.0
+    out_losses: dict[str, float] = field(default_factory=dict)
 
 
 def data_readers(layout: Layout) -> list[int]:
@@ -151,6 +161,8 @@ class PipelinePlan:
         self.reader_group, _ = member_group([data_readers(layout)])
         # The LM's context parallel (set by ParallelPlan on LM ranks when cp > 1): cuts the text microbatches.
         self.context: ContextParallel | None = None
+        # The Out path's terms of the objective, computed on the LM's last stage (`decodes`).
+        self.out_loss = OutPathLoss(cfg.model)
 
     def _build_links(self) -> tuple[StageLink | None, StageLink | None]:
         pairs = [p for g in self.layout.grids.values() for p in _stage_pairs(g)]
@@ -202,16 +214,36 @@ class PipelinePlan:
         """TP, CP and DP rank 0 of its stage: the rank that speaks for the stage's weights."""
         return self.groups.rank_in(("tp", "cp", "dp")) == 0
 
+    @property
+    def decodes(self) -> bool:
+        """Whether this rank runs the Out path: the LM's last stage, where the final states are."""
+        return self.module == LANGUAGE and self.last
+
     def split(self, model: MimoModel) -> None:
-        """Cut the (tensor-parallelised) full model down to this rank's stage. Not collective."""
+        """Cut the (tensor-parallelised) full model down to this rank's stage, the Out path's output
+        projections and decoders to the LM's last stage (`keep_out_path`). Not collective."""
         modules = {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}
         for name, module in modules.items():
-            if name != self.module:
-                drop_parameters(module)
-            elif name == LANGUAGE:
+            if name == self.module == LANGUAGE:
                 split_lm(module, self.pp_rank, self.grid.pp)
-            else:
+            elif name == self.module:
                 split_encoder(module, name, self.pp_rank, self.grid.pp)
+                for part in out_path_parts(module):
+                    drop_parameters(part)
+            elif self.decodes and name in model.output_token_ids:
+                keep_out_path(module, self.grid.tp * self.grid.cp)
+            else:
+                drop_parameters(module)
+
+    def out_path_reducers(self, model: MimoModel) -> dict[str, GradReducer]:
+        """The reduction of the Out path's weights on the LM's last stage (`split`): their gradients summed
+        over the stage's data lanes, not its CP ranks (each decodes the whole sequence); none elsewhere, or
+        with one lane. Build after the model is materialised. Not collective."""
+        if not self.decodes or self.groups.size_of("dp") == 1:
+            return {}
+        subs = [model.modality_submodules[n] for n in model.output_token_ids]
+        params = [p for sub in subs for part in out_path_parts(sub) for p in part.parameters()]
+        return {"out_path": GradReducer(model, self.groups.group("dp"), params=params)} if params else {}
 
     def sync_tied_embeddings(self, model: MimoModel) -> None:
         """Collective on the LM's first and last stages: sum the two copies' gradients of a tied embedding."""
@@ -241,7 +273,8 @@ class PipelinePlan:
         """Forward and backward of every microbatch through this rank's stage; collective.
 
         `batch` (the global batch) is needed where `needs_data`, else None. Afterwards gradients hold
-        this stage's share of d(loss_sum / N_global); call `ParallelPlan.finalize_grads` next. With
+        this stage's share of d(loss_sum / N_global + the Out path's terms, mimo.models.out_loss); call
+        `ParallelPlan.finalize_grads` next. With
         `backward` false (evaluation; call it under torch.no_grad) every stage runs the microbatches'
         forwards only, in order, and the result is the same loss; gradients are untouched. `problem` is
         why a rank that reads data has no batch (the data set's BatchFailed): every rank raises it.
@@ -261,6 +294,7 @@ class PipelinePlan:
         if self.module == LANGUAGE:
             if self.last:
                 local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in text)
+                self.out_loss.begin(text, self._sum_over_lanes, device)
             if self.first:
                 tokens = sum(mb["input_ids"].numel() for mb in text)
             n_global = local_tokens.detach().clone()
@@ -268,7 +302,7 @@ class PipelinePlan:
             if self.last and self.groups.size_of(lanes) > 1 and backward:
                 dist.all_reduce(n_global, group=self.groups.group(lanes))
             stage = LMStage(model, self.first, self.last, self.bridges if self.first else {}, text,
-                            1.0 / n_global.clamp_min(1.0), **kw)
+                            1.0 / n_global.clamp_min(1.0), out_loss=self.out_loss if self.last else None, **kw)
         else:
             stage = EncoderStage(sub, encoder, self.first, self.last, self.bridges[self.module] if self.last else None,
                                  inputs, model.language_model.cfg.hidden, **kw)
@@ -319,17 +353,31 @@ class PipelinePlan:
         dist.all_reduce(out)
         return out
 
+    def _sum_over_lanes(self, t: torch.Tensor) -> torch.Tensor:
+        """Collective over this LM stage's data lanes (not its CP ranks): the Out path's per-lane counts."""
+        if self.groups.size_of("dp") > 1:
+            dist.all_reduce(t, group=self.groups.group("dp"))
+        return t
+
     def _report(self, stage: LMStage | EncoderStage, local_tokens: torch.Tensor, tokens: int, flops: int,
                 device: torch.device) -> StepResult:
         """Collective over the world: loss sum, loss tokens and input tokens, counted once per LM lane (the
-        first two summed over its CP ranks); the step's FLOPs, counted once."""
-        report = torch.zeros(4, dtype=torch.float64, device=device)
+        first two summed over its CP ranks); the step's FLOPs, counted once; the Out path's decoder loss sums
+        (once per lane: every CP rank decodes the whole sequence) and global output-token counts (once)."""
+        k = len(self.out_loss.ids)
+        report = torch.zeros(4 + 2 * k, dtype=torch.float64, device=device)
         if self.module == LANGUAGE and self.groups.rank_in("tp") == 0:
             if self.last:  # each CP rank's share of the lane's loss positions
                 report[0], report[1] = stage.loss_sum.double(), local_tokens.double()
             if self.groups.rank_in("cp") == 0:  # every CP rank holds the lane's whole input ids
                 report[2] = tokens
+                if self.last and k:
+                    report[4: 4 + k] = self.out_loss.sums.double()
+                    if self.groups.rank_in("dp") == 0:  # begin's counts are already global
+                        report[4 + k:] = self.out_loss.counts.double()
         report[3] = flops
         dist.all_reduce(report)
-        loss_sum, n, total, flops = report.tolist()
-        return StepResult(loss=loss_sum / max(n, 1.0), loss_tokens=int(n), tokens=int(total), flops=int(flops))
+        loss_sum, n, total, flops = report[:4].tolist()
+        out_objective, out_losses = self.out_loss.summary(report[4: 4 + k], report[4 + k:]) if k else (0.0, {})
+        return StepResult(loss=loss_sum / max(n, 1.0), loss_tokens=int(n), tokens=int(total), flops=int(flops),
+                          out_objective=out_objective, out_losses=out_losses)

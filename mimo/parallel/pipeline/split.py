@@ -6,7 +6,9 @@ single-device. Layers sit in ModuleDicts keyed by their global index, so a stage
 single-process model has and checkpoints, gathers and optimizers need no renaming.
 
 A module the rank does not run keeps its Python objects (configs, sizes such as `tokens_per_image`
-stay readable) but loses all its parameters, so no optimizer, norm or reduction sees it.
+stay readable) but loses all its parameters, so no optimizer, norm or reduction sees it. The Out path
+(output projections and decoders) runs where the LM's final states are: on the LM's last stage, not on
+its modality's ranks.
 """
 
 from __future__ import annotations
@@ -80,6 +82,22 @@ def split_encoder(sub: ModalitySubmodules, name: str, pp_rank: int, pp: int) -> 
     if pp_rank < pp - 1:
         encoder.post_layernorm = None
         sub.input_projections = nn.ModuleList()
+
+
+def out_path_parts(sub: ModalitySubmodules) -> list[nn.Module]:
+    """A modality's Out path: its output projections and decoders."""
+    return [sub.output_projections, sub.decoders]
+
+
+def keep_out_path(sub: ModalitySubmodules, replicas: int) -> None:
+    """What the LM's last stage holds of a modality with an Out path: its output projections and decoders,
+    whole, `replicas` identical copies per data lane (the stage's TP x CP ranks each decode the whole
+    sequence); its encoders and input projections run on the modality's own ranks."""
+    drop_parameters(sub.encoders)
+    drop_parameters(sub.input_projections)
+    for part in out_path_parts(sub):
+        for p in part.parameters():
+            setattr(p, REPLICAS, getattr(p, REPLICAS, 1) * replicas)
 
 
 def drop_parameters(module: nn.Module) -> None:

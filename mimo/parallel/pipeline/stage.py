@@ -21,7 +21,8 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from mimo.data.batching import rows_per_sample, to_device
-from mimo.models.multimodal import MimoModel, ModalitySubmodules
+from mimo.models.multimodal import MimoModel, MimoOutput, ModalitySubmodules
+from mimo.models.out_loss import OutPathLoss
 from mimo.models.sample_rows import OUTPUT_LENGTHS, run_encoder
 from mimo.parallel.bridge.pipelined import PipelineBridge
 from mimo.parallel.p2p import Outbox, recv_like, recv_message, send_message, send_payload
@@ -78,14 +79,22 @@ class LMStage(_Stage):
     """A stage of the language model. The first stage embeds text, takes every modality's rows from its
     bridge and aligns them (then `MimoModel.shard_sequence` keeps this rank's positions under CP and SP);
     the last one returns the scaled loss and sums the loss for the log. Under context parallel every
-    stage holds this CP rank's positions and the text microbatches come cut (`ContextParallel.shard_batch`)."""
+    stage holds this CP rank's positions and the text microbatches come cut (`ContextParallel.shard_batch`).
+    The last stage also runs the Out path (`MimoModel.output_losses` on its final states, made whole by
+    `gather_sequence`) for microbatches with `modality_targets`, and adds `out_loss`'s term to its output."""
 
     def __init__(self, model: MimoModel, first: bool, last: bool, bridges: dict[str, PipelineBridge],
-                 text: list[dict] | None, scale: torch.Tensor, **kw):
+                 text: list[dict] | None, scale: torch.Tensor, out_loss: OutPathLoss | None = None, **kw):
         super().__init__(**kw)
         self.model, self.first, self.last, self.bridges = model, first, last, bridges
-        self.text, self.scale = text, scale
+        self.text, self.scale, self.out_loss = text, scale, out_loss
         self.loss_sum = torch.zeros((), device=self.device)
+
+    def _out_path(self, hidden: torch.Tensor, mb: dict) -> torch.Tensor:
+        """The Out path's share of the objective from one microbatch's final states (zero without targets)."""
+        targets = mb.get("modality_targets")
+        sums = self.model.output_losses(hidden, mb["input_ids"], targets)[0] if targets else {}
+        return self.out_loss.term(MimoOutput(hidden=hidden, modality_loss_sums=sums))
 
     def _embed(self, mb: dict) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         ids = mb["input_ids"]
@@ -126,9 +135,10 @@ class LMStage(_Stage):
                     labels = labels.reshape(-1).index_select(0, rows)
                     mask = None if mask is None else mask.reshape(-1).index_select(0, rows)
                 loss_sum, _ = self.model.loss_fn(out, lm, labels, mask)
+                out_term = self._out_path(out, mb)
         if self.last:
             self.loss_sum += loss_sum.detach().float()
-            out = loss_sum.float() * self.scale
+            out = loss_sum.float() * self.scale + out_term
         else:
             self.send_forward([out, pos])
         self.inflight.append((inputs, out))
