@@ -435,9 +435,8 @@ class ParallelPlan:
         return self.pipeline.agree_among_readers if self.pipeline is not None else None
 
     def all_reduce_lm_lanes(self, t: torch.Tensor) -> torch.Tensor:
-        """Collective over the LM's data lanes only: sums a per-lane quantity that every TP and CP rank of a
-        lane holds whole (the Out path's output-token counts and decoder losses: its rows are decoded from the
-        whole sequence, `MimoModel.gather_sequence`)."""
+        """Collective over the LM's data lanes only: sums a per-lane quantity every TP and CP rank of a lane
+        holds whole (the Out path's counts and decoder losses: rows decoded from the whole sequence)."""
         if self.groups[LANGUAGE].size_of("dp") > 1:
             dist.all_reduce(t, group=self.groups[LANGUAGE].group("dp"))
         return t
