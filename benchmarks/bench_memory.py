@@ -113,7 +113,7 @@ def worker(layout: str, out: str, steps: int) -> None:
 
 def export_worker(run: str, to: str) -> None:
     """`mimo export` of a run in this process, its peak as one JSON line."""
-    from mimo.export.hf import export_run
+    from mimo.export.run import export_run
 
     rss = PeakRSS()
     record = {"start": rss.read()}

@@ -94,7 +94,7 @@ def generate_text(cfg, model, requests: list, max_new_tokens: int, run: str) -> 
     from mimo.data.prompts import missing_input_warnings, prompt_batch, prompt_positions
     from mimo.data.samples import special_ids
     from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
-    from mimo.export.hf import run_tokenizer_spec
+    from mimo.export.run import run_tokenizer_spec
     from mimo.models.generate import greedy_generate, left_pad
 
     spec = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
@@ -171,7 +171,7 @@ def write_showcase_grid(model, data, path: str) -> None:
 
 
 def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.export.hf import export_run
+    from mimo.export.run import export_run
 
     if overrides:
         raise ConfigError(f"export takes no config overrides, got {overrides}")

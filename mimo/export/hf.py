@@ -1,9 +1,10 @@
 """Write a MimoModel as a Hugging Face directory: LLaVA (vision tower + projector + LM) or the LM alone.
 
 Weights stream one tensor at a time under Hugging Face names (mimo.export.stream: shards of at most
-`max_shard_bytes`, 5 GB by default, with the standard index), from a live model or, for a run, straight out of
-its sharded DCP checkpoint (mimo.train.checkpoint.tensors), so no process ever holds the whole model: the
-peak is the largest tensor. config.json comes from the `transformers` config classes, so the result loads
+`max_shard_bytes`, 5 GB by default, with the standard index), from a live model or, for a run
+(mimo.export.run), straight out of its sharded DCP checkpoint (mimo.train.checkpoint.tensors), so no process
+ever holds the whole model: the peak is the largest tensor. config.json comes from the `transformers` config
+classes, so the result loads
 with `LlavaForConditionalGeneration` / `AutoModelForCausalLM.from_pretrained`.
 """
 
@@ -13,13 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from mimo.config.load import load_config
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import VISION_PREFIXES, hf_act, hf_text_config, hf_vision_config, vision_family_of
-from mimo.export.qwen2_vl import export_qwen2_vl
-from mimo.export.stream import CheckpointSource, Entry, LiveSource, SourceOf, gather_entries, prepare_dir, save_streamed
+from mimo.export.stream import Entry, LiveSource, SourceOf, gather_entries, prepare_dir, save_streamed
 from mimo.export.tokens import (
     make_readable,
     run_tokenizer,
@@ -28,14 +26,12 @@ from mimo.export.tokens import (
     token_ids,
     with_image_token,
 )
-from mimo.hf.build import build_model
 from mimo.hf.names import llm_names, projector_names, vit_names, with_prefix
 from mimo.models.anyres import AnyResSubmodules
 from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel
 from mimo.models.vit import VisionTransformer
-from mimo.train.checkpoint.tensors import CheckpointTensors, resolve_checkpoint
 
 
 def save_hf_weights(tensors: dict[str, Entry], directory: Path, max_shard_bytes: int | None = None) -> None:
@@ -186,38 +182,3 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
         save_generation_config(ids, out)
     make_readable(out)
     return out
-
-
-def run_tokenizer_spec(data_tokenizer: str, llm_hf_path: str) -> str:
-    """The tokenizer a run used: data.tokenizer when it is a directory, else the LM's hf_path when that holds
-    a tokenizer, else the byte tokenizer."""
-    if Path(data_tokenizer).is_dir():
-        return data_tokenizer
-    if llm_hf_path and any((Path(llm_hf_path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return llm_hf_path
-    return "byte"
-
-
-def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None,
-               max_shard_bytes: int | None = None) -> Path:
-    """`mimo export`: a run's weights (its newest complete checkpoint, or the `checkpoints/step_*` folder
-    passed) as a LLaVA directory (Qwen2-VL / Qwen2.5-VL for a native_vision modality), or with `lm_only` the LM
-    as a causal LM; the run's tokenizer travels with it (`run_tokenizer_spec`). Streams tensor by tensor from
-    the sharded checkpoint: the model is built on the meta device for its names and shapes only, so the peak is
-    about the largest tensor."""
-    run_dir, step_dir = resolve_checkpoint(run)
-    cfg = load_config(run_dir / "config.toml")
-    with torch.device("meta"):
-        model = build_model(cfg.model, load_weights=False)
-    tensors = CheckpointTensors(step_dir)
-    prefixes = {id(m): f"{n}." for n, m in model.named_modules()}
-
-    def source_of(module: nn.Module) -> CheckpointSource:
-        return CheckpointSource(tensors, prefixes[id(module)])
-
-    tok = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
-    if lm_only:
-        return export_causal_lm(model.language_model, to, dtype, tok, source_of, max_shard_bytes)
-    if any(m.kind == "native_vision" for m in cfg.model.modalities.values()):
-        return export_qwen2_vl(model, to, dtype, tok, source_of, max_shard_bytes)
-    return export_llava(model, to, dtype, tok, source_of, max_shard_bytes)

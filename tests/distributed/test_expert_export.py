@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mimo.export.hf import export_run
+from mimo.export.run import export_run
 from mimo.train.trainer import Trainer
 from tests.distributed.test_sharded_export import _logits
 from tests.support.dist import run_distributed

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mimo.export.hf import export_run
+from mimo.export.run import export_run
 from mimo.train.checkpoint import tensors as checkpoint_tensors
 from mimo.train.checkpoint.weights import load_run
 from mimo.train.trainer import Trainer
