@@ -242,6 +242,13 @@ class ModalityConfig:
     # kind = "audio": a Whisper-style encoder over log-mel features.
     audio: AudioConfig = field(default_factory=AudioConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
+    # LLaVA-NeXT's anyres tiling (kind = "vision", mimo.models.anyres): each image cut into vit.image-pixel tiles
+    # at the best of these [height, width] resolutions plus an overview tile, the tiles' patch rows put back in
+    # place with a learned newline row per line ([] = one tile per image, as LLaVA-1.5). anyres_max_tiles > 0 is
+    # LLaVA-OneVision's anyres_max_N: larger grids shrink to about N tiles' area. Inference and export only: no
+    # data set tiles images yet, so the gate refuses to train such a run.
+    anyres_grid_pinpoints: list[list[int]] = field(default_factory=list)
+    anyres_max_tiles: int = 0
     freeze_encoder: bool = False
     freeze_projector: bool = False
     # A Hugging Face CLIP/SigLIP (vision) directory: its config.json replaces the vit fields (drop_class_token

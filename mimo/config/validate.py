@@ -60,6 +60,7 @@ def validate_model(cfg: Config) -> None:
         require_at_least(f"{key}.vit", m.vit, SIZE_FIELDS["vit"], 1)
         require_at_least(f"{key}.audio", m.audio, SIZE_FIELDS["audio"], 1)
         require_at_least(f"{key}.decoder", m.decoder, SIZE_FIELDS["decoder"], 1)
+        validate_anyres(key, m)
         if m.kind == "audio" and (m.audio.hidden % m.audio.heads or m.audio.hidden % 2):
             raise ConfigError(f"{key}.audio.hidden ({m.audio.hidden}) must be even and divisible by audio.heads "
                               f"({m.audio.heads})")
@@ -158,6 +159,18 @@ def validate_rope_scaling(llm: Any) -> None:
 
 NATIVE_ACTS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "relu")
 """Activations of a native-resolution tower's MLP (mimo.models.layers.ACTIVATIONS' names)."""
+
+
+def validate_anyres(key: str, m: Any) -> None:
+    """A modality's anyres tiling: a vision one, [height, width] pairs, a tile limit only with pinpoints."""
+    pairs = all(len(p) == 2 and min(p) > 0 for p in m.anyres_grid_pinpoints)
+    if m.anyres_grid_pinpoints and (m.kind != "vision" or not pairs):
+        raise ConfigError(f"{key}.anyres_grid_pinpoints tiles a kind = 'vision' modality's images at [height, width] "
+                          f"pairs of positive sizes (e.g. [[384, 768], [768, 384]]); got {m.anyres_grid_pinpoints} "
+                          f"with kind = '{m.kind}'")
+    if m.anyres_max_tiles < 0 or (m.anyres_max_tiles and not m.anyres_grid_pinpoints):
+        raise ConfigError(f"{key}.anyres_max_tiles ({m.anyres_max_tiles}) is OneVision's anyres_max_N: >= 0, and "
+                          f"> 0 only with {key}.anyres_grid_pinpoints set")
 
 
 def validate_native_vision(key: str, v: Any, llm: Any) -> None:

@@ -118,6 +118,9 @@ def image_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str]) -> 
         pixels = torch.from_numpy(np.concatenate([patches for patches, _ in items]))
         grids = torch.tensor([grid for _, grid in items], dtype=torch.long)
         return {"visual": {"pixel_values": pixels, "grid_thw": grids}}, [tokens_of(g, m.native) for _, g in items]
+    if m.anyres_grid_pinpoints:
+        raise ConfigError(f"--image: model.modalities.{name} tiles anyres images, which mimo generate does not cut "
+                          "yet; export the run (mimo export) and use transformers' processor and generate")
     vit = model.modality_submodules[name].encoders["vit"]
     size = m.vit.image
     pixels = [image_tensor_values(np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BICUBIC)))

@@ -1,6 +1,6 @@
 """`mimo export`: a run's newest (or named) checkpoint as a Hugging Face directory, the family chosen by its
-config (LLaVA, Qwen2-VL / Qwen2.5-VL, or the LM alone), streamed tensor by tensor out of
-the sharded checkpoint."""
+config (LLaVA, LLaVA-NeXT / OneVision, Qwen2-VL / Qwen2.5-VL, or the LM alone), streamed tensor by tensor out
+of the sharded checkpoint."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 
 from mimo.config.load import load_config
 from mimo.export.hf import export_causal_lm, export_llava
+from mimo.export.llava_next import export_llava_next
 from mimo.export.qwen2_vl import export_qwen2_vl
 from mimo.export.stream import CheckpointSource
 from mimo.hf.build import build_model
@@ -30,10 +31,10 @@ def run_tokenizer_spec(data_tokenizer: str, llm_hf_path: str) -> str:
 def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None,
                max_shard_bytes: int | None = None) -> Path:
     """`mimo export`: a run's weights (its newest complete checkpoint, or the `checkpoints/step_*` folder
-    passed) as a LLaVA directory (Qwen2-VL / Qwen2.5-VL for a native_vision modality), or with `lm_only` the LM
-    as a causal LM; the run's tokenizer travels with it (`run_tokenizer_spec`). Streams tensor by tensor from
-    the sharded checkpoint: the model is built on the meta device for its names and shapes only, so the peak is
-    about the largest tensor."""
+    passed) as a LLaVA directory (Qwen2-VL / Qwen2.5-VL for a native_vision modality, LLaVA-NeXT / OneVision for
+    an anyres one), or with `lm_only` the LM as a causal LM; the run's tokenizer travels with it
+    (`run_tokenizer_spec`). Streams tensor by tensor from the sharded checkpoint: the model is built on the meta
+    device for its names and shapes only, so the peak is about the largest tensor."""
     run_dir, step_dir = resolve_checkpoint(run)
     cfg = load_config(run_dir / "config.toml")
     with torch.device("meta"):
@@ -49,4 +50,6 @@ def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: to
         return export_causal_lm(model.language_model, to, dtype, tok, source_of, max_shard_bytes)
     if any(m.kind == "native_vision" for m in cfg.model.modalities.values()):
         return export_qwen2_vl(model, to, dtype, tok, source_of, max_shard_bytes)
+    if any(m.anyres_grid_pinpoints for m in cfg.model.modalities.values()):
+        return export_llava_next(model, to, dtype, tok, source_of, max_shard_bytes)
     return export_llava(model, to, dtype, tok, source_of, max_shard_bytes)

@@ -2,8 +2,9 @@
 `LlavaOnevisionForConditionalGeneration` checkpoint as a MimoModel whose `images` modality is an
 `AnyResSubmodules` (tiles at the best grid resolution, rows put back in place, a newline row per line).
 
-For inference and evaluation: the returned ModelConfig describes the LM and the tower, but a training config
-cannot yet ask for anyres tiling; mimo.export.llava_next writes the model back.
+For inference and evaluation: the returned ModelConfig describes the LM, the tower and the tiling
+(`anyres_grid_pinpoints`, `anyres_max_tiles`), so mimo's builder makes the same model, but the gate refuses to
+train it (no data set tiles images yet); mimo.export.llava_next writes the model back.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def _import_anyres(source: Source, dtype: DTypeSpec, device: DeviceSpec, kind: s
             if not aspect.startswith("anyres_max_") or not aspect[len("anyres_max_"):].isdigit():
                 raise ValueError(f"{where}: vision_aspect_ratio = '{aspect}' is not 'anyres_max_N'")
             max_tiles = int(aspect[len("anyres_max_"):])
+        cfg.modalities[IMAGES].anyres_grid_pinpoints = [list(p) for p in d["image_grid_pinpoints"]]
+        cfg.modalities[IMAGES].anyres_max_tiles = max_tiles
         lm, vit, proj = llava_parts(src, cfg, dtype, device)
         sub = AnyResSubmodules(vit, proj, cfg.llm.hidden, d["image_grid_pinpoints"], max_tiles).to(
             device=device, dtype=next(lm.parameters()).dtype)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mimo.models.init import normal_
 from mimo.models.multimodal import ModalitySubmodules
 
 
@@ -54,9 +55,10 @@ class AnyResSubmodules(ModalitySubmodules):
     def __init__(self, vit: nn.Module, projector: nn.Module, lm_hidden: int, grid_pinpoints: list[list[int]],
                  max_tiles: int = 0):
         """`max_tiles` (LLaVA-OneVision's anyres_max_N; 0 = no limit): a cropped grid of more than about N tiles'
-        area is shrunk (bilinear) to that area."""
+        area is shrunk (bilinear) to that area. The newline row starts as LLaVA-NeXT's: normal, std 1/sqrt(width)."""
         super().__init__(encoders={"vit": vit}, input_projections=[projector])
-        self.image_newline = nn.Parameter(torch.zeros(lm_hidden))
+        self.image_newline = nn.Parameter(torch.empty(lm_hidden))
+        normal_(self.image_newline, lm_hidden**-0.5)
         self.grid_pinpoints = [list(p) for p in grid_pinpoints]
         self.max_tiles = max_tiles
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from mimo.config.schema import ModelConfig
+from mimo.models.anyres import AnyResSubmodules
 from mimo.models.audio import AudioEncoder
 from mimo.models.decoders import build_image_output
 from mimo.models.init import INIT_SPECS, draw_base_seed, init_specs, materialize
@@ -68,6 +69,10 @@ def _build_modules(cfg: ModelConfig) -> MimoModel:
             subs[name] = build_native_vision_submodules(m.native, cfg.llm.hidden, cfg.llm.init_std)
         else:
             subs[name] = build_vision_submodules(m.vit, m.projector, cfg.llm.hidden, cfg.llm.init_std)
+        if m.anyres_grid_pinpoints:
+            sub = subs[name]
+            subs[name] = AnyResSubmodules(sub.encoders["vit"], sub.input_projections[0], cfg.llm.hidden,
+                                          m.anyres_grid_pinpoints, m.anyres_max_tiles)
         if m.output_token_id >= 0:
             projections, decoders = build_image_output(m.decoder, cfg.llm.hidden, cfg.llm.init_std)
             subs[name].output_projections.extend(projections)

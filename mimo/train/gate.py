@@ -129,6 +129,11 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
             name, "one vision modality, one audio modality, one of each, or one native_vision modality")
         raise ConfigError(f"data.name = '{name}' needs {what} under model.modalities; this model has "
                           f"{dict(zip(model.modalities, kinds)) or 'none'}")
+    tiled = [n for n, m in model.modalities.items() if m.anyres_grid_pinpoints]
+    if tiled:
+        raise ConfigError(f"model.modalities.{tiled[0]}.anyres_grid_pinpoints is set, but no data set tiles images "
+                          "yet: such a model serves inference and export (mimo.hf.import_llava_next, mimo export); "
+                          "train with anyres_grid_pinpoints = [] (one tile per image)")
     if cfg.data.image_root and not os.path.isdir(cfg.data.image_root):
         raise ConfigError(f"data.image_root = '{cfg.data.image_root}' is no folder; name the folder the manifest's "
                           "relative image paths start from, or leave it empty for the manifest's own folder")

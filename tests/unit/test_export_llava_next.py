@@ -1,6 +1,7 @@
-"""LLaVA-NeXT and LLaVA-OneVision out: a random anyres model exported with the byte tokenizer loads with
-`AutoProcessor` and transformers' class as they are; on a left-padded batch of prompts with images of different
-sizes the logits match in fp32 and `generate` gives mimo's greedy tokens."""
+"""LLaVA-NeXT and LLaVA-OneVision out: a random anyres model (built from a config asking for the tiling) exported
+with the byte tokenizer, live or from a run's checkpoint, loads with `AutoProcessor` and transformers' class as they
+are; on a left-padded batch of prompts with images of different sizes the logits match in fp32 and `generate` gives
+mimo's greedy tokens."""
 
 import json
 import stat
@@ -10,7 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mimo.config.schema import ModalityConfig, ModelConfig, ViTConfig
+from mimo.cli import main
+from mimo.config.load import dump_toml
+from mimo.config.schema import Config, ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.export.hf import export_llava
 from mimo.export.llava_next import export_llava_next
@@ -18,6 +21,7 @@ from mimo.hf.build import build_model
 from mimo.models.anyres import AnyResSubmodules
 from mimo.models.generate import greedy_generate
 from mimo.models.multimodal import MimoModel
+from mimo.train.checkpoint.weights import load_run, save_weights
 from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import TOL, perturb, rel_diff, transformers
 
@@ -35,16 +39,16 @@ CASES = {"next_clip": ("clip", 0, "LlavaNextForConditionalGeneration"),
          "onevision_shrunk": ("siglip", 1, "LlavaOnevisionForConditionalGeneration")}
 
 
-def anyres_model(tower: str, max_tiles: int) -> MimoModel:
+def anyres_config(tower: str, max_tiles: int) -> ModelConfig:
     vit = ViTConfig(image=16, patch=4, hidden=16, heads=2, mlp=32, **TOWERS[tower])
-    cfg = ModelConfig(llm=tiny_llm(vocab=ByteTokenizer.vocab_size, init_std=0.2),
-                      modalities={"images": ModalityConfig(token_id=ByteTokenizer.IMAGE, vit=vit)})
+    images = ModalityConfig(token_id=ByteTokenizer.IMAGE, vit=vit, anyres_grid_pinpoints=PINPOINTS,
+                            anyres_max_tiles=max_tiles)
+    return ModelConfig(llm=tiny_llm(vocab=ByteTokenizer.vocab_size, init_std=0.2), modalities={"images": images})
+
+
+def anyres_model(tower: str, max_tiles: int) -> MimoModel:
     torch.manual_seed(0)
-    plain = build_model(cfg)
-    sub = plain.modality_submodules["images"]
-    tiled = AnyResSubmodules(sub.encoders["vit"], sub.input_projections[0], cfg.llm.hidden, PINPOINTS, max_tiles)
-    model = MimoModel(plain.language_model, {"images": tiled}, {"images": ByteTokenizer.IMAGE})
-    return perturb(model, scale=0.3).eval()
+    return perturb(build_model(anyres_config(tower, max_tiles)), scale=0.3).eval()
 
 
 def images() -> list[Image.Image]:
@@ -80,13 +84,10 @@ def processed(out, max_tiles: int):
     return transformers.BatchFeature({**tokens, **pixels})
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_anyres_export_matches_transformers(case, tmp_path):
-    tower, max_tiles, arch = CASES[case]
-    model = anyres_model(tower, max_tiles)
-    out = export_llava_next(model, tmp_path / "out", tokenizer="byte")
-    assert json.loads((out / "config.json").read_text())["architectures"] == [arch]
-    hf = getattr(transformers, arch).from_pretrained(out).float().eval()
+def check_export(model: MimoModel, out, max_tiles: int) -> None:
+    """Placeholder counts, fp32 logits and greedy tokens of the directory `out` against `model`."""
+    hf = getattr(transformers, json.loads((out / "config.json").read_text())["architectures"][0])
+    hf = hf.from_pretrained(out).float().eval()
     inputs = processed(out, max_tiles)
     sub = model.modality_submodules["images"]
     ours_in = mimo_inputs(sub, inputs)
@@ -106,6 +107,37 @@ def test_anyres_export_matches_transformers(case, tmp_path):
                            attention_mask=inputs.attention_mask)
     assert mine == [[t for t in row if t != ByteTokenizer.PAD] for row in made.tolist()]
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o644 for f in out.iterdir())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_anyres_export_matches_transformers(case, tmp_path):
+    tower, max_tiles, arch = CASES[case]
+    model = anyres_model(tower, max_tiles)
+    out = export_llava_next(model, tmp_path / "out", tokenizer="byte")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [arch] and config["image_grid_pinpoints"] == PINPOINTS
+    check_export(model, out, max_tiles)
+
+
+def test_a_run_configured_as_anyres_exports_from_its_checkpoint(tmp_path, capsys):
+    """`mimo export` of a run whose config asks for anyres tiling (OneVision, grids shrunk) streams it out of the
+    sharded checkpoint, image_newline included."""
+    cfg = anyres_config("siglip", 1)
+    torch.manual_seed(0)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(dump_toml(Config(model=cfg)))
+    save_weights(perturb(build_model(cfg), scale=0.3), run)
+    with pytest.raises(SystemExit) as done:
+        main(["export", "--run", str(run), "--to", str(tmp_path / "out")])
+    assert done.value.code == 0
+    _, model = load_run(run)
+    check_export(model.eval(), tmp_path / "out", 1)
+    images()[0].save(tmp_path / "a.png")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--run", str(run), "--prompt", "a", "--image", str(tmp_path / "a.png")])
+    assert done.value.code != 0 and "which mimo generate does not cut yet" in capsys.readouterr().err
 
 
 def test_llava_export_refuses_an_anyres_model(tmp_path):

@@ -77,6 +77,12 @@ ITEM_7 = {  # case -> (overrides, what the message must say: the field, then the
                                   r"exactly factor, low_freq_factor, high_freq_factor, original_max_position_emb"),
     "rope_scaling low >= high": ([f"--model.llm.rope_scaling={{{LLAMA3_SCALING.replace('1.0', '4.0')}}}"],
                                  r"model.llm.rope_scaling = .* needs factor > 0, 0 < low_freq_factor < high_freq"),
+    "anyres tile limit without pinpoints": (["--model.modalities.images.anyres_max_tiles=4"],
+                                            r"model.modalities.images.anyres_max_tiles \(4\) is OneVision's "
+                                            r"anyres_max_N: >= 0, and > 0 only with .*anyres_grid_pinpoints set"),
+    "anyres pinpoint not a pair": (["--model.modalities.images.anyres_grid_pinpoints=[[32]]"],
+                                   r"model.modalities.images.anyres_grid_pinpoints tiles a kind = 'vision' "
+                                   r"modality's images at \[height, width\] pairs.*got \[\[32\]\]"),
     "byte 97 as placeholder": (["--model.modalities.images.token_id=97"],
                                r"model.modalities.images.token_id \(97\) is an id the byte tokenizer writes for text.*"
                                r"use an id it never writes"),
@@ -209,6 +215,9 @@ def test_fsdp_over_cp_and_tensor_parallel_chunks_is_refused_before_training():
                                                           r"would train; unfreeze a module"),
     (["--data.name=synthetic", "--data.seq_len=8", "--data.images_per_sample=2"],
      r"data.seq_len \(8\) must exceed the 8 image placeholders of a sample"),
+    (["--model.modalities.images.anyres_grid_pinpoints=[[32, 64], [64, 32]]"],
+     r"model.modalities.images.anyres_grid_pinpoints is set, but no data set tiles images yet.*train with "
+     r"anyres_grid_pinpoints = \[\]"),
 ])
 def test_a_model_or_data_set_that_cannot_train_is_refused(overrides, message, capsys, tmp_path):
     """Found in build_demo_data before, after the model was built and laid out; a model with nothing to train

@@ -4,6 +4,7 @@ ratio, a newline row per line) gives transformers' logits in fp32 for images of 
 import pytest
 import torch
 
+from mimo.hf.build import build_model
 from mimo.hf.llava_next import import_llava_next, import_llava_onevision
 from mimo.models.anyres import select_best_resolution
 from tests.support.hf_helpers import TOL, perturb, rel_diff, save, tiny_text_config, tiny_vision_config, transformers
@@ -36,11 +37,14 @@ def test_import_anyres_llava_matches_transformers(case, tmp_path):
     if aspect:
         hf = transformers.LlavaOnevisionForConditionalGeneration(
             transformers.LlavaOnevisionConfig(vision_aspect_ratio=aspect, **kw))
-        _, model = import_llava_onevision(save(perturb(hf.eval()), tmp_path / "ov"))
+        cfg, model = import_llava_onevision(save(perturb(hf.eval()), tmp_path / "ov"))
     else:
         hf = transformers.LlavaNextForConditionalGeneration(transformers.LlavaNextConfig(**kw))
-        _, model = import_llava_next(save(perturb(hf.eval()), tmp_path / "next"))
+        cfg, model = import_llava_next(save(perturb(hf.eval()), tmp_path / "next"))
     sub = model.modality_submodules["images"]
+    built = build_model(cfg).modality_submodules["images"]  # the config records the tiling: the same modality
+    assert (built.grid_pinpoints, built.max_tiles) == (PINPOINTS, int(aspect[len("anyres_max_"):]) if aspect else 0)
+    assert {k: v.shape for k, v in built.state_dict().items()} == {k: v.shape for k, v in sub.state_dict().items()}
     sizes = torch.tensor([[20, 40], [40, 24], [12, 44]])
     tiles = [1 + r * c for r, c in (sub.tiles_of(tuple(s)) for s in sizes.tolist())]
     pixels = torch.randn(len(sizes), max(tiles), 3, 16, 16)
