@@ -66,7 +66,7 @@ from mimo.config.schema import (
 )
 from mimo.config.validate import validate
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import batch_multiple
+from mimo.parallel.layout_rules import batch_multiple
 from mimo.parallel.runtime import leave_distributed, torchrun_cmd
 from mimo.planner.candidates import label
 from mimo.train.gate import check_layout

@@ -17,7 +17,7 @@ from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.config.validate import validate_fast_path_keys
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import check_lm_features
+from mimo.parallel.layout_rules import check_lm_features
 from mimo.perf.apply import check_fast_path_layout
 
 GPU_DEFAULTS: tuple[tuple[str, object], ...] = (

@@ -37,7 +37,7 @@ from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import check_lm_features, validate_plan
+from mimo.parallel.layout_rules import check_lm_features, validate_plan
 from mimo.perf.apply import check_fast_path_layout
 from mimo.perf.float8 import check_float8_support
 from mimo.perf.gpu_defaults import apply_gpu_defaults

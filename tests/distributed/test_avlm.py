@@ -18,7 +18,7 @@ from mimo.models.out_loss import OutPathLoss
 from mimo.parallel.data import GradReducer, apply_fsdp
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import validate_plan
+from mimo.parallel.layout_rules import validate_plan
 from mimo.train.trainer import Trainer, module_map
 from tests.support.configs import AVLM, T2I, TINY_T2I
 from tests.support.configs import TINY_AVLM as TINY

@@ -22,7 +22,8 @@ from mimo.data.packing import pack_batch
 from mimo.models.loss import loss_weights
 from mimo.parallel.context import check_divisible, gathered_order, zigzag_index
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import ParallelPlan, validate_plan
+from mimo.parallel.layout_rules import validate_plan
+from mimo.parallel.plan import ParallelPlan
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
 from tests.support.parity import close, grads_then_step, reference_and_parallel_copy, step_matches_reference

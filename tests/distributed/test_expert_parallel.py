@@ -22,7 +22,8 @@ from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
 from mimo.models.moe import moe_layers
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import ParallelPlan, validate_plan
+from mimo.parallel.layout_rules import validate_plan
+from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm

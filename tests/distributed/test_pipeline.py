@@ -25,9 +25,10 @@ from mimo.models.build import build_model
 from mimo.models.flops import train_step_flops
 from mimo.parallel.bridge.pipelined import lane_overlaps
 from mimo.parallel.layout import Layout
+from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.pipeline.schedule import warmup_microbatches
 from mimo.parallel.pipeline.split import stage_layers
-from mimo.parallel.plan import ParallelPlan, validate_plan
+from mimo.parallel.plan import ParallelPlan
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
 from tests.support.parity import grads_then_step, reference_and_parallel_copy, step_matches_reference

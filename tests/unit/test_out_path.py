@@ -22,9 +22,9 @@ from mimo.eval.text_to_image import judge_recognises, train_judge
 from mimo.models.build import build_model
 from mimo.models.decoders import image_to_patches, patches_to_image
 from mimo.models.out_loss import OutPathLoss
-from mimo.parallel import plan as plan_module
+from mimo.parallel import layout_rules
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import validate_plan
+from mimo.parallel.layout_rules import validate_plan
 from mimo.train.checkpoint.weights import save_weights
 from tests.support.configs import tiny_llm
 
@@ -210,9 +210,9 @@ def test_fsdp_with_the_out_path_is_refused_where_fsdp_cannot_reduce_unused_param
     would leave the decoder's collective unmatched; the plan refuses before building anything."""
     cfg = load_config(ROOT / "configs" / "demo_text_to_image.toml", ["--parallel.modules.images.fsdp=true"])
     layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2)
-    monkeypatch.setattr(plan_module, "FSDP_REDUCES_UNUSED_PARAMS", True)
+    monkeypatch.setattr(layout_rules, "FSDP_REDUCES_UNUSED_PARAMS", True)
     validate_plan(cfg, layout)
-    monkeypatch.setattr(plan_module, "FSDP_REDUCES_UNUSED_PARAMS", False)
+    monkeypatch.setattr(layout_rules, "FSDP_REDUCES_UNUSED_PARAMS", False)
     with pytest.raises(ConfigError, match=r"parallel.modules.images.fsdp = true with the Out path of \['images'\]"):
         validate_plan(cfg, layout)
     # the decoders live in the Out modality's submodule: FSDP of the LM alone uses every parameter each step

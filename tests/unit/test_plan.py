@@ -9,7 +9,7 @@ from mimo.cli import main
 from mimo.config.load import load_config
 from mimo.config.schema import ModuleLayoutConfig
 from mimo.parallel.layout import Layout
-from mimo.parallel.plan import validate_plan
+from mimo.parallel.layout_rules import validate_plan
 from mimo.planner.candidates import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, to_toml, with_modules
 from mimo.planner.memory import (
     GIB,
