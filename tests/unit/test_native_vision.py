@@ -5,8 +5,9 @@ naming the field."""
 import pytest
 import torch
 
+from mimo.config.model_rules import validate_model
 from mimo.config.schema import Config, ConfigError, DataConfig
-from mimo.config.validate import validate_data, validate_model
+from mimo.config.validate import validate_data
 from mimo.models.build import build_model
 from mimo.models.flops import modality_flops
 from mimo.models.mrope import mrope_positions
