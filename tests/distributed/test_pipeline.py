@@ -146,7 +146,9 @@ def test_schedule_and_split_arithmetic():
 @pytest.mark.parametrize("change,message", [
     (lambda c: c.parallel.modules.update(language=_module(2, 1, 6, 1)),
      r"parallel.modules.language.pp \(6\) exceeds model.llm.layers \(3\)"),
-    (lambda c: setattr(c.parallel.modules["images"], "fsdp", True), "parallel.modules.images.fsdp"),
+    (lambda c: setattr(c.parallel.modules["images"], "fsdp", True), "parallel.modules.images.fsdp: a modality encoder"),
+    (lambda c: setattr(c.parallel.modules["language"], "fsdp", True),
+     r"parallel.modules.language.fsdp: sharding a pipelined LM is available with tp = cp = ep = 1 only \(got tp 2"),
     (lambda c: setattr(c.parallel.modules["images"], "sequence_parallel", True),
      "a pipelined encoder cannot be sequence parallel"),
 ])

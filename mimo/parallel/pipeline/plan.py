@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+from torch.distributed.tensor import DTensor
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.data.batching import split_microbatches, to_device, with_loss_rows
@@ -83,9 +84,15 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
         raise ConfigError("data.packing: packed sequences need per-document attention masks, which the pipeline "
                           "schedule does not pass between stages; set data.packing = false or use a colocated layout")
     for name, m in cfg.parallel.modules.items():
-        if m.fsdp:
-            raise ConfigError(f"parallel.modules.{name}.fsdp: sharded data parallelism is not available with "
-                              "modules on disjoint ranks or pp > 1; set fsdp = false")
+        if m.fsdp and name != LANGUAGE:
+            # An encoder lane without inputs in a microbatch skips its compute (EncoderStage), and with it FSDP's
+            # all-gathers and reduce-scatters, which its other lanes would wait on.
+            raise ConfigError(f"parallel.modules.{name}.fsdp: a modality encoder on its own ranks (disjoint grids "
+                              "or pp > 1) cannot be sharded; set fsdp = false (the LM's stages can be)")
+        if m.fsdp and (lm.tp > 1 or lm.cp > 1 or m.ep > 1):
+            raise ConfigError(f"parallel.modules.{name}.fsdp: sharding a pipelined LM is available with tp = cp = ep "
+                              f"= 1 only (got tp {lm.tp}, cp {lm.cp}, ep {m.ep}); set fsdp = false or use a "
+                              "colocated layout")
     for name, m in cfg.model.modalities.items():
         grid = layout.grids[name]
         if grid.pp == 1:
@@ -246,14 +253,16 @@ class PipelinePlan:
         return {"out_path": GradReducer(model, self.groups.group("dp"), params=params)} if params else {}
 
     def sync_tied_embeddings(self, model: MimoModel) -> None:
-        """Collective on the LM's first and last stages: sum the two copies' gradients of a tied embedding."""
+        """Collective on the LM's first and last stages: sum the two copies' gradients of a tied embedding.
+        Under FSDP each copy is sharded over its stage's data lanes alike (the two ranks of a pair sit at
+        the same dp position), so the pair sums its local shards."""
         if self.embedding_group is None:
             return
         w = model.language_model.embed_tokens.weight
         if not w.requires_grad:
             return
         grad = w.grad if w.grad is not None else torch.zeros_like(w)
-        dist.all_reduce(grad, group=self.embedding_group)
+        dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.embedding_group)
         w.grad = grad
 
     def gather_to_rank0(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
