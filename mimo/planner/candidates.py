@@ -123,16 +123,17 @@ def expert_candidates(cfg: Config, candidates: list[Modules], gpus: int) -> list
 
 
 def _lm_split_cost(r: Row) -> tuple:
-    """Order of fitting LM layouts: least tp x pp, then least tp, then least memory."""
+    """Order of fitting LM layouts: least tp x pp, then least tp, then replicated before FSDP-sharded stages
+    (sharding gathers every weight twice a microbatch), then least memory."""
     lm = r.layout.grids[LANGUAGE]
-    return lm.tp * lm.pp, lm.tp, r.usage.peak
+    return lm.tp * lm.pp, lm.tp, r.modules[LANGUAGE].fsdp, r.usage.peak
 
 
 def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row | None],
                          gpus_per_node: int = 8) -> list[Row]:
-    """Each encoder dp on its own N/share ranks, the LM on the rest: per split, of the LM layouts the
-    trainer accepts, the one with the least tp x pp (then tp, then memory) that fits, else the one with
-    the lowest estimate."""
+    """Each encoder dp on its own N/share ranks, the LM on the rest (its stages replicated or, where the gate
+    allows it, FSDP-sharded over their data lanes): per split, of the LM layouts the trainer accepts, the one
+    with the least tp x pp (then tp, then memory) that fits, else the one with the lowest estimate."""
     names = list(cfg.model.modalities)
     out: list[Row] = []
     for enc in sorted({gpus // s for s in PIPELINE_SHARES}, reverse=True):
@@ -140,9 +141,10 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
         if enc < 1 or rest < 1 or not names:
             continue
         mods = {n: ModuleLayoutConfig(offset=i * enc, size=enc) for i, n in enumerate(names)}
-        options = [cost({**mods, LANGUAGE: ModuleLayoutConfig(offset=enc * len(names), size=rest, tp=tp, pp=pp)})
+        options = [cost({**mods, LANGUAGE: ModuleLayoutConfig(offset=enc * len(names), size=rest, tp=tp, pp=pp,
+                                                              fsdp=fsdp)})
                    for tp in divisors(rest) if tp <= max(gpus_per_node, 1) for pp in divisors(rest // tp)
-                   if pp <= cfg.model.llm.layers]
+                   if pp <= cfg.model.llm.layers for fsdp in ((False, True) if rest // (tp * pp) > 1 else (False,))]
         rows = [r for r in options if r is not None]
         fitting = [r for r in rows if r.fits]
         if fitting:

@@ -163,19 +163,40 @@ def test_cli_plan_help(capsys):
 
 def test_pipelined_split_takes_its_cheapest_lm_layout_when_none_fits():
     """At 24 GiB no LM layout on 4 of 8 GPUs fits the 5.9B LM; the row for that split must then be the
-    lowest estimate among the LM layouts the trainer accepts there, not the first one tried (tp1 pp1)."""
+    lowest estimate among the LM layouts the trainer accepts there (replicated or FSDP-sharded), not the
+    first one tried (tp1 pp1)."""
     cfg = load_config("configs/demo_vlm.toml", LLAMA_7B)
     sizes = module_sizes(cfg)
     (row,) = [r for r in make_plan(cfg, 8, 24).rows if r.layout.grids["images"].size == 4]
     assert not row.fits
     enc = ModuleLayoutConfig(offset=0, size=4)
     peaks = []
-    for tp, pp in ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)):
-        mods = {"images": enc, "language": ModuleLayoutConfig(offset=4, size=4, tp=tp, pp=pp)}
+    for tp, pp, fsdp in ((1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True), (1, 4, False), (2, 1, False),
+                         (2, 2, False), (4, 1, False)):
+        mods = {"images": enc, "language": ModuleLayoutConfig(offset=4, size=4, tp=tp, pp=pp, fsdp=fsdp)}
         layout = layout_of(cfg, mods, 8)
         if layout is not None:
             peaks.append(estimate(cfg, layout, sizes, mods).peak)
     assert len(peaks) > 1 and row.usage.peak == min(peaks) < max(peaks)
+
+
+def test_a_pipelined_lm_is_sharded_where_only_sharding_makes_it_fit():
+    """The 5.9B LM on 4 of 8 GPUs beside its encoder, at 40 GiB: replicated on those 4 it does not fit, FSDP-sharded
+    over its 4 lanes (1/4 of the states a GPU) it does with the least tp x pp, so that split's row is the sharded
+    one, and its printed TOML says fsdp = true; with tp > 1 the gate refuses sharding an LM on its own ranks, and
+    so does the planner."""
+    cfg = load_config("configs/demo_vlm.toml", LLAMA_7B)
+    sizes = module_sizes(cfg)
+    (row,) = [r for r in make_plan(cfg, 8, 40).rows if r.layout.grids["images"].size == 4]
+    lm = row.layout.grids["language"]
+    assert row.fits and row.modules["language"].fsdp and (lm.tp, lm.pp, lm.dp) == (1, 1, 4)
+    enc = ModuleLayoutConfig(offset=0, size=4)
+    replicated = {"images": enc, "language": ModuleLayoutConfig(offset=4, size=4)}
+    assert estimate(cfg, layout_of(cfg, replicated, 8), sizes, replicated).peak > 40 * GIB
+    assert row.usage.states < estimate(cfg, layout_of(cfg, replicated, 8), sizes, replicated).states / 3
+    sharded_tp = {"images": enc, "language": ModuleLayoutConfig(offset=4, size=4, tp=2, fsdp=True)}
+    assert layout_of(cfg, sharded_tp, 8) is None
+    assert "fsdp = true" in to_toml(row.modules, cfg.parallel.microbatches, row.layout)
 
 
 def test_a_hugging_face_lm_is_planned_with_its_own_shapes(tmp_path):
