@@ -1,14 +1,16 @@
 """Real image/video-text data for a native-resolution (`kind = "native_vision"`) modality: JSONL or WebDataset
-samples with one image of any size, or one video's frames (JSONL `"video"`), each resized within the tower's
-[min_pixels, max_pixels] (mimo.data.native_images), so every sample has its own number of placeholders.
+samples with one or more images of any size (JSONL `"image": [...]`: several), or one video's frames (JSONL
+`"video"`), each resized within the tower's [min_pixels, max_pixels] (mimo.data.native_images), so every sample
+has its own number of placeholders.
 
 The rest is `ImageTextData`'s (order, sharding, agreed skips): a rank that reads a row's text reads only its
-image's header for the grid (the placeholders and M-RoPE positions follow from it); a rank that encodes it decodes
-the pixels. A batch holds `position_ids` `[B, S, 3]` (mimo.models.mrope), each usable row's item as
-`pixel_values` `[items, most patches, C*T*P*P]` (padded; the tower keeps each item's `grid_thw` patches) and
-`modality_counts` (1 per usable row, 0 per skipped one), so microbatches split by samples as for any modality.
-A row whose item a rank encodes without reading its text holds the item's placeholders alone, so that the batch's
-checks see every item's rows.
+images' headers for the grids (the placeholders and M-RoPE positions follow from them); a rank that encodes them
+decodes the pixels. A row is BOS, each item's placeholders in order (one run after another), then the text. A
+batch holds `position_ids` `[B, S, 3]` (mimo.models.mrope), each usable row's items as `pixel_values` `[items,
+most patches, C*T*P*P]` (padded; the tower keeps each item's `grid_thw` patches) and `modality_counts` (a usable
+row's items, 0 per skipped one; one empty stand-in for a usable row this rank reads nothing of), so microbatches
+split by samples as for any modality. A row whose items a rank encodes without reading its text holds their
+placeholders alone, so that the batch's checks see every item's rows.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from mimo.config.schema import Config, NativeViTConfig
 from mimo.data.batching import COUNTS
 from mimo.data.image_text import FAIL, SKIP, USABLE, ImageTextData, Item, _Samples, build_image_text_data
 from mimo.data.native_images import grid_of, header_size, load_item, tokens_of
-from mimo.data.samples import BadSample, encode_text
+from mimo.data.samples import BadSample, ImageRef, Record, encode_text
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.mrope import mrope_positions
 from mimo.models.multimodal import MimoModel
@@ -47,28 +49,35 @@ class NativeSpec:
         return self.cfg.min_pixels // (self.cfg.patch * self.cfg.merge) ** 2
 
 
+def record_items(rec: Record) -> list[tuple[ImageRef, ...]]:
+    """The items of a record in placeholder order: its video's frames, or each of its images."""
+    if rec.frames:
+        return [rec.frames]
+    return [(ref,) for ref in rec.images or ((rec.image,) if rec.image is not None else ())]
+
+
 class _NativeSamples(_Samples):
-    """One request: the row's text with as many placeholders as its image or video gives, its grid and temporal
-    step always, its patches where this rank encodes it."""
+    """One request: the row's text after as many placeholders as its images or video give (each item's run in
+    order), every item's grid and temporal step always, their patches where this rank encodes them."""
 
     def __getitem__(self, request: tuple[int, int, bool, frozenset[str]]) -> Item:
         row, index, want_text, wanted = request
         rec, spec = self.records[index], self.media[0]
         try:
-            refs = rec.frames or ((rec.image,) if rec.image is not None else ())
-            if not refs:
+            items = record_items(rec)
+            if not items:
                 raise BadSample("no image or video")
-            grid = grid_of(header_size(refs[0]), len(refs), spec.cfg)
-            n = tokens_of(grid, spec.cfg)
+            grids = [grid_of(header_size(refs[0]), len(refs), spec.cfg) for refs in items]
+            n = sum(tokens_of(g, spec.cfg) for g in grids)
             ids, labels = encode_text(rec, self.tok, n, spec.token_id, self.seq_len)
             if ids.count(spec.token_id) != n:
-                raise BadSample(f"its {'video' if rec.frames else 'image'} gives {n} placeholders ({spec.token_id}); "
-                                f"with its text they do not fit data.seq_len = {self.seq_len}, or the text writes "
-                                "the placeholder id")
+                what = "video" if rec.frames else f"{len(items)} image(s)"
+                raise BadSample(f"its {what} give {n} placeholders ({spec.token_id}); with its text they do not fit "
+                                f"data.seq_len = {self.seq_len}, or the text writes the placeholder id")
             outside = [i for i in ids if i != spec.token_id and not 0 <= i < self.vocab] if self.vocab else []
             if outside:
                 raise BadSample(f"token id {outside[0]} lies outside the LM's vocabulary [0, {self.vocab})")
-            patches = load_item(refs, spec.cfg)[0] if spec.name in wanted else None
+            patches = [load_item(refs, spec.cfg)[0] for refs in items] if spec.name in wanted else None
             step = 1.0
             if rec.frames and spec.cfg.family == "qwen2_5_vl":  # tokens per second x seconds per temporal patch
                 step = spec.cfg.tokens_per_second * spec.cfg.temporal_patch / rec.fps
@@ -76,7 +85,7 @@ class _NativeSamples(_Samples):
             return row, None, None, {}, f"sample '{rec.key}': {e}", SKIP
         except Exception as e:  # any other error must reach every rank, not only this one
             return row, None, None, {}, f"sample '{rec.key}' failed to load: {e!r}\n{traceback.format_exc()}", FAIL
-        inputs = {spec.name: (patches, grid, step)}
+        inputs = {spec.name: (patches, grids, [step] * len(grids))}
         return row, ids if want_text else None, labels if want_text else None, inputs, "", USABLE
 
 
@@ -91,21 +100,22 @@ class NativeImageTextData(ImageTextData):
         labels = torch.full((n, s), IGNORE_INDEX, dtype=torch.long)
         positions = torch.arange(s).expand(n, s)[..., None].repeat(1, 1, 3)
         found = {row: (row_ids, row_labels, inputs.get(spec.name)) for row, row_ids, row_labels, inputs, _, _ in items}
-        grids, patches = [], []
+        grids, patches, counts = [], [], torch.zeros(n, dtype=torch.long)
         for row in range(n):
             if bad[row]:
                 continue
             row_ids, row_labels, item = found.get(row, (None, None, None))
-            grid = EMPTY_GRID if item is None else item[1]
-            grids.append(grid)
-            patches.append(None if item is None else item[0])
-            if row_ids is None and item is not None:  # an item this rank encodes but whose text it does not read
-                ids[row, : tokens_of(grid, spec.cfg)] = spec.token_id
+            row_grids = [EMPTY_GRID] if item is None else item[1]
+            counts[row] = len(row_grids)
+            grids += row_grids
+            patches += [None] * len(row_grids) if item is None or item[0] is None else item[0]
+            if row_ids is None and item is not None:  # items this rank encodes but whose text it does not read
+                ids[row, : sum(tokens_of(g, spec.cfg) for g in row_grids)] = spec.token_id
             if row_ids is not None:
                 ids[row, : len(row_ids)] = torch.tensor(row_ids)
                 labels[row, : len(row_labels)] = torch.tensor(row_labels)
-                positions[row] = mrope_positions(ids[row: row + 1], spec.token_id, torch.tensor([grid]),
-                                                 spec.cfg.merge, torch.tensor([item[2]]))[0]
+                positions[row] = mrope_positions(ids[row: row + 1], spec.token_id, torch.tensor(row_grids),
+                                                 spec.cfg.merge, torch.tensor(item[2]))[0]
         width = max([len(p) for p in patches if p is not None] + [1])
         pixels = torch.zeros(len(grids), width, spec.cfg.patch_pixels)
         for i, p in enumerate(patches):
@@ -114,7 +124,7 @@ class NativeImageTextData(ImageTextData):
         grid_thw = torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
         return {"input_ids": ids, "labels": labels, "position_ids": positions,
                 "modality_inputs": {spec.name: {spec.encoder: {"pixel_values": pixels, "grid_thw": grid_thw}}},
-                COUNTS: {spec.name: (~bad).long()}}
+                COUNTS: {spec.name: counts}}
 
 
 def build_native_data(cfg: Config, model: MimoModel) -> NativeImageTextData:

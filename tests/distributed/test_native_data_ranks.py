@@ -1,8 +1,8 @@
-"""Native-resolution data on several ranks: images of four sizes, a video and a skipped sample train with the
-single process's losses and gradients on colocated layouts (two data lanes, plain, cost-balanced or FSDP; the LM
-under tp2 with sequence parallel, or cp2, with M-RoPE) and a non-colocated one (the tower on one rank, the LM on
-another: the LM's rank reads only image headers, the tower's only pixels, and the pipeline bridge carries each
-sample's own number of rows)."""
+"""Native-resolution data on several ranks: images of four sizes, a video, a sample of two images and a skipped
+sample train with the single process's losses and gradients on colocated layouts (two data lanes, plain,
+cost-balanced or FSDP; the LM under tp2 with sequence parallel, or cp2, with M-RoPE) and a non-colocated one (the
+tower on one rank, the LM on another: the LM's rank reads only image headers, the tower's only pixels, and the
+pipeline bridge carries each sample's own number of rows)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _rank(rank: int, world: int, out: str, data: str, extra: list[str]) -> tuple
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_native_data_trains_like_one_process(layout, tmp_path):
-    data = manifest(tmp_path)
+    data = manifest(tmp_path, several=True)
     reference = trainer_steps(Trainer(config(tmp_path / "one", data)), STEPS)
     results = run_distributed(_rank, 2, str(tmp_path / layout), data, LAYOUTS[layout], timeout=300)
     losses, grads = results[0]

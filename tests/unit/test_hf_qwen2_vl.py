@@ -94,3 +94,18 @@ def test_placeholders_the_grids_do_not_fill_are_refused():
         mrope_positions(ids, IMG, torch.tensor([[1, 4, 4]]), 2)
     with pytest.raises(ValueError, match="more placeholders"):
         mrope_positions(ids, IMG, torch.tensor([[1, 2, 2]]), 2)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_a_row_of_two_images_of_different_sizes_matches_transformers(family):
+    hf = tiny_qwen_vl(family)
+    cfg, model = import_qwen2_vl(hf)
+    n1, n2 = (t * h * w // 4 for t, h, w in IMAGE_GRIDS)
+    ids = torch.tensor([[1, START] + [IMG] * n1 + [END, 5, START] + [IMG] * n2 + [END, 6, 7]])
+    grids = torch.tensor(IMAGE_GRIDS)
+    torch.manual_seed(3)
+    pixels = torch.randn(int(grids.prod(-1).sum()), PATCH_PIXELS)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, mm_token_type_ids=(ids == IMG).int(), pixel_values=pixels, image_grid_thw=grids).logits
+        ours = model(**qwen_vl_inputs(cfg, ids, pixels, grids)).logits
+    assert rel_diff(ours, ref) <= TOL

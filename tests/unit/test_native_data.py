@@ -50,12 +50,16 @@ def write_image(path, size, seed):
     return str(path)
 
 
-def manifest(tmp_path) -> str:
+def manifest(tmp_path, several: bool = False) -> str:
+    """Images of SIZES, a 3-frame video, a missing image; `several`: then a sample of two images (40 x 72, 100 x
+    30)."""
     lines = [{"image": write_image(tmp_path / f"i{k}.png", s, k), "caption": f"picture {k}"}
              for k, s in enumerate(SIZES)]
     frames = [write_image(tmp_path / f"v{k}.png", (48, 64), 10 + k) for k in range(3)]
     lines.append({"video": frames, "fps": 1.0, "caption": "a short clip"})
     lines.append({"image": str(tmp_path / "missing.png"), "caption": "gone"})  # skipped and counted
+    if several:
+        lines.append({"image": [str(tmp_path / "i0.png"), str(tmp_path / "i1.png")], "caption": "two pictures"})
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return str(path)
@@ -95,6 +99,38 @@ def test_a_manifest_becomes_batches_with_per_sample_tokens(tmp_path):
     with torch.no_grad():
         out = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
     assert torch.isfinite(out.loss_sum)
+
+
+def test_a_sample_of_two_images_holds_both_runs_and_their_positions(tmp_path):
+    """Row 6 of the manifest: BOS, the 40 x 72 image's 2 x 4 merged cells, the 100 x 30 image's 6 x 2, the caption;
+    positions by hand (the second image starts past the first's larger side, the text past the second's)."""
+    cfg = load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, f"--data.path={manifest(tmp_path, several=True)}"])
+    model = build_model(cfg.model).eval()
+    data = build_native_data(cfg, model)
+    items = data.reader(data)
+    batch = data._assemble([items[(r, r, True, frozenset({"images"}))] for r in range(7)], 7,
+                           torch.tensor([False] * 5 + [True, False]))
+    native = cfg.model.modalities["images"].native
+    grids = batch["modality_inputs"]["images"]["visual"]["grid_thw"]
+    assert batch["modality_counts"]["images"].tolist() == [1, 1, 1, 1, 1, 0, 2]
+    first, second = grid_of(SIZES[0], 1, native), grid_of(SIZES[1], 1, native)
+    assert grids[-2:].tolist() == [list(first), list(second)] and first[1:] == (4, 8) and second[1:] == (12, 4)
+    text = list(b"two pictures") + [257]
+    assert batch["input_ids"][6, : 1 + 8 + 12 + len(text)].tolist() == [256] + [259] * 20 + text
+    cells = lambda start, h, w: [[start, start + r, start + c] for r in range(h) for c in range(w)]
+    expected = [[0, 0, 0]] + cells(1, 2, 4) + cells(5, 6, 2) + [[11 + i] * 3 for i in range(len(text))]
+    assert batch["position_ids"][6, : len(expected)].tolist() == expected
+    pixels = batch["modality_inputs"]["images"]["visual"]["pixel_values"]
+    for k, item in ((0, -2), (1, -1)):  # each image's own patches, the first not cut to the second's
+        patches, _ = load_item((ImageRef(str(tmp_path / f"i{k}.png")),), native)
+        assert torch.equal(pixels[item, : len(patches)], torch.from_numpy(patches))
+    with torch.no_grad():
+        one = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
+        alone = {"input_ids": batch["input_ids"][6:], "labels": batch["labels"][6:],
+                 "position_ids": batch["position_ids"][6:],
+                 "modality_inputs": {"images": {"visual": {"pixel_values": pixels[-2:], "grid_thw": grids[-2:]}}}}
+        two = model(**alone)
+    assert torch.isfinite(one.loss_sum) and two.num_tokens == len(text)
 
 
 def test_mimo_train_then_export_on_native_resolution_data(tmp_path, capsys):
