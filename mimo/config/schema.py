@@ -290,6 +290,10 @@ class ModuleLayoutConfig:
     # Expert parallelism (the language model's MoE layers only): ep consecutive dp ranks split the experts and
     # exchange tokens by all-to-all; must divide dp and model.llm.moe_experts. 1 = every rank holds every expert.
     ep: int = 1
+    # Interleaved 1F1B (the language model's pipeline, pp >= 2): each pipeline rank holds virtual_stages model
+    # chunks of layers (rank r the chunks r, r + pp, ...), and the bubble shrinks by that factor; needs
+    # model.llm.layers >= pp x virtual_stages and parallel.microbatches a multiple of pp. 1 = plain 1F1B.
+    virtual_stages: int = 1
 
 
 @dataclass

@@ -104,7 +104,8 @@ class DecoderLM(nn.Module):
 
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                output_rows: torch.Tensor | None = None, shard_rows: torch.Tensor | None = None) -> torch.Tensor:
+                output_rows: torch.Tensor | None = None, shard_rows: torch.Tensor | None = None,
+                layers: list[str] | None = None) -> torch.Tensor:
         """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states at
         `position_ids` `[B, S]` (or `[B, S, 3]` with `mrope_section`: Qwen2-VL's M-RoPE, see `mimo.models.mrope`).
 
@@ -117,7 +118,10 @@ class DecoderLM(nn.Module):
         no loss reads). The rows index this module's positions (a context-parallel rank's own). Under sequence
         parallelism `output_rows` index the TP group's gathered positions and `shard_rows` `[M]` the same rows
         among this rank's shard (every rank M of them, `mimo.parallel.tensor.sequence_parallel_rows`); the
-        result is this rank's `[M, H]`."""
+        result is this rank's `[M, H]`.
+
+        `layers`: the keys of the held layers to run, in order (one model chunk of an interleaved pipeline
+        stage); the final norm then runs only if they end with the model's last layer. None: every held layer."""
         if output_rows is not None and not self.layers:
             raise ValueError("output_rows needs a decoder layer on this module to drop the other rows in; it has none")
         rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling,
@@ -134,13 +138,15 @@ class DecoderLM(nn.Module):
             q_pos = torch.arange(s, device=hidden.device) + past
             mask = torch.arange(past + s, device=hidden.device)[None, :] <= q_pos[:, None]
         local_rope, local_mask = self._sliding_window(position_ids, mask, hidden.shape[1], past, hidden.device)
-        last = next(reversed(self.layers.keys()), None)
-        for key, layer in self.layers.items():
+        keys = list(self.layers.keys()) if layers is None else layers
+        last = keys[-1] if keys else None
+        for key in keys:
+            layer = self.layers[key]
             sliding = bool(self.cfg.layer_types) and self.cfg.layer_types[int(key)] == "sliding"
             hidden = layer(hidden, local_rope if sliding else rope, mask=local_mask if sliding else mask, cache=cache,
                            layer=int(key), rows=output_rows if key == last else None,
                            residual_rows=shard_rows if key == last else None)
-        if self.norm is not None:
+        if self.norm is not None and (layers is None or last == str(self.cfg.layers - 1)):
             hidden = self.norm(hidden)
         return hidden
 

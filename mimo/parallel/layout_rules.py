@@ -14,6 +14,7 @@ from mimo.parallel.expert.layout import validate_expert_parallel
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout, check_heads_divisible
 from mimo.parallel.pipeline.plan import is_pipelined, validate_pipeline
+from mimo.parallel.pipeline.virtual import validate_virtual_stages
 
 
 def check_lm_features(cfg: Config, lm: Grid) -> None:
@@ -61,6 +62,7 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
                               "use cp = 1 for modality encoders")
     validate_context_parallel(cfg, layout)
     validate_expert_parallel(cfg, layout)
+    validate_virtual_stages(cfg, layout, pipelined)
     outs = out_modalities(cfg)
     sharded = [n for n in outs if n in cfg.parallel.modules and cfg.parallel.modules[n].fsdp]  # decoders live there
     if outs and sharded and not FSDP_REDUCES_UNUSED_PARAMS:

@@ -9,16 +9,16 @@ free and its inputs have arrived:
   over the same link); at a vstage without successors (the loss), after its own `F(t)`.
 
 The ops of the multi-module 1F1B are mimo's own (`mimo.parallel.pipeline.schedule.run_1f1b`, driven with a
-recording stage, so the simulated order is the trained one by construction); the interleaved order is
-Megatron's (virtual stage `chunk * pp + rank`, chunks of pp microbatches). Times are per microbatch per
-vstage. Pure Python, no device.
+recording stage, so the simulated order is the trained one by construction); so is the interleaved order
+(`interleaved_order`, Megatron's: virtual stage `chunk * pp + rank`, chunks of pp microbatches). Times are per
+microbatch per vstage. Pure Python, no device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mimo.parallel.pipeline.schedule import run_1f1b, warmup_microbatches
+from mimo.parallel.pipeline.schedule import interleaved_order, run_1f1b, warmup_microbatches
 
 Op = tuple[str, int, int]
 """("F" or "B", microbatch, vstage)."""
@@ -59,22 +59,25 @@ def one_f_one_b_ops(stage: int, total_stages: int, microbatches: int) -> list[Op
 
 
 def interleaved_ops(rank: int, pp: int, chunks: int, microbatches: int) -> list[Op]:
-    """Megatron's interleaved 1F1B order for `rank` of `pp` ranks holding `chunks` model chunks each
-    (vstage = chunk * pp + rank); microbatches must divide by pp."""
-    if microbatches % pp:
-        raise ValueError(f"the interleaved schedule needs microbatches ({microbatches}) divisible by pp ({pp})")
-    total = microbatches * chunks
-    warmup = min((pp - rank - 1) * 2 + (chunks - 1) * pp, total)
+    """The runtime's interleaved 1F1B order (`mimo.parallel.pipeline.schedule.interleaved_order`) for `rank` of
+    `pp` ranks holding `chunks` model chunks each, as vstages (chunk * pp + rank); microbatches must divide by pp."""
+    return [(kind, t, chunk * pp + rank) for kind, t, chunk in interleaved_order(rank, pp, chunks, microbatches)]
 
-    def op(kind: str, k: int) -> Op:
-        chunk = (k // pp) % chunks
-        chunk = chunks - 1 - chunk if kind == "B" else chunk
-        return kind, (k // (pp * chunks)) * pp + k % pp, chunk * pp + rank
 
-    ops = [op("F", k) for k in range(warmup)]
-    for i in range(total - warmup):
-        ops += [op("F", warmup + i), op("B", i)]
-    return ops + [op("B", k) for k in range(total - warmup, total)]
+def schedule_bubble(pp: int, chunks: int, microbatches: int) -> tuple[float, float]:
+    """(idle, busy) time of the worst rank of an LM pipeline of `pp` ranks under the runtime's own schedule
+    (plain 1F1B for one chunk, else interleaved over `chunks`), every stage costing the same: one unit is a
+    microbatch's forward plus backward through one rank's layers (forward = backward, so a chunk's op takes
+    1 / (2 chunks)). The hand formulas: idle / busy = (pp - 1) / m for 1F1B, (pp - 1) / (chunks m) interleaved."""
+    vstages = pp * chunks
+    if chunks == 1:
+        ops = [one_f_one_b_ops(r, pp, microbatches) for r in range(pp)]
+    else:
+        ops = [interleaved_ops(r, pp, chunks, microbatches) for r in range(pp)]
+    cost = dict.fromkeys(range(vstages), 0.5 / chunks)
+    timeline = simulate(ops, {v: [v - 1] if v else [] for v in range(vstages)}, cost, cost)
+    rank = max(range(pp), key=timeline.bubble)
+    return timeline.bubble(rank), timeline.busy[rank]
 
 
 def simulate(rank_ops: list[list[Op]], preds: dict[int, list[int]], forward_s: dict[int, float],

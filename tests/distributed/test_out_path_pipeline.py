@@ -9,7 +9,9 @@ The decoder runs where the LM's final states are, on the LM's last stage (mimo.p
   stage's data lanes and the output-token counts are global;
 - LM dp2 behind an image encoder of dp2 (4 ranks; one LM stage, disjoint grids under the pipeline schedule);
 - LM tp2 + SP x pp2 and LM cp2 x pp2 (5 ranks): the last stage's states are gathered whole
-  (`MimoModel.gather_sequence`) and each TP or CP rank decodes the whole sequence.
+  (`MimoModel.gather_sequence`) and each TP or CP rank decodes the whole sequence;
+- LM pp2 under interleaved 1F1B (2 virtual stages of a 4-layer LM, 3 ranks): the decoder runs after the last
+  model chunk of the last stage.
 Each layout runs as a whole run (`Trainer.train`: its final checkpoint holds the decoder, saved from the LM's
 last stage; its summary says the evaluation is left to `mimo eval --run`, as on every pipelined layout).
 """
@@ -38,6 +40,7 @@ RUN = ["--run.name=tiny", "--run.progress=false", "--run.tensorboard=false", "--
 OUT_PATH = [*TINY_T2I, *RUN, "--model.llm.heads=4", "--model.llm.kv_heads=2", "--model.llm.layers=2",
             "--data.train_samples=32", "--data.eval_samples=2", "--data.global_batch=8"]
 TIED = "--model.llm.tie_embeddings=true"
+LAYERS4 = "--model.llm.layers=4"
 CASES = {
     "lm_pp2_tied": (3, [TIED], [f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2"]),
     "lm_pp2_dp2": (5, [], [f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=4", f"{LANG}.pp=2"]),
@@ -45,6 +48,8 @@ CASES = {
     "lm_tp2_sp_pp2": (5, [], [f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=4", f"{LANG}.pp=2",
                               f"{LANG}.tp=2", f"{LANG}.sequence_parallel=true"]),
     "lm_cp2_pp2": (5, [], [f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=4", f"{LANG}.pp=2", f"{LANG}.cp=2"]),
+    "lm_pp2_interleaved": (3, [LAYERS4], [f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
+                                          f"{LANG}.virtual_stages=2"]),
 }
 
 
@@ -97,7 +102,8 @@ def _rank(rank: int, world: int, out: str, overrides: list[str]) -> dict:
 @pytest.fixture(scope="module")
 def references(tmp_path_factory) -> dict[str, dict]:
     threads = torch.get_num_threads()
-    yield {tied: _reference(tmp_path_factory.mktemp("ref"), *tied) for tied in ((), (TIED,))}
+    models = {tuple(model) for _, model, _ in CASES.values()}
+    yield {model: _reference(tmp_path_factory.mktemp("ref"), *model) for model in sorted(models)}
     torch.set_num_threads(threads)
 
 

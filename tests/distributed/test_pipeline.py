@@ -29,7 +29,7 @@ from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.pipeline.schedule import warmup_microbatches
 from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.plan import ParallelPlan
-from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
+from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
 from tests.support.parity import grads_then_step, reference_and_parallel_copy, step_matches_reference
 
@@ -69,19 +69,7 @@ def _config(enc: tuple[int, int, int], lm: tuple[int, ...], tied: bool, sp: bool
 
 
 def _batch() -> dict:
-    g = torch.Generator().manual_seed(7)
-    n = PER_MB * MICRO
-    counts = torch.tensor(IMAGES_PER_SAMPLE)
-    ids = torch.randint(1, 50, (n, S), generator=g)
-    labels = torch.full((n, S), -100)
-    for s in range(n):
-        k = int(counts[s]) * 4
-        ids[s, 1: 1 + k] = IMG
-        text = list(range(1 + k, S - s % 3))
-        labels[s, text] = torch.randint(1, 50, (len(text),), generator=g)
-    pixels = torch.randn(int(counts.sum()), 3, 8, 8, generator=g)
-    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(S).expand(n, S).contiguous(),
-            "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}}, COUNTS: {"images": counts}}
+    return image_text_batch(torch.tensor(IMAGES_PER_SAMPLE), S, IMG, torch.Generator().manual_seed(7))
 
 
 def _reference(cfg: Config, batch: dict, model) -> dict:

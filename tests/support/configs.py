@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mimo.config.schema import (
     Config,
     DataConfig,
@@ -25,6 +27,7 @@ from mimo.config.schema import (
     ParallelConfig,
     ViTConfig,
 )
+from mimo.data.batching import COUNTS
 
 TINY_LLM = {"vocab": 64, "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "mlp": 64}
 TINY_VIT = {"image": 8, "patch": 4, "hidden": 16, "layers": 1, "heads": 4, "mlp": 32}
@@ -83,3 +86,20 @@ TINY_AVLM = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads
              "--model.modalities.audio.audio.heads=2", "--model.modalities.audio.audio.mlp=32",
              "--data.train_samples=16", "--data.eval_samples=8", "--data.global_batch=8", "--optim.warmup_steps=1",
              "--run.progress=false", "--run.tensorboard=false", "--train.threads=1"]
+
+
+def image_text_batch(counts: torch.Tensor, seq: int, token_id: int, g: torch.Generator) -> dict:
+    """A global batch for `tiny_vlm` (a TINY_VIT of 8 x 8 images, 4 rows each): sample s holds counts[s] images
+    (their placeholders right after the first token), random text ids and labels on a text tail whose length
+    varies with s, and `COUNTS`; everything drawn from `g`."""
+    n = counts.shape[0]
+    ids = torch.randint(1, 50, (n, seq), generator=g)
+    labels = torch.full((n, seq), -100)
+    for s in range(n):
+        k = int(counts[s]) * 4
+        ids[s, 1: 1 + k] = token_id
+        text = list(range(1 + k, seq - s % 3))
+        labels[s, text] = torch.randint(1, 50, (len(text),), generator=g)
+    pixels = torch.randn(int(counts.sum()), 3, 8, 8, generator=g)
+    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(seq).expand(n, seq).contiguous(),
+            "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}}, COUNTS: {"images": counts}}

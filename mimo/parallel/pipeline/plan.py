@@ -1,7 +1,8 @@
 """Pipeline layouts: modules on disjoint ranks, each cut into pipeline stages, driven by 1F1B.
 
 A layout is pipelined when its module grids are disjoint (SPEC 2.2), or when it has one module
-with pp > 1. Then every rank runs exactly one stage of one module. `PipelinePlan` is that rank's
+with pp > 1. Then every rank runs exactly one stage of one module (under interleaved 1F1B, an LM rank's
+stage is its `virtual_stages` model chunks). `PipelinePlan` is that rank's
 view: its stage, its links to the neighbouring stages, the bridges from each encoder to the LM,
 the LM's tied-embedding group; it cuts the model down to the stage (`split`; the Out path's decoders
 go to the LM's last stage, where the final states are) and runs a training step's forward and
@@ -38,8 +39,17 @@ from mimo.parallel.grid import Grid, GridGroups, member_group, pair_groups
 from mimo.parallel.layout import Layout
 from mimo.parallel.p2p import Outbox
 from mimo.parallel.pipeline.microbatches import encoder_microbatches, lm_microbatches
-from mimo.parallel.pipeline.schedule import run_1f1b, run_forwards, stage_index, warmup_microbatches
+from mimo.parallel.pipeline.schedule import (
+    feeder_lead,
+    interleaved_order,
+    run_1f1b,
+    run_forwards,
+    run_interleaved,
+    stage_index,
+    warmup_microbatches,
+)
 from mimo.parallel.pipeline.split import (
+    chunk_layers,
     drop_parameters,
     keep_out_path,
     only_encoder,
@@ -47,7 +57,8 @@ from mimo.parallel.pipeline.split import (
     split_encoder,
     split_lm,
 )
-from mimo.parallel.pipeline.stage import EncoderStage, LMStage, StageLink
+from mimo.parallel.pipeline.stage import ChunkStages, EncoderStage, LMStage, StageLink
+from mimo.parallel.pipeline.virtual import virtual_stages
 from mimo.parallel.tensor import sequence_parallel_rows
 
 
@@ -155,7 +166,12 @@ class PipelinePlan:
         depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
         self.total_stages = depth + layout.grids[LANGUAGE].pp
         self.stage = stage_index(self.pp_rank, self.module == LANGUAGE, depth)
-        self.prev, self.next = self._build_links()
+        self.depth = depth
+        # Interleaved 1F1B: the LM's model chunks per rank; chunk k > 0 of the first stage takes its input
+        # from chunk k - 1 of the last stage (the wrap links, None unless chunks > 1).
+        self.chunks = virtual_stages(cfg, LANGUAGE)
+        self.prev, self.next = self._build_links(self._pairs())
+        self.wrap_prev, self.wrap_next = self._build_links(self._wrap_pairs())
         per_mb = cfg.data.global_batch // cfg.parallel.microbatches
         self.bridges = {}
         for name in cfg.model.modalities:
@@ -171,8 +187,19 @@ class PipelinePlan:
         # The Out path's terms of the objective, computed on the LM's last stage (`decodes`).
         self.out_loss = OutPathLoss(cfg.model)
 
-    def _build_links(self) -> tuple[StageLink | None, StageLink | None]:
-        pairs = [p for g in self.layout.grids.values() for p in _stage_pairs(g)]
+    def _pairs(self) -> list[tuple[int, int]]:
+        return [p for g in self.layout.grids.values() for p in _stage_pairs(g)]
+
+    def _wrap_pairs(self) -> list[tuple[int, int]]:
+        """(last-stage LM rank, its first-stage twin) for every LM lane, when the LM is interleaved."""
+        lm = self.layout.grids[LANGUAGE]
+        if self.chunks == 1:
+            return []
+        span = lm.size // lm.pp * (lm.pp - 1)
+        return [(r + span, r) for r in range(lm.offset, lm.offset + lm.size // lm.pp)]
+
+    def _build_links(self, pairs: list[tuple[int, int]]) -> tuple[StageLink | None, StageLink | None]:
+        """Collective: this rank's links along `pairs` (a group per pair and direction), as (prev, next)."""
         down = pair_groups(pairs)
         up = pair_groups([(b, a) for a, b in pairs])
         prev = nxt = None
@@ -232,7 +259,7 @@ class PipelinePlan:
         modules = {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}
         for name, module in modules.items():
             if name == self.module == LANGUAGE:
-                split_lm(module, self.pp_rank, self.grid.pp)
+                split_lm(module, self.pp_rank, self.grid.pp, self.chunks)
             elif name == self.module:
                 split_encoder(module, name, self.pp_rank, self.grid.pp)
                 for part in out_path_parts(module):
@@ -290,7 +317,6 @@ class PipelinePlan:
         """
         if self.needs_data and batch is None and problem is None:
             raise ValueError(f"rank {self.rank} runs a first or last stage of '{self.module}' and needs the batch")
-        m = self.cfg.parallel.microbatches
         outbox = Outbox()
         kw = {"prev": self.prev, "next_": self.next, "outbox": outbox, "device": device, "autocast": autocast}
         local_tokens = torch.zeros((), device=device)
@@ -310,20 +336,49 @@ class PipelinePlan:
             lanes = ("cp", "dp") if self.grid.cp > 1 else "dp"  # CP ranks hold different label positions
             if self.last and self.groups.size_of(lanes) > 1 and backward:
                 dist.all_reduce(n_global, group=self.groups.group(lanes))
-            stage = LMStage(model, self.first, self.last, self.bridges if self.first else {}, text,
-                            1.0 / n_global.clamp_min(1.0), out_loss=self.out_loss if self.last else None, **kw)
+            stage = self._lm_stage(model, text, 1.0 / n_global.clamp_min(1.0), kw)
         else:
             stage = EncoderStage(sub, encoder, self.first, self.last, self.bridges[self.module] if self.last else None,
                                  inputs, model.language_model.cfg.hidden, **kw)
-        if backward:
-            run_1f1b(stage, m, warmup_microbatches(self.total_stages, self.stage, m))
-        else:
-            run_forwards(stage, m)
+        self._run_schedule(stage, backward)
         outbox.drain()
         # The global batch's FLOPs, counted once: by the lead rank of the LM's first stage, which holds it.
         counts_flops = self.module == LANGUAGE and self.first and self.is_lead
         flops = train_step_flops(self.cfg.model, batch) if counts_flops else 0
         return self._report(stage, local_tokens, tokens, flops, device)
+
+    def _lm_stage(self, model: MimoModel, text: list | None, scale: torch.Tensor, kw: dict) -> LMStage | ChunkStages:
+        """This rank's LM stage; under interleaving one `LMStage` per model chunk, linked along the chunk order
+        (chunk k of rank r feeds chunk k of rank r + 1, the last rank's chunk k feeds the first rank's k + 1)."""
+        if self.chunks == 1:
+            return LMStage(model, self.first, self.last, self.bridges if self.first else {}, text, scale,
+                           out_loss=self.out_loss if self.last else None, **kw)
+        layers = chunk_layers(self.cfg.model.llm.layers, self.grid.pp, self.pp_rank, self.chunks)
+        stages = []
+        for k, keys in enumerate(layers):
+            first, last = self.first and k == 0, self.last and k == self.chunks - 1
+            prev = None if first else self.wrap_prev if self.first else self.prev
+            nxt = None if last else self.wrap_next if self.last else self.next
+            stages.append(LMStage(model, first, last, self.bridges if first else {}, text, scale,
+                                  out_loss=self.out_loss if last else None, layers=keys,
+                                  **{**kw, "prev": prev, "next_": nxt}))
+        return ChunkStages(stages)
+
+    def _run_schedule(self, stage: LMStage | EncoderStage | ChunkStages, backward: bool) -> None:
+        """One step's order: interleaved 1F1B on an interleaved LM's ranks, else plain 1F1B, whose warm-up on an
+        encoder before an interleaved LM follows that LM's first rank (`feeder_lead`); forwards only without
+        `backward`."""
+        m = self.cfg.parallel.microbatches
+        if isinstance(stage, ChunkStages):
+            order = interleaved_order(self.pp_rank, self.grid.pp, self.chunks, m)
+            run_interleaved(stage, order if backward else [op for op in order if op[0] == "F"])
+        elif not backward:
+            run_forwards(stage, m)
+        elif self.chunks > 1:  # an encoder stage feeding an interleaved LM
+            lead = feeder_lead(interleaved_order(0, self.layout.grids[LANGUAGE].pp, self.chunks, m))
+            run_1f1b(stage, m, min(lead + self.depth - 1 - self.stage, m))
+        else:
+            run_1f1b(stage, m, warmup_microbatches(self.total_stages, self.stage, m))
 
     def _read(self, model: MimoModel, batch: dict | None, encoder: str | None, device: torch.device,
               problem: str | None) -> tuple[list | None, list | None]:

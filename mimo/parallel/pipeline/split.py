@@ -29,20 +29,31 @@ def stage_layers(n_layers: int, pp: int, pp_rank: int) -> list[str]:
     return [str(i) for i in range(pp_rank * n_layers // pp, (pp_rank + 1) * n_layers // pp)]
 
 
+def chunk_layers(n_layers: int, pp: int, pp_rank: int, chunks: int) -> list[list[str]]:
+    """Keys of the layers of each model chunk stage `pp_rank` holds under the interleaved schedule: the model
+    cut into pp x chunks contiguous virtual stages (`stage_layers`), chunk k of this rank being virtual stage
+    k x pp + pp_rank, so a rank's chunks are not contiguous. One chunk is `stage_layers`."""
+    if n_layers < pp * chunks:
+        raise ValueError(f"{n_layers} layers cannot fill {pp} pipeline stages x {chunks} virtual stages; use "
+                         f"pp x virtual_stages <= {n_layers}")
+    return [stage_layers(n_layers, pp * chunks, k * pp + pp_rank) for k in range(chunks)]
+
+
 def _keep_layers(layers: nn.ModuleDict, keep: list[str]) -> None:
     for key in list(layers):
         if key not in keep:
             del layers[key]
 
 
-def split_lm(lm: DecoderLM, pp_rank: int, pp: int) -> None:
-    """Stage `pp_rank` of the LM: its layers; the embedding on the first stage; norm and head on the last.
+def split_lm(lm: DecoderLM, pp_rank: int, pp: int, chunks: int = 1) -> None:
+    """Stage `pp_rank` of the LM: its layers (those of its `chunks` model chunks, `chunk_layers`); the
+    embedding on the first stage; norm and head on the last.
 
     Tied embeddings: the last stage keeps its own copy of the embedding as the head's weight. Both
     copies start equal and get the same (summed, see `PipelinePlan.sync_tied_embeddings`) gradient,
     so they stay equal; each counts as one of two replicas in the global gradient norm.
     """
-    _keep_layers(lm.layers, stage_layers(len(lm.layers), pp, pp_rank))
+    _keep_layers(lm.layers, [key for keys in chunk_layers(len(lm.layers), pp, pp_rank, chunks) for key in keys])
     first, last = pp_rank == 0, pp_rank == pp - 1
     tied = lm.cfg.tie_embeddings
     if not first and not (last and tied):

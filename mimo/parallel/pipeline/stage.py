@@ -81,13 +81,15 @@ class LMStage(_Stage):
     the last one returns the scaled loss and sums the loss for the log. Under context parallel every
     stage holds this CP rank's positions and the text microbatches come cut (`ContextParallel.shard_batch`).
     The last stage also runs the Out path (`MimoModel.output_losses` on its final states, made whole by
-    `gather_sequence`) for microbatches with `modality_targets`, and adds `out_loss`'s term to its output."""
+    `gather_sequence`) for microbatches with `modality_targets`, and adds `out_loss`'s term to its output.
+    `layers`: the keys of the layers this stage runs (one model chunk of an interleaved rank); None: all it holds."""
 
     def __init__(self, model: MimoModel, first: bool, last: bool, bridges: dict[str, PipelineBridge],
-                 text: list[dict] | None, scale: torch.Tensor, out_loss: OutPathLoss | None = None, **kw):
+                 text: list[dict] | None, scale: torch.Tensor, out_loss: OutPathLoss | None = None,
+                 layers: list[str] | None = None, **kw):
         super().__init__(**kw)
         self.model, self.first, self.last, self.bridges = model, first, last, bridges
-        self.text, self.scale, self.out_loss = text, scale, out_loss
+        self.text, self.scale, self.out_loss, self.layers = text, scale, out_loss, layers
         self.loss_sum = torch.zeros((), device=self.device)
 
     def _out_path(self, hidden: torch.Tensor, mb: dict) -> torch.Tensor:
@@ -128,7 +130,7 @@ class LMStage(_Stage):
         mb = self.text[t] if self.last else {}
         rows = mb.get("loss_rows")  # train.loss_rows_only: the last layer and the loss on the labelled rows
         with self.autocast():
-            out = lm(hidden, pos, output_rows=rows, shard_rows=mb.get("shard_loss_rows"))
+            out = lm(hidden, pos, output_rows=rows, shard_rows=mb.get("shard_loss_rows"), layers=self.layers)
             if self.last:
                 labels, mask = mb["labels"], mb.get("loss_mask")
                 if rows is not None:
@@ -151,6 +153,25 @@ class LMStage(_Stage):
             return
         for bridge, rows in zip(self.bridges.values(), inputs):
             bridge.send_backward(rows.grad, rows, self.outbox)
+
+
+class ChunkStages:
+    """An interleaved rank's model chunks, each an `LMStage` with its own links and in-flight microbatches
+    (chunk k is virtual stage k x pp + rank); `mimo.parallel.pipeline.schedule.run_interleaved` drives it."""
+
+    def __init__(self, chunks: list[LMStage]):
+        self.chunks = chunks
+
+    @property
+    def loss_sum(self) -> torch.Tensor:
+        """The loss summed by the last chunk (zero unless it runs the model's last layers)."""
+        return self.chunks[-1].loss_sum
+
+    def forward(self, t: int, chunk: int) -> None:
+        self.chunks[chunk].forward(t)
+
+    def backward(self, chunk: int) -> None:
+        self.chunks[chunk].backward()
 
 
 class EncoderStage(_Stage):

@@ -1,0 +1,203 @@
+"""Interleaved 1F1B (`parallel.modules.language.virtual_stages = 2`) trains like one process, and its schedule
+has the bubble the hand formula gives.
+
+A vision encoder on rank 0 feeds an LM cut into pp x 2 model chunks of one layer each on ranks 1..pp (rank r
+holds chunks r and r + pp), so activations wrap from the last LM rank back to the first and the encoder's
+warm-up follows the interleaved LM. Three AdamW steps on three global batches (samples with 0..2 images) are
+checked against one process: every step's loss and every weight after the last step, max |diff| <= 1e-5 x
+max |ref| (fp32), and the loss of a forwards-only (evaluation) pass after them. The pp3 case ties the LM's
+embeddings.
+"""
+
+import contextlib
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from mimo.config.schema import Config, ConfigError, ModuleLayoutConfig
+from mimo.models.build import build_model
+from mimo.parallel.layout import Layout
+from mimo.parallel.layout_rules import validate_plan
+from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order, run_1f1b
+from mimo.parallel.pipeline.split import chunk_layers
+from mimo.parallel.plan import ParallelPlan
+from mimo.planner.simulate import interleaved_ops, one_f_one_b_ops, schedule_bubble, simulate
+from mimo.train.optim import MimoOptimizer
+from mimo.train.trainer import module_map
+from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
+from tests.support.dist import rank_device, run_distributed
+from tests.support.parity import freeze_key_biases, rel_diff
+from tests.support.tiny_run import metrics, train_losses, train_rank
+
+RTOL = 1e-5
+IMG, S, PER_MB, STEPS = 60, 16, 2, 3
+# LM pp, microbatches, tied embeddings
+CASES = {3: (2, 4, False), 4: (3, 3, True)}
+
+
+def _config(pp: int, micro: int, tied: bool, chunks: int = 2) -> Config:
+    lm = ModuleLayoutConfig(offset=1, size=pp, pp=pp, virtual_stages=chunks)
+    modules = {"images": ModuleLayoutConfig(offset=0, size=1), "language": lm}
+    return tiny_vlm(tiny_llm(layers=pp * chunks, init_std=0.1, tie_embeddings=tied), tiny_vit(layers=2, init_std=0.1),
+                    IMG, modules, micro, PER_MB * micro)
+
+
+def _batch(n: int, step: int) -> dict:
+    g = torch.Generator().manual_seed(100 + step)
+    return image_text_batch(torch.randint(0, 3, (n,), generator=g), S, IMG, g)
+
+
+def _reference(cfg: Config, model) -> tuple[list[float], dict]:
+    opt = MimoOptimizer(module_map(model), cfg.optim, 10)
+    losses = []
+    for step in range(STEPS):
+        batch = _batch(cfg.data.global_batch, step)
+        out = model(batch["input_ids"], labels=batch["labels"], modality_inputs=batch["modality_inputs"])
+        loss = out.loss_sum / out.num_tokens
+        loss.backward()
+        losses.append(loss.item())
+        assert opt.step(step)[0]
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _run_case(rank: int, world: int) -> float:
+    """Returns (on rank 0) the worst relative difference of the losses and the weights after the last step."""
+    cfg = _config(*CASES[world])
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    freeze_key_biases(model)
+    par = copy.deepcopy(model)
+    ref_losses, ref_params = _reference(cfg, model)
+    plan = ParallelPlan(cfg, rank, world)
+    plan.parallelize(par)
+    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    pipe = plan.pipeline
+    if pipe.module == "language":  # rank r of the LM holds the strided chunks r and r + pp, one layer each
+        pp = CASES[world][0]
+        assert list(par.language_model.layers) == [str(pipe.pp_rank), str(pipe.pp_rank + pp)]
+    worst = 0.0
+    for step in range(STEPS):
+        batch = _batch(cfg.data.global_batch, step)
+        result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
+        r = abs(result.loss - ref_losses[step]) / abs(ref_losses[step])
+        assert r <= RTOL, f"world {world} step {step}: loss {result.loss} vs single-process {ref_losses[step]}"
+        worst = max(worst, r)
+        plan.finalize_grads(par)
+        assert opt.step(step)[0]
+    with torch.no_grad():  # evaluation: forwards only, in the interleaved order
+        batch = _batch(cfg.data.global_batch, STEPS)
+        out = model(batch["input_ids"], labels=batch["labels"], modality_inputs=batch["modality_inputs"])
+        want = (out.loss_sum / out.num_tokens).item()
+        got = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext,
+                              backward=False).loss
+    assert abs(got - want) <= RTOL * abs(want), f"world {world}: evaluation loss {got} vs single-process {want}"
+    params = plan.gather_full(par)
+    if rank != 0:
+        return worst
+    assert params.keys() == ref_params.keys(), "checkpoint names are one process's under interleaving"
+    for name, t in params.items():
+        r = rel_diff(t, ref_params[name])
+        assert r <= RTOL, f"world {world}: weight {name} after {STEPS} steps off by {r:.3g} relative"
+        worst = max(worst, r)
+    return worst
+
+
+@pytest.mark.parametrize("world", sorted(CASES))
+def test_interleaved_1f1b_trains_like_single_process(world):
+    worst = run_distributed(_run_case, world, timeout=600)[0]
+    print(f"LM pp{CASES[world][0]} x 2 virtual stages: max relative diff {worst:.2e}")
+
+
+LM_KEY, IMAGES_KEY = "--parallel.modules.language", "--parallel.modules.images"
+TRAIN = ["--train.steps=6", "--model.llm.layers=4", "--parallel.microbatches=2"]
+# the encoder on rank 0, the LM pp2 x 2 chunks on ranks 1-2
+INTERLEAVED3 = [f"{IMAGES_KEY}.offset=0", f"{IMAGES_KEY}.size=1", f"{LM_KEY}.offset=1", f"{LM_KEY}.size=2",
+                f"{LM_KEY}.pp=2", f"{LM_KEY}.virtual_stages=2", "--train.save_every=4"]
+
+
+def test_an_interleaved_checkpoint_resumes_in_one_process(tmp_path):
+    """The `Trainer` under `virtual_stages = 2` (set as a config key) takes one process's six steps, and its
+    step-4 checkpoint (one process's parameter names) resumes in one process to the same last two steps."""
+    threads = torch.get_num_threads()
+    try:
+        reference = train_losses(tmp_path / "one", *TRAIN)
+        run_distributed(train_rank, 3, str(tmp_path / "interleaved"), [*TRAIN, *INTERLEAVED3], timeout=300)
+        step4 = tmp_path / "interleaved" / "tiny" / "checkpoints" / "step_00000004"
+        resumed = train_losses(tmp_path / "resumed", *TRAIN, f"--train.resume={step4}")
+    finally:
+        torch.set_num_threads(threads)
+    interleaved = [r["loss"] for r in metrics(Path(tmp_path / "interleaved"))]
+    assert len(interleaved) == len(reference) == 6 and len(resumed) == 2
+    for what, got, want in (("interleaved", interleaved, reference), ("resumed", resumed, reference[4:])):
+        for step, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert abs(a - b) <= RTOL * abs(b), f"{what} step {step}: loss {a} vs one process {b}"
+
+
+def test_chunks_are_strided_and_keep_global_layer_keys():
+    assert chunk_layers(4, 2, 0, 2) == [["0"], ["2"]] and chunk_layers(4, 2, 1, 2) == [["1"], ["3"]]
+    assert chunk_layers(6, 3, 2, 2) == [["2"], ["5"]]
+    assert chunk_layers(8, 2, 1, 2) == [["2", "3"], ["6", "7"]]
+    with pytest.raises(ValueError, match="5 layers cannot fill 3 pipeline stages x 2 virtual stages"):
+        chunk_layers(5, 3, 0, 2)
+
+
+@pytest.mark.parametrize("pp,chunks,micro", [(2, 2, 4), (3, 2, 6), (4, 2, 8), (2, 4, 2), (3, 3, 3)])
+def test_bubble_of_the_runtime_schedule_matches_the_hand_formula(pp, chunks, micro):
+    """Equal stage costs: idle / busy = (pp - 1) / m under 1F1B, (pp - 1) / (v m) interleaved."""
+    idle, busy = schedule_bubble(pp, 1, micro)
+    assert idle / busy == pytest.approx((pp - 1) / micro)
+    idle, busy = schedule_bubble(pp, chunks, micro)
+    assert idle / busy == pytest.approx((pp - 1) / (chunks * micro))
+    for r in range(pp):  # each rank runs each of its chunks' forward and backward once per microbatch
+        order = interleaved_order(r, pp, chunks, micro)
+        assert sorted(order) == sorted((k, t, c) for k in "FB" for t in range(micro) for c in range(chunks))
+
+
+def _plain_1f1b(stage: int, micro: int, warmup: int) -> list[tuple[str, int, int]]:
+    """The ops `run_1f1b` runs on DAG stage `stage` with `warmup`."""
+    ops, flight = [], []
+
+    class Recorder:
+        def forward(self, t: int) -> None:
+            ops.append(("F", t, stage))
+            flight.append(t)
+
+        def backward(self) -> None:
+            ops.append(("B", flight.pop(0), stage))
+
+    run_1f1b(Recorder(), micro, warmup)
+    return ops
+
+
+@pytest.mark.parametrize("depth,pp,chunks,micro", [(1, 2, 2, 4), (2, 3, 2, 3), (1, 2, 3, 2), (2, 2, 2, 6)])
+def test_an_encoder_pipeline_feeding_an_interleaved_lm_cannot_deadlock(depth, pp, chunks, micro):
+    """The encoder's stages (plain 1F1B) warm up by `feeder_lead` of the LM's first rank, as
+    `PipelinePlan` runs them; on the clock (sends never block, receives wait) every rank finishes."""
+    assert feeder_lead(one_f_one_b_ops(0, pp, micro)) == pp  # a plain LM: the stage before it warms up pp
+    lead = feeder_lead(interleaved_order(0, pp, chunks, micro))
+    ops = [_plain_1f1b(s, micro, min(lead + depth - 1 - s, micro)) for s in range(depth)]
+    ops += [[(k, t, depth + v) for k, t, v in interleaved_ops(r, pp, chunks, micro)] for r in range(pp)]
+    vstages = depth + pp * chunks
+    cost = dict.fromkeys(range(vstages), 1.0)
+    timeline = simulate(ops, {v: [v - 1] if v else [] for v in range(vstages)}, cost, cost)
+    assert timeline.makespan >= 2 * micro * chunks
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: (setattr(c.parallel, "microbatches", 3), setattr(c.data, "global_batch", 6)),
+     r"parallel.microbatches \(3\) must be a multiple of parallel.modules.language.pp \(2\); use microbatches = 4"),
+    (lambda c: setattr(c.model.llm, "layers", 3), r"cuts model.llm.layers \(3\) into pp x virtual_stages = 4"),
+    (lambda c: setattr(c.parallel.modules["images"], "virtual_stages", 2), "language model's pipeline only"),
+    (lambda c: setattr(c.parallel.modules["language"], "fsdp", True), "with parallel.modules.language.fsdp = true"),
+    (lambda c: setattr(c.parallel.modules["language"], "virtual_stages", 0), "virtual_stages = 0 must be >= 1"),
+    (lambda c: c.parallel.modules.update(language=ModuleLayoutConfig(offset=1, size=2, virtual_stages=2)),
+     r"the LM is not pipelined \(pp = 1\)"),
+])
+def test_bad_virtual_stages_are_refused_by_the_gate(change, message):
+    cfg = _config(2, 4, False)
+    change(cfg)
+    layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 3)
+    with pytest.raises(ConfigError, match=message):
+        validate_plan(cfg, layout)
