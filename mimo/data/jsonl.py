@@ -5,7 +5,7 @@ one array of such objects (the LLaVA-Pretrain / LLaVA-Instruct layout).
 `{"image": ..., "conversations": [{"from": "human", "value": "<image>\\nwhat?"}, {"from": "gpt", ...}]}`
 (`"messages"` with role/content works too); `"video": ["f0.jpg", "f1.jpg", ...]` (with `"fps"`, default 2)
 names a video's frames for native-resolution models, as `"image": ["a.jpg", "b.png"]` names several images of one
-sample; `"audio": "clips/1.flac"` names a clip (relative to the
+sample (`[]`: none, a text-only sample); `"audio": "clips/1.flac"` names a clip (relative to the
 manifest's folder), alone with its transcript (`"text"`) or beside an image. Relative image paths start
 from `image_root` (data.image_root), by default the manifest's folder. A line that is not valid JSON
 becomes a skipped sample, counted like an unreadable image; a .json file that is not one array of objects
@@ -73,9 +73,9 @@ def _record(key: str, meta: object, root: Path, where: str, folder: Path) -> Rec
         rec = record_from_json(key, meta, None)
         return replace(rec, frames=tuple(ImageRef(str(resolve_image_path(root, v))) for v in video), fps=float(fps))
     if isinstance(image, list):
-        if not (image and all(isinstance(v, str) for v in image)) or audio is not None:
-            return Record(key, problem=f'{where}: "image" as a list must name one or more image paths (and no '
-                                       '"audio")')
+        if not all(isinstance(v, str) for v in image) or audio is not None:
+            return Record(key, problem=f'{where}: "image" as a list must name image paths (none: a text-only '
+                                       'sample), and no "audio"')
         return replace(record_from_json(key, meta, None), images=tuple(ImageRef(str(resolve_image_path(root, v)))
                                                                        for v in image))
     if not isinstance(image, str) and not isinstance(audio, str):

@@ -1,5 +1,5 @@
 """Real image/video-text data for a native-resolution (`kind = "native_vision"`) modality: JSONL or WebDataset
-samples with one or more images of any size (JSONL `"image": [...]`: several), or one video's frames (JSONL
+samples with images of any size (JSONL `"image": [...]`: several, or none), or one video's frames (JSONL
 `"video"`), each resized within the tower's [min_pixels, max_pixels] (mimo.data.native_images), so every sample
 has its own number of placeholders.
 
@@ -50,7 +50,7 @@ class NativeSpec:
 
 
 def record_items(rec: Record) -> list[tuple[ImageRef, ...]]:
-    """The items of a record in placeholder order: its video's frames, or each of its images."""
+    """The items of a record in placeholder order: its video's frames, or each of its images (none: text only)."""
     if rec.frames:
         return [rec.frames]
     return [(ref,) for ref in rec.images or ((rec.image,) if rec.image is not None else ())]
@@ -65,8 +65,6 @@ class _NativeSamples(_Samples):
         rec, spec = self.records[index], self.media[0]
         try:
             items = record_items(rec)
-            if not items:
-                raise BadSample("no image or video")
             grids = [grid_of(header_size(refs[0]), len(refs), spec.cfg) for refs in items]
             n = sum(tokens_of(g, spec.cfg) for g in grids)
             ids, labels = encode_text(rec, self.tok, n, spec.token_id, self.seq_len)
@@ -114,8 +112,9 @@ class NativeImageTextData(ImageTextData):
             if row_ids is not None:
                 ids[row, : len(row_ids)] = torch.tensor(row_ids)
                 labels[row, : len(row_labels)] = torch.tensor(row_labels)
-                positions[row] = mrope_positions(ids[row: row + 1], spec.token_id, torch.tensor(row_grids),
-                                                 spec.cfg.merge, torch.tensor(item[2]))[0]
+                grid_thw = torch.tensor(row_grids, dtype=torch.long).reshape(-1, 3)
+                positions[row] = mrope_positions(ids[row: row + 1], spec.token_id, grid_thw, spec.cfg.merge,
+                                                 torch.tensor(item[2]))[0]
         width = max([len(p) for p in patches if p is not None] + [1])
         pixels = torch.zeros(len(grids), width, spec.cfg.patch_pixels)
         for i, p in enumerate(patches):

@@ -69,7 +69,7 @@ class Record:
     # A video for native-resolution models: its frames' images in order, sampled at `fps` frames per second.
     frames: tuple[ImageRef, ...] = ()
     fps: float = 2.0
-    # Several images for native-resolution models (JSONL "image": [...]), in order; `image` is then None.
+    # Several images (or none) for native-resolution models (JSONL "image": [...]), in order; `image` is then None.
     images: tuple[ImageRef, ...] = ()
 
 

@@ -1,7 +1,7 @@
-"""Native-resolution data on several ranks: images of four sizes, a video, a sample of two images and a skipped
-sample train with the single process's losses and gradients on colocated layouts (two data lanes, plain,
-cost-balanced or FSDP; the LM under tp2 with sequence parallel, or cp2, with M-RoPE) and a non-colocated one (the
-tower on one rank, the LM on another: the LM's rank reads only image headers, the tower's only pixels, and the
+"""Native-resolution data on several ranks: images of four sizes, a video, a sample of two images, a text-only one
+and a skipped sample train with the single process's losses and gradients on colocated layouts (two data lanes,
+plain, cost-balanced or FSDP; the LM under tp2 with sequence parallel, or cp2, with M-RoPE) and a non-colocated one
+(the tower on one rank, the LM on another: the LM's rank reads only image headers, the tower's only pixels, and the
 pipeline bridge carries each sample's own number of rows)."""
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def write_image(path, size, seed):
 
 def manifest(tmp_path, several: bool = False) -> str:
     """Images of SIZES, a 3-frame video, a missing image; `several`: then a sample of two images (40 x 72, 100 x
-    30)."""
+    30) and a text-only one."""
     lines = [{"image": write_image(tmp_path / f"i{k}.png", s, k), "caption": f"picture {k}"}
              for k, s in enumerate(SIZES)]
     frames = [write_image(tmp_path / f"v{k}.png", (48, 64), 10 + k) for k in range(3)]
@@ -60,6 +60,7 @@ def manifest(tmp_path, several: bool = False) -> str:
     lines.append({"image": str(tmp_path / "missing.png"), "caption": "gone"})  # skipped and counted
     if several:
         lines.append({"image": [str(tmp_path / "i0.png"), str(tmp_path / "i1.png")], "caption": "two pictures"})
+        lines.append({"image": [], "caption": "none"})
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return str(path)
@@ -103,16 +104,19 @@ def test_a_manifest_becomes_batches_with_per_sample_tokens(tmp_path):
 
 def test_a_sample_of_two_images_holds_both_runs_and_their_positions(tmp_path):
     """Row 6 of the manifest: BOS, the 40 x 72 image's 2 x 4 merged cells, the 100 x 30 image's 6 x 2, the caption;
-    positions by hand (the second image starts past the first's larger side, the text past the second's)."""
+    positions by hand (the second image starts past the first's larger side, the text past the second's). Row 7
+    holds text alone."""
     cfg = load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, f"--data.path={manifest(tmp_path, several=True)}"])
     model = build_model(cfg.model).eval()
     data = build_native_data(cfg, model)
     items = data.reader(data)
-    batch = data._assemble([items[(r, r, True, frozenset({"images"}))] for r in range(7)], 7,
-                           torch.tensor([False] * 5 + [True, False]))
+    batch = data._assemble([items[(r, r, True, frozenset({"images"}))] for r in range(8)], 8,
+                           torch.tensor([False] * 5 + [True, False, False]))
     native = cfg.model.modalities["images"].native
     grids = batch["modality_inputs"]["images"]["visual"]["grid_thw"]
-    assert batch["modality_counts"]["images"].tolist() == [1, 1, 1, 1, 1, 0, 2]
+    assert batch["modality_counts"]["images"].tolist() == [1, 1, 1, 1, 1, 0, 2, 0]
+    assert batch["input_ids"][7, :6].tolist() == [256, *b"none", 257]
+    assert torch.equal(batch["position_ids"][7], torch.arange(batch["input_ids"].shape[1])[:, None].expand(-1, 3))
     first, second = grid_of(SIZES[0], 1, native), grid_of(SIZES[1], 1, native)
     assert grids[-2:].tolist() == [list(first), list(second)] and first[1:] == (4, 8) and second[1:] == (12, 4)
     text = list(b"two pictures") + [257]
@@ -126,8 +130,8 @@ def test_a_sample_of_two_images_holds_both_runs_and_their_positions(tmp_path):
         assert torch.equal(pixels[item, : len(patches)], torch.from_numpy(patches))
     with torch.no_grad():
         one = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
-        alone = {"input_ids": batch["input_ids"][6:], "labels": batch["labels"][6:],
-                 "position_ids": batch["position_ids"][6:],
+        alone = {"input_ids": batch["input_ids"][6:7], "labels": batch["labels"][6:7],
+                 "position_ids": batch["position_ids"][6:7],
                  "modality_inputs": {"images": {"visual": {"pixel_values": pixels[-2:], "grid_thw": grids[-2:]}}}}
         two = model(**alone)
     assert torch.isfinite(one.loss_sum) and two.num_tokens == len(text)
