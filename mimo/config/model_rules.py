@@ -161,12 +161,20 @@ NATIVE_ACTS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "relu")
 
 
 def validate_anyres(key: str, m: Any) -> None:
-    """A modality's anyres tiling: a vision one, [height, width] pairs, a tile limit only with pinpoints."""
+    """A modality's anyres tiling: a vision one, [height, width] pairs of whole tiles of every patch, a tile limit
+    only with pinpoints."""
     pairs = all(len(p) == 2 and min(p) > 0 for p in m.anyres_grid_pinpoints)
     if m.anyres_grid_pinpoints and (m.kind != "vision" or not pairs):
         raise ConfigError(f"{key}.anyres_grid_pinpoints tiles a kind = 'vision' modality's images at [height, width] "
                           f"pairs of positive sizes (e.g. [[384, 768], [768, 384]]); got {m.anyres_grid_pinpoints} "
                           f"with kind = '{m.kind}'")
+    tile, side = m.vit.image, m.vit.image // m.vit.patch
+    if m.anyres_grid_pinpoints and (any(x % tile for p in m.anyres_grid_pinpoints for x in p)
+                                    or m.vit.tokens_per_image != side**2):
+        raise ConfigError(f"{key}.anyres_grid_pinpoints cuts images into whole {key}.vit.image ({tile}) tiles of "
+                          f"{side**2} patch rows each: give pinpoints that are multiples of {tile} (got "
+                          f"{m.anyres_grid_pinpoints}) and keep every patch (vit.drop_class_token = true, "
+                          "drop_first_patch = false)")
     if m.anyres_max_tiles < 0 or (m.anyres_max_tiles and not m.anyres_grid_pinpoints):
         raise ConfigError(f"{key}.anyres_max_tiles ({m.anyres_max_tiles}) is OneVision's anyres_max_N: >= 0, and "
                           f"> 0 only with {key}.anyres_grid_pinpoints set")

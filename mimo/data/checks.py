@@ -86,14 +86,16 @@ def check_batch(model: MimoModel, batch: dict, modalities: Iterable[str] | None 
     """A whole global batch (with `modality_counts`) against the model's placeholders: counts against
     inputs, then each sample's placeholders against the rows its inputs will give. Every rank holding
     the batch reaches the same verdict before any collective, whichever lane a bad sample would reach.
-    Modalities with several encoders are left to the alignment's own check. The whole-model check
+    Rows per input are the submodules' own `rows_per_input` (an anyres modality's, of its image sizes), else the
+    encoder's. Modalities with several encoders are left to the alignment's own check. The whole-model check
     (`modalities` None) also holds every token id and label to the LM's vocabulary."""
     check_counts(batch)
     if modalities is None:
         check_vocabulary(model, batch)
     for name in model.modality_submodules.keys() if modalities is None else modalities:
-        encoders = model.modality_submodules[name].encoders
-        if len(encoders) == 1:
-            (encoder,) = encoders.values()
-            rows = getattr(encoder, "rows_per_input", None) or getattr(encoder, "tokens_per_image", None)
+        sub = model.modality_submodules[name]
+        if len(sub.encoders) == 1:
+            (encoder,) = sub.encoders.values()
+            rows = (getattr(sub, "rows_per_input", None) or getattr(encoder, "rows_per_input", None)
+                    or getattr(encoder, "tokens_per_image", None))
             check_placeholders(batch, name, model.special_token_ids[name], rows)

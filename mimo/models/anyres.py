@@ -32,25 +32,56 @@ def select_best_resolution(size: tuple[int, int], resolutions: list[list[int]]) 
     return best
 
 
+def unpad_margins(rows: int, cols: int, size: tuple[int, int]) -> tuple[int, int]:
+    """(rows, columns) of padding on each side of a `rows` x `cols` grid that an image of `size` (height, width)
+    was scaled to fit and centred in (one of the two is 0)."""
+    height, width = size
+    if width / height > cols / rows:
+        return (rows - int(round(height * cols / width, 7))) // 2, 0
+    return 0, (cols - int(round(width * rows / height, 7))) // 2
+
+
 def unpad(features: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """`[D, H, W]` features of an image scaled to fit and centred with padding -> the rows and columns that
     show the image of `size` (height, width)."""
-    height, width = size
     rows, cols = features.shape[1:]
-    if width / height > cols / rows:
-        pad = (rows - int(round(height * cols / width, 7))) // 2
-        return features[:, pad: rows - pad, :]
-    pad = (cols - int(round(width * rows / height, 7))) // 2
-    return features[:, :, pad: cols - pad]
+    top, left = unpad_margins(rows, cols, size)
+    return features[:, top: rows - top, left: cols - left]
+
+
+def shrink_ratio(rows: int, cols: int, side: int, max_tiles: int) -> float:
+    """OneVision's anyres_max_N: a `rows` x `cols` grid of patches larger than 1.1 x the side of `max_tiles`
+    tiles of `side`^2 patches is shrunk by this ratio on each side; 0 (no shrink) otherwise or without a limit."""
+    ratio = math.sqrt(rows * cols / (max_tiles * side**2)) if max_tiles else 0.0
+    return ratio if ratio > 1.1 else 0.0  # OneVision's threshold, as transformers applies it
+
+
+def anyres_rows(size: tuple[int, int], tile: int, patch: int, grid_pinpoints: list[list[int]], max_tiles: int,
+                tile_rows: int) -> int:
+    """Rows (placeholders) an image of `size` (height, width) gives AnyResSubmodules: the overview tile's
+    `tile_rows`, then its grid of `tile`-pixel tiles of `patch`-pixel patches at the best pinpoint, unpadded,
+    shrunk to `max_tiles` tiles' area (OneVision), each line closed by a newline row. What transformers'
+    LlavaNextProcessor / LlavaOnevisionProcessor count for the image."""
+    side = tile // patch
+    h, w = select_best_resolution(size, grid_pinpoints)
+    rows, cols = h // tile * side, w // tile * side
+    top, left = unpad_margins(rows, cols, size)
+    rows, cols = rows - 2 * top, cols - 2 * left
+    ratio = shrink_ratio(rows, cols, side, max_tiles)
+    if ratio:
+        rows, cols = int(rows // ratio), int(cols // ratio)
+    return tile_rows + rows * (cols + 1)
 
 
 class AnyResSubmodules(ModalitySubmodules):
     """A vision modality for anyres images: `encoders` holds one ViT (its rows with the first token dropped if
     it is configured so), `input_projections` its projector, `image_newline` the LM-width newline row.
 
-    Encoder inputs: `{"vit": {"pixel_values": [T, C, S, S], "image_sizes": [n, 2]}}`, the tiles of n images in
-    order (each image's overview tile first, then its grid row by row, as transformers' processor gives them)
-    and each image's (height, width). Returns the rows of all images, image by image."""
+    Encoder inputs: `{"vit": {"pixel_values": ..., "image_sizes": [n, 2]}}`, each of n images' (height, width)
+    and their tiles (each image's overview tile first, then its grid row by row, as transformers' processor gives
+    them), either all in order, `[T, C, S, S]`, or one image a row, `[n, most tiles, C, S, S]` zero-padded after
+    each image's own (transformers' batch layout, which splits by images). Returns the rows of all images, image
+    by image (`rows_of` each)."""
 
     def __init__(self, vit: nn.Module, projector: nn.Module, lm_hidden: int, grid_pinpoints: list[list[int]],
                  max_tiles: int = 0):
@@ -68,26 +99,39 @@ class AnyResSubmodules(ModalitySubmodules):
         h, w = select_best_resolution(size, self.grid_pinpoints)
         return h // tile, w // tile
 
+    def rows_of(self, size: tuple[int, int]) -> int:
+        """Rows (placeholders) the modality gives an image of `size` (height, width), mimo.models.anyres.anyres_rows."""
+        vit = self.encoders["vit"]
+        return anyres_rows(size, vit.cfg.image, vit.cfg.patch, self.grid_pinpoints, self.max_tiles,
+                           vit.tokens_per_image)
+
+    def rows_per_input(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each image's rows, of the encoder inputs' `image_sizes` (what mimo.data.checks holds placeholders to)."""
+        return torch.tensor([self.rows_of(tuple(s)) for s in inputs["image_sizes"].tolist()], dtype=torch.long)
+
     def forward(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         inputs = encoder_inputs["vit"]
         sizes = [tuple(int(x) for x in s) for s in inputs["image_sizes"].tolist()]
         counts = [1 + r * c for r, c in map(self.tiles_of, sizes)]
-        if sum(counts) != len(inputs["pixel_values"]):
+        pixels = inputs["pixel_values"]
+        if pixels.dim() == 5:
+            pixels = torch.cat([p[:k] for p, k in zip(pixels, counts)]) if counts else pixels.flatten(0, 1)
+        if sum(counts) != len(pixels):
             raise ValueError(f"image_sizes {sizes} need {sum(counts)} tiles ({counts}), but pixel_values holds "
-                             f"{len(inputs['pixel_values'])}")
+                             f"{len(pixels)}")
         vit = self.encoders["vit"]
-        rows = self.project(vit(inputs["pixel_values"]))
+        rows = self.project(vit(pixels))
         side = vit.cfg.image // vit.cfg.patch
         out = []
         for tiles, size in zip(rows.split(counts), sizes):
             r, c = self.tiles_of(size)
             grid = tiles[1:].view(r, c, side, side, -1).permute(4, 0, 2, 1, 3).flatten(1, 2).flatten(2, 3)
             grid = unpad(grid, size)
-            ratio = math.sqrt(grid.shape[1] * grid.shape[2] / (self.max_tiles * side**2)) if self.max_tiles else 0.0
-            if ratio > 1.1:  # OneVision's threshold, as transformers applies it
+            ratio = shrink_ratio(grid.shape[1], grid.shape[2], side, self.max_tiles)
+            if ratio:
                 grid = F.interpolate(grid[None], [int(grid.shape[1] // ratio), int(grid.shape[2] // ratio)],
                                      mode="bilinear")[0]
             newline = self.image_newline[:, None, None].expand(*grid.shape[:-1], 1).to(grid.dtype)
             grid = torch.cat([grid, newline], dim=-1).flatten(1, 2).transpose(0, 1)
             out.append(torch.cat([tiles[0], grid]))
-        return torch.cat(out)
+        return torch.cat(out) if out else rows.flatten(0, 1)

@@ -1,0 +1,73 @@
+"""Anyres tiling of the data pipeline (mimo.data.anyres_tiles) and its placeholder count
+(mimo.models.anyres.anyres_rows) against transformers' LLaVA-NeXT / OneVision image processor and processors,
+and against what AnyResSubmodules gives."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mimo.config.schema import ModalityConfig, ModelConfig, ViTConfig
+from mimo.data.anyres_tiles import tiled_inputs
+from mimo.export.tokens import BICUBIC, PIXEL_MEAN, PIXEL_STD
+from mimo.models.anyres import anyres_rows
+from mimo.models.build import build_model
+from tests.support.configs import tiny_llm
+
+tf = pytest.importorskip("transformers")
+
+TILE, PATCH = 32, 8
+PINPOINTS = [[32, 64], [64, 32], [64, 64], [32, 96], [96, 96]]
+SIZES = [(20, 40), (40, 24), (12, 44), (50, 50), (7, 100), (90, 31), (200, 180)]
+
+
+def images() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SIZES]
+
+
+def hf_counts(max_tiles: int) -> list[int]:
+    """Placeholders per image as LlavaNextProcessor (max_tiles 0) or LlavaOnevisionProcessor count them, with
+    every patch of every tile kept ("full", no class token), as mimo export writes them."""
+    side = TILE // PATCH
+    ns = SimpleNamespace(image_processor=SimpleNamespace(image_grid_pinpoints=PINPOINTS), patch_size=PATCH,
+                         num_additional_image_tokens=0, num_image_tokens=side**2,
+                         vision_aspect_ratio=f"anyres_max_{max_tiles}")
+    cls = tf.LlavaOnevisionProcessor if max_tiles else tf.LlavaNextProcessor
+    ns._get_unpadded_features = cls._get_unpadded_features.__get__(ns)
+    return [cls._get_number_of_features(ns, h, w, TILE, TILE) for h, w in SIZES]
+
+
+@pytest.mark.parametrize("family", ["next", "onevision"])
+def test_tiles_equal_transformers_image_processor(family):
+    """The image processors as mimo export writes them (mimo's bicubic resize, [-1, 1] pixels)."""
+    size = {"height": TILE, "width": TILE}
+    common = dict(size=size, image_grid_pinpoints=PINPOINTS, resample=BICUBIC, image_mean=PIXEL_MEAN,
+                  image_std=PIXEL_STD, rescale_factor=1 / 255, do_convert_rgb=True, do_pad=True)
+    proc = (tf.LlavaNextImageProcessorPil(crop_size=size, do_center_crop=True, **common) if family == "next"
+            else tf.LlavaOnevisionImageProcessorPil(**common))
+    ref = proc([Image.fromarray(x) for x in images()], return_tensors="pt")
+    got = tiled_inputs(images(), PINPOINTS, TILE)
+    assert got["image_sizes"].tolist() == ref["image_sizes"].tolist() == [list(s) for s in SIZES]
+    assert got["pixel_values"].shape == ref["pixel_values"].shape == (len(SIZES), 10, 3, TILE, TILE)
+    assert (got["pixel_values"] - ref["pixel_values"]).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("max_tiles", [0, 9, 2, 1])
+def test_placeholders_equal_transformers_processor_and_the_model(max_tiles):
+    """anyres_max_2 and _1 shrink the larger grids; the model's rows per image are the same counts."""
+    counts = [anyres_rows(s, TILE, PATCH, PINPOINTS, max_tiles, (TILE // PATCH) ** 2) for s in SIZES]
+    assert counts == hf_counts(max_tiles)
+    vit = ViTConfig(image=TILE, patch=PATCH, hidden=16, heads=2, mlp=24, drop_class_token=True)
+    cfg = ModelConfig(llm=tiny_llm(vocab=80), modalities={"images": ModalityConfig(
+        token_id=70, vit=vit, anyres_grid_pinpoints=PINPOINTS, anyres_max_tiles=max_tiles)})
+    sub = build_model(cfg).modality_submodules["images"]
+    inputs = tiled_inputs(images(), PINPOINTS, TILE)
+    with torch.no_grad():
+        rows = sub({"vit": inputs})
+    assert sub.rows_per_input(inputs).tolist() == counts
+    assert len(rows) == sum(counts)
