@@ -13,11 +13,13 @@ from mimo.data.audio_demo import build_avlm_data
 from mimo.data.demo import DemoVLMData
 from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
 from mimo.data.native_data import build_native_data
+from mimo.data.shapes import IMAGE_SIZE
 from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
 from mimo.data.text_to_image import build_text_to_image_data
 from mimo.eval.answers import evaluate_answers
 from mimo.eval.avlm import evaluate_avlm
 from mimo.eval.text_to_image import evaluate_text_to_image
+from mimo.models.anyres import AnyResSubmodules
 from mimo.models.multimodal import MimoModel
 
 # Demo sets beyond "shapes", by data.name: (build from the config, held-out evaluation of a model).
@@ -40,7 +42,12 @@ def build_demo_data(cfg: Config, model: MimoModel) -> Any:
     if len(cfg.model.modalities) != 1:
         raise ValueError("the shapes demo needs exactly one vision modality under model.modalities")
     (name, mcfg), = cfg.model.modalities.items()
-    vit = model.modality_submodules[name].encoders["vit"]
+    sub = model.modality_submodules[name]
+    vit = sub.encoders["vit"]
+    if isinstance(sub, AnyResSubmodules):
+        return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed,
+                           sub.rows_of((IMAGE_SIZE, IMAGE_SIZE)), mcfg.token_id, modality=name,
+                           images=cfg.data.images_range, grid_pinpoints=sub.grid_pinpoints, tile=vit.cfg.image)
     return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, vit.tokens_per_image,
                        mcfg.token_id, modality=name, images=cfg.data.images_range)
 

@@ -245,8 +245,8 @@ class ModalityConfig:
     # LLaVA-NeXT's anyres tiling (kind = "vision", mimo.models.anyres): each image cut into vit.image-pixel tiles
     # at the best of these [height, width] resolutions plus an overview tile, the tiles' patch rows put back in
     # place with a learned newline row per line ([] = one tile per image, as LLaVA-1.5). anyres_max_tiles > 0 is
-    # LLaVA-OneVision's anyres_max_N: larger grids shrink to about N tiles' area. Inference and export only: no
-    # data set tiles images yet, so the gate refuses to train such a run.
+    # LLaVA-OneVision's anyres_max_N: larger grids shrink to about N tiles' area. The shapes demo and mimo generate
+    # tile images (mimo.data.anyres_tiles); real data sets do not yet, so the gate refuses them with it.
     anyres_grid_pinpoints: list[list[int]] = field(default_factory=list)
     anyres_max_tiles: int = 0
     freeze_encoder: bool = False

@@ -1,5 +1,7 @@
 """The demo vision-language task as token sequences: `<bos> <image>*N question answer <eos> <pad>...`
-(N = the image's tokens x the sample's images; `modality_counts` says how many when the count varies).
+(N = the image's tokens x the sample's images; `modality_counts` says how many when the count varies). With grid
+pinpoints each image is tiled as LLaVA-NeXT tiles it (mimo.data.anyres_tiles) and N counts an anyres modality's
+rows per image (mimo.models.anyres.anyres_rows).
 
 Labels are shifted here (position t holds the id of token t+1) and cover only the answer and its
 end token, so the loss trains answering, not the question text. Every sequence is padded to one
@@ -11,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mimo.data.anyres_tiles import tiled_inputs
 from mimo.data.batching import COUNTS as MODALITY_COUNTS
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.shapes import (
@@ -52,16 +55,18 @@ def demo_row_length(image_tokens: int) -> int:
 
 class DemoVLMData(SeededBatches):
     """Train and held-out sets of the shapes task, tokenised, with a deterministic global order; each sample
-    holds `images[0]..images[1]` images (one by default)."""
+    holds `images[0]..images[1]` images (one by default). `grid_pinpoints` (an anyres modality's, with `tile` its
+    tower's image size) tiles every image; `image_tokens` is then the anyres rows of an IMAGE_SIZE image."""
 
     def __init__(self, train_samples: int, eval_samples: int, seed: int, image_tokens: int,
                  image_token_id: int, modality: str = "images", encoder: str = "vit",
-                 images: tuple[int, int] = (1, 1)):
+                 images: tuple[int, int] = (1, 1), grid_pinpoints: list[list[int]] | None = None, tile: int = 0):
         self.tok = ByteTokenizer()
         self.image_tokens = image_tokens
         self.image_token_id = image_token_id
         self.modality, self.encoder = modality, encoder
         self.images = images
+        self.grid_pinpoints, self.tile = grid_pinpoints, tile
         self.train = make_samples(train_samples, seed, images)
         self.eval = make_samples(eval_samples, seed + 1_000_003, images)
         self.seq_len = demo_row_length(image_tokens * images[1])
@@ -75,14 +80,22 @@ class DemoVLMData(SeededBatches):
         `modality_counts` unless every sample holds exactly one image)."""
         b, s = len(samples), self.seq_len
         ids, labels = question_answer_rows([(self.prompt_ids(x), x.answer) for x in samples], s, self.tok)
-        images = [image_tensor_values(image) for x in samples for image in x.images]
-        pixels = torch.from_numpy(np.stack(images)) if images else torch.zeros(0, 3, IMAGE_SIZE, IMAGE_SIZE)
         batch = {
             "input_ids": ids,
             "labels": labels,
             "position_ids": torch.arange(s).expand(b, s).contiguous(),
-            "modality_inputs": {self.modality: {self.encoder: {"pixel_values": pixels}}},
+            "modality_inputs": {self.modality: {self.encoder: self.pixel_inputs(samples)}},
         }
         if self.images != (1, 1):
             batch[MODALITY_COUNTS] = {self.modality: torch.tensor([len(x.images) for x in samples])}
         return batch
+
+    def pixel_inputs(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
+        """The encoder inputs of the samples' images in order: `pixel_values` `[n, 3, H, W]`, or an anyres
+        modality's tiles and sizes (mimo.data.anyres_tiles.tiled_inputs)."""
+        images = [image for x in samples for image in x.images]
+        if self.grid_pinpoints:
+            return tiled_inputs(images, self.grid_pinpoints, self.tile)
+        pixels = [image_tensor_values(image) for image in images]
+        return {"pixel_values": torch.from_numpy(np.stack(pixels)) if pixels else
+                torch.zeros(0, 3, IMAGE_SIZE, IMAGE_SIZE)}

@@ -24,15 +24,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
+from mimo.config.schema import LANGUAGE, Config, ConfigError, ModalityConfig, ModelConfig
 from mimo.config.validate import validate, validate_fast_path_keys, validate_float8_dtype
 from mimo.data.audio_demo import avlm_row_length
 from mimo.data.demo import demo_row_length
 from mimo.data.image_text import IMAGE_TEXT_SETS
 from mimo.data.media import clip_samples
+from mimo.data.shapes import IMAGE_SIZE
 from mimo.data.text_to_image import text_to_image_row_length
 from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer
 from mimo.hf.build import resolve_hf_architecture
+from mimo.models.anyres import anyres_rows
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP
 from mimo.parallel.grid import Grid
@@ -104,7 +106,7 @@ def row_length(cfg: Config, model: ModelConfig) -> int | None:
     """Tokens of every row the LM sees: the demo task's fixed length, or data.seq_len (synthetic and real data
     pad to it); None when packing (validate_plan checks data.pack_length) or when the model lacks what the
     demo task needs (`mimo plan` may plan a model for other data)."""
-    vision = [m.vit.tokens_per_image for m in model.modalities.values() if m.kind == "vision"]
+    vision = [image_rows(m) for m in model.modalities.values() if m.kind == "vision"]
     outs = [(m.decoder.image // m.decoder.patch) ** 2 for m in model.modalities.values() if m.output_token_id >= 0]
     name = cfg.data.name
     if cfg.data.packing or (name in ("shapes", "avlm") and not vision) or (name == "text_to_image" and not outs):
@@ -114,6 +116,32 @@ def row_length(cfg: Config, model: ModelConfig) -> int | None:
     if name == "avlm":
         return avlm_row_length(vision[0])
     return text_to_image_row_length(outs[0]) if name == "text_to_image" else cfg.data.seq_len
+
+
+def image_rows(m: ModalityConfig) -> int:
+    """Rows a demo image (shapes' IMAGE_SIZE square) gives a vision modality: its ViT's tokens, or an anyres
+    modality's tiles, newline rows included (mimo.models.anyres.anyres_rows)."""
+    if not m.anyres_grid_pinpoints:
+        return m.vit.tokens_per_image
+    return anyres_rows((IMAGE_SIZE, IMAGE_SIZE), m.vit.image, m.vit.patch, m.anyres_grid_pinpoints,
+                       m.anyres_max_tiles, m.vit.tokens_per_image)
+
+
+def check_anyres_layout(cfg: Config, layout: Layout) -> None:
+    """An anyres modality trains colocated with the LM, its tower replicated or sharded over data lanes only:
+    its tiles are not split by tensor, context or pipeline parallelism, and no pipelined LM receives its rows."""
+    for name, m in cfg.model.modalities.items():
+        if not m.anyres_grid_pinpoints:
+            continue
+        grid, lm = layout.grids[name], layout.grids[LANGUAGE]
+        split = [f"parallel.modules.{name}.{d} = {getattr(grid, d)}" for d in ("tp", "cp", "pp")
+                 if getattr(grid, d) > 1]
+        split += [f"parallel.modules.{LANGUAGE}.pp = {lm.pp}"] if lm.pp > 1 else []
+        split += [f"parallel.modules.{name} on ranks of its own (non-colocated)"] if not layout.colocated else []
+        if split:
+            raise ConfigError(f"model.modalities.{name}.anyres_grid_pinpoints trains on colocated data-parallel "
+                              f"layouts only, not with {split[0]}; lay the module out over dp alone, on the LM's "
+                              "ranks, with an LM of pp = 1")
 
 
 def check_data_set(cfg: Config, model: ModelConfig) -> None:
@@ -130,10 +158,10 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
         raise ConfigError(f"data.name = '{name}' needs {what} under model.modalities; this model has "
                           f"{dict(zip(model.modalities, kinds)) or 'none'}")
     tiled = [n for n, m in model.modalities.items() if m.anyres_grid_pinpoints]
-    if tiled:
-        raise ConfigError(f"model.modalities.{tiled[0]}.anyres_grid_pinpoints is set, but no data set tiles images "
-                          "yet: such a model serves inference and export (mimo.hf.import_llava_next, mimo export); "
-                          "train with anyres_grid_pinpoints = [] (one tile per image)")
+    if tiled and name != "shapes":
+        raise ConfigError(f"model.modalities.{tiled[0]}.anyres_grid_pinpoints is set, but data.name = '{name}' does "
+                          "not tile images yet (the shapes demo does); train it on data.name = 'shapes', or with "
+                          "anyres_grid_pinpoints = [] (one tile per image)")
     if cfg.data.image_root and not os.path.isdir(cfg.data.image_root):
         raise ConfigError(f"data.image_root = '{cfg.data.image_root}' is no folder; name the folder the manifest's "
                           "relative image paths start from, or leave it empty for the manifest's own folder")
@@ -245,6 +273,7 @@ def check_layout(cfg: Config, layout: Layout) -> None:
     plan's rules (validate_plan), then sequence splits that must divide the rows and data lanes the colocated
     bridge can map. Pure, not collective."""
     validate_plan(cfg, layout)
+    check_anyres_layout(cfg, layout)
     check_fast_path_layout(cfg, layout)
     check_checkpointable(cfg, layout)
     lm = layout.grids[LANGUAGE]

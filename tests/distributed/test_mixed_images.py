@@ -1,7 +1,9 @@
 """Samples with 0..3 images each (`data.min_images_per_sample = 0`, `data.images_per_sample = 3` on the shapes
 demo): text-only samples, several images per sample, and data lanes that see no image at all. On the colocated
 fan-in (encoder dp4 into LM tp2 x dp2, 4 ranks) and the 3-rank pipeline (encoder on rank 0, LM pp2 on ranks 1-2,
-2 microbatches), two `Trainer` steps give the single-process losses and gradients within 1e-5 relative."""
+2 microbatches), two `Trainer` steps give the single-process losses and gradients within 1e-5 relative. So do they
+with every image tiled as LLaVA-NeXT tiles it (an anyres run, tests.support.anyres_run) on 2 ranks of data
+parallelism (replicated and FSDP2) and on the colocated fan-in (tower dp2 into LM tp2)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 from mimo.data.demo import DemoVLMData
 from mimo.train.trainer import Trainer
+from tests.support.anyres_run import ANYRES
 from tests.support.dist import run_distributed
 from tests.support.parity import assert_trains_like, trainer_steps
 from tests.support.tiny_run import tiny_config
@@ -26,6 +29,7 @@ LAYOUTS = {
     "pipeline3": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
                       "--parallel.microbatches=2"]),
 }
+ANYRES_LAYOUTS = {"dp2": [], "dp2_fsdp": [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"], "fan_in2": [f"{LANG}.tp=2"]}
 
 
 def _train(out: Path, *overrides: str) -> tuple[list[float], list[dict]]:
@@ -41,6 +45,13 @@ def _rank(rank: int, world: int, out: str, layout: list[str]) -> tuple[list[floa
 def reference(tmp_path_factory) -> tuple[list[float], list[dict]]:
     threads = torch.get_num_threads()
     yield _train(tmp_path_factory.mktemp("single"))
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def anyres_reference(tmp_path_factory) -> tuple[list[float], list[dict]]:
+    threads = torch.get_num_threads()
+    yield _train(tmp_path_factory.mktemp("single_anyres"), *ANYRES)
     torch.set_num_threads(threads)
 
 
@@ -63,3 +74,10 @@ def test_mixed_images_train_like_single_process(reference, tmp_path, layout):
     world, overrides = LAYOUTS[layout]
     losses, grads = run_distributed(_rank, world, str(tmp_path), overrides, timeout=600)[0]
     assert_trains_like(layout, (losses, grads), reference, RTOL)
+
+
+@pytest.mark.parametrize("layout", list(ANYRES_LAYOUTS))
+def test_anyres_images_train_like_single_process(anyres_reference, tmp_path, layout):
+    losses, grads = run_distributed(_rank, 2, str(tmp_path), [*ANYRES, *ANYRES_LAYOUTS[layout]], timeout=600)[0]
+    assert_trains_like(f"anyres {layout}", (losses, grads), anyres_reference, RTOL)
+    assert "modality_submodules.images.image_newline" in grads[0]
