@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from mimo.config.schema import Config, ConfigError
+from mimo.data.anyres_tiles import tiled_inputs
 from mimo.data.audio_demo import AUDIO_QUESTIONS, CLIP_SAMPLES
 from mimo.data.audio_files import AudioDecodeError, decode_audio
 from mimo.data.image_text import IMAGE_TEXT_SETS
@@ -107,8 +108,9 @@ def only_modality(cfg: Config, kinds: tuple[str, ...], flag: str, run: str) -> s
 
 def image_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str]) -> tuple[dict, list[int]]:
     """(modality `name`'s encoder inputs for the images at `paths`, each image's placeholders), as training reads
-    them: a fixed-size ViT's square bicubic resize, or a native-resolution tower's own grid within its
-    [min_pixels, max_pixels] (mimo.data.native_images)."""
+    them: a fixed-size ViT's square bicubic resize, an anyres modality's tiles of the image at its own size
+    (mimo.data.anyres_tiles), or a native-resolution tower's own grid within its [min_pixels, max_pixels]
+    (mimo.data.native_images)."""
     m = cfg.model.modalities[name]
     if m.kind == "native_vision":
         try:
@@ -118,10 +120,12 @@ def image_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str]) -> 
         pixels = torch.from_numpy(np.concatenate([patches for patches, _ in items]))
         grids = torch.tensor([grid for _, grid in items], dtype=torch.long)
         return {"visual": {"pixel_values": pixels, "grid_thw": grids}}, [tokens_of(g, m.native) for _, g in items]
+    sub = model.modality_submodules[name]
+    vit = sub.encoders["vit"]
     if m.anyres_grid_pinpoints:
-        raise ConfigError(f"--image: model.modalities.{name} tiles anyres images, which mimo generate does not cut "
-                          "yet; export the run (mimo export) and use transformers' processor and generate")
-    vit = model.modality_submodules[name].encoders["vit"]
+        images = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
+        return ({"vit": tiled_inputs(images, sub.grid_pinpoints, m.vit.image)},
+                [sub.rows_of(x.shape[:2]) for x in images])
     size = m.vit.image
     pixels = [image_tensor_values(np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BICUBIC)))
               for p in paths]

@@ -2,9 +2,10 @@
 `LlavaOnevisionForConditionalGeneration` checkpoint as a MimoModel whose `images` modality is an
 `AnyResSubmodules` (tiles at the best grid resolution, rows put back in place, a newline row per line).
 
-For inference and evaluation: the returned ModelConfig describes the LM, the tower and the tiling
-(`anyres_grid_pinpoints`, `anyres_max_tiles`), so mimo's builder makes the same model, but the gate refuses to
-train it (no data set tiles images yet); mimo.export.llava_next writes the model back.
+The returned ModelConfig describes the LM, the tower and the tiling (`anyres_grid_pinpoints`,
+`anyres_max_tiles`), so mimo's builder makes the same model, `mimo generate` tiles its images
+(mimo.data.anyres_tiles) and the shapes demo trains it (real data sets do not tile images yet);
+mimo.export.llava_next writes the model back.
 """
 
 from __future__ import annotations

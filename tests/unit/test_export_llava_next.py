@@ -11,9 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from mimo.cli import main
+from mimo.cli import generate_text, main
 from mimo.config.load import dump_toml
 from mimo.config.schema import Config, ModalityConfig, ModelConfig, ViTConfig
+from mimo.data.prompts import PromptRequest
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.export.hf import export_llava
 from mimo.export.llava_next import export_llava_next
@@ -84,8 +85,9 @@ def processed(out, max_tiles: int):
     return transformers.BatchFeature({**tokens, **pixels})
 
 
-def check_export(model: MimoModel, out, max_tiles: int) -> None:
-    """Placeholder counts, fp32 logits and greedy tokens of the directory `out` against `model`."""
+def check_export(model: MimoModel, out, max_tiles: int) -> list[list[int]]:
+    """Placeholder counts, fp32 logits and greedy tokens of the directory `out` against `model`; transformers'
+    greedy tokens of each prompt (padding dropped)."""
     hf = getattr(transformers, json.loads((out / "config.json").read_text())["architectures"][0])
     hf = hf.from_pretrained(out).float().eval()
     inputs = processed(out, max_tiles)
@@ -105,8 +107,10 @@ def check_export(model: MimoModel, out, max_tiles: int) -> None:
     made = hf.generate(**inputs, max_new_tokens=STEPS, do_sample=False)[:, inputs.input_ids.shape[1]:]
     mine = greedy_generate(model, inputs.input_ids, ours_in, STEPS, ByteTokenizer.EOS,
                            attention_mask=inputs.attention_mask)
-    assert mine == [[t for t in row if t != ByteTokenizer.PAD] for row in made.tolist()]
+    theirs = [[t for t in row if t != ByteTokenizer.PAD] for row in made.tolist()]
+    assert mine == theirs
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o644 for f in out.iterdir())
+    return theirs
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -119,9 +123,10 @@ def test_anyres_export_matches_transformers(case, tmp_path):
     check_export(model, out, max_tiles)
 
 
-def test_a_run_configured_as_anyres_exports_from_its_checkpoint(tmp_path, capsys):
+def test_a_run_configured_as_anyres_exports_from_its_checkpoint(tmp_path):
     """`mimo export` of a run whose config asks for anyres tiling (OneVision, grids shrunk) streams it out of the
-    sharded checkpoint, image_newline included."""
+    sharded checkpoint, image_newline included; `mimo generate --image` on the run, tiling the images itself,
+    answers with transformers' greedy tokens on the export."""
     cfg = anyres_config("siglip", 1)
     torch.manual_seed(0)
     run = tmp_path / "run"
@@ -131,13 +136,13 @@ def test_a_run_configured_as_anyres_exports_from_its_checkpoint(tmp_path, capsys
     with pytest.raises(SystemExit) as done:
         main(["export", "--run", str(run), "--to", str(tmp_path / "out")])
     assert done.value.code == 0
-    _, model = load_run(run)
-    check_export(model.eval(), tmp_path / "out", 1)
-    images()[0].save(tmp_path / "a.png")
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as done:
-        main(["generate", "--run", str(run), "--prompt", "a", "--image", str(tmp_path / "a.png")])
-    assert done.value.code != 0 and "which mimo generate does not cut yet" in capsys.readouterr().err
+    loaded, model = load_run(run)
+    theirs = check_export(model.eval(), tmp_path / "out", 1)
+    paths = [tmp_path / f"{i}.png" for i in range(len(SIZES))]
+    for image, path in zip(images(), paths):
+        image.save(path)
+    requests = [PromptRequest(p, str(path)) for p, path in zip(PROMPTS, paths)]
+    assert generate_text(loaded, model, requests, STEPS, str(run)) == [ByteTokenizer().decode(t) for t in theirs]
 
 
 def test_llava_export_refuses_an_anyres_model(tmp_path):
