@@ -226,7 +226,7 @@ class ModelSource(WeightSource):
         self.model = model
         self.label = f"<{type(model).__name__} object>"
         self.config_label = f"the config of {self.label}"
-        self.state = model.state_dict()
+        self.state = checkpoint_state(model)
 
     def keys(self) -> list[str]:
         return list(self.state)
@@ -249,6 +249,18 @@ class ModelSource(WeightSource):
 
     def close(self) -> None:
         """Nothing to release: the model owns its tensors."""
+
+
+def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A live model's tensors under the names (and splits) of its checkpoint files, the ones mimo's name maps
+    read: transformers 5 converts some on load (DINOv2's attention.attention.query to attention.q_proj, MoE
+    experts stacked into one tensor) and reverts that in save_pretrained, which this does the same way. Older
+    transformers converts nothing."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return model.state_dict()
+    return dict(revert_weight_conversion(model, model.state_dict()))
 
 
 def open_source(source: str | Path | nn.Module | WeightSource) -> WeightSource:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mimo.export import export_causal_lm
-from mimo.hf import import_llm
+from mimo.hf import import_llm, import_vision
 from mimo.models.llm import DecoderLM
 from tests.support.configs import tiny_llm
 from tests.support.hf_helpers import (
@@ -14,6 +14,7 @@ from tests.support.hf_helpers import (
     perturb,
     save,
     tiny_causal_lm,
+    tiny_vision_config,
     transformers,
 )
 
@@ -36,11 +37,23 @@ def test_import_matches_transformers(case, tmp_path):
     assert hidden <= TOL and logits <= TOL, (case, hidden, logits)
 
 
-def test_import_from_model_object_equals_directory(tmp_path):
-    hf = perturb(tiny_causal_lm("qwen3"))
-    from_dir, from_obj = import_llm(save(hf, tmp_path / "q3")), import_llm(hf)
-    for (name, a), (_, b) in zip(from_dir.state_dict().items(), from_obj.state_dict().items()):
-        assert torch.equal(a, b), name
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    assert a.state_dict().keys() == b.state_dict().keys()
+    for name, t in a.state_dict().items():
+        assert torch.equal(t, b.state_dict()[name]), name
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mixtral"])
+def test_import_from_model_object_equals_directory(family, tmp_path):
+    """Mixtral's live experts are stacked (transformers renames them on load), its files hold one per expert."""
+    hf = perturb(tiny_causal_lm(family))
+    _same_weights(import_llm(save(hf, tmp_path / family)), import_llm(hf))
+
+
+def test_a_live_tower_whose_names_transformers_converts_imports_as_its_directory(tmp_path):
+    """A live DINOv2 names its attention q_proj/k_proj/v_proj/o_proj; its files attention.attention.query ..."""
+    hf = perturb(transformers.Dinov2Model(tiny_vision_config("dinov2")).eval())
+    _same_weights(import_vision(save(hf, tmp_path / "dinov2")), import_vision(hf))
 
 
 EXPORT_CASES = {
