@@ -38,6 +38,8 @@ KIND = {PLAIN_DP: "data parallel", FSDP: "fsdp", LM_TP: "colocated", SPLIT_ENCOD
         PIPELINED: "pipelined"}
 PIPELINE_SHARES = (2, 4, 8)
 """A pipelined candidate puts each encoder on N / share ranks."""
+VIRTUAL_STAGES = 2
+"""The model chunks per rank of a pipelined LM's interleaved candidate (interleaved 1F1B)."""
 
 Modules = dict[str, ModuleLayoutConfig]
 
@@ -151,7 +153,20 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
             out.append(min(fitting, key=_lm_split_cost))
         elif rows:
             out.append(min(rows, key=lambda r: r.usage.peak))
+        if rows:
+            out += _interleaved(out[-1], cost)
     return out
+
+
+def _interleaved(row: Row, cost: Callable[[Modules], Row | None]) -> list[Row]:
+    """`row`'s layout again with its LM interleaved over VIRTUAL_STAGES model chunks per pipeline rank, where
+    the LM is pipelined and the gate accepts it (`validate_virtual_stages`: layers >= pp x v, microbatches a
+    multiple of pp, no FSDP): a smaller bubble for more activations in flight and more messages."""
+    if row.layout.grids[LANGUAGE].pp < 2:
+        return []
+    lm = row.modules[LANGUAGE]
+    again = cost({**row.modules, LANGUAGE: dataclasses.replace(lm, virtual_stages=VIRTUAL_STAGES)})
+    return [again] if again is not None else []
 
 
 def layout_of(cfg: Config, modules: Modules, gpus: int) -> Layout | None:
@@ -191,11 +206,15 @@ def preference(layout: Layout, modules: Modules) -> int:
     return FSDP if any(m.fsdp for m in modules.values()) else PLAIN_DP
 
 
-def why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float, ep: int = 1) -> str:
-    """The row's reason in words (with the LM's `ep` > 1, what expert parallelism adds)."""
+def why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float, ep: int = 1,
+        virtual: int = 1) -> str:
+    """The row's reason in words (with the LM's `ep` > 1, what expert parallelism adds; with its `virtual`
+    stages > 1, what interleaving does)."""
     reason = _why(layout, klass, usage, fits, limit_gib)
     if ep > 1:
         reason += f"; LM ep{ep}: 1/{ep} of the experts a GPU, their tokens sent by all-to-all"
+    if virtual > 1:
+        reason += f"; interleaved over {virtual} model chunks a rank: 1/{virtual} the bubble, more in flight"
     return reason
 
 
@@ -270,8 +289,8 @@ def cost_at(setting: Setting, modules: Modules, micro: int, gpus: int, gpu_memor
     trained = as_trained(at, modules, layout)
     usage = estimate(trained, layout, setting.sizes, modules)
     klass, ok = preference(layout, modules), usage.peak <= gpu_memory_gib * GIB
-    ep = modules[LANGUAGE].ep if LANGUAGE in modules else 1
-    return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib, ep),
+    ep, v = (modules[LANGUAGE].ep, modules[LANGUAGE].virtual_stages) if LANGUAGE in modules else (1, 1)
+    return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib, ep, v),
                predict(dataclasses.replace(setting, cfg=trained), layout, modules), micro)
 
 
@@ -288,7 +307,8 @@ def _nearest_divisor(batch: int, gpus: int) -> int:
 
 def label(layout: Layout, modules: Modules) -> str:
     """A short name: 'dp8', 'tp2 dp4 +LM sp', 'images dp8 | LM tp2+sp dp4', 'images[0-1] dp2 | LM[2-7] pp3 dp2',
-    'images dp4 | LM dp4 ep2' (the LM's experts split over 2 of its lanes)."""
+    'images[0-3] dp4 | LM[4-7] pp2 v2 dp2' (interleaved, 2 virtual stages), 'images dp4 | LM dp4 ep2' (the LM's
+    experts split over 2 of its lanes)."""
     grids = layout.grids
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in grids}
 
@@ -296,7 +316,7 @@ def label(layout: Layout, modules: Modules) -> str:
         g, f = grids[name], flags[name]
         parts = [f"tp{g.tp}" + ("+sp" if f.sequence_parallel else "")] if g.tp > 1 else []
         parts += [f"cp{g.cp}"] if g.cp > 1 else []
-        parts += [f"pp{g.pp}"] if g.pp > 1 else []
+        parts += ([f"pp{g.pp}"] + ([f"v{f.virtual_stages}"] if f.virtual_stages > 1 else [])) if g.pp > 1 else []
         parts += [f"dp{g.dp}"] + ([f"ep{f.ep}"] if f.ep > 1 else []) + (["fsdp"] if f.fsdp else [])
         return " ".join(parts)
 
@@ -327,7 +347,7 @@ def to_toml(modules: Modules, microbatches: int, layout: Layout) -> str:
         if not layout.colocated:
             lines += [f"offset = {m.offset}", f"size = {m.size}"]
         lines.append(f"tp = {m.tp}  # dp = {grid.dp}")
-        lines += [f"{k} = {getattr(m, k)}" for k in ("cp", "pp", "ep") if getattr(m, k) > 1]
+        lines += [f"{k} = {getattr(m, k)}" for k in ("cp", "pp", "virtual_stages", "ep") if getattr(m, k) > 1]
         lines += [f"{k} = true" for k in ("sequence_parallel", "fsdp") if getattr(m, k)]
         lines.append("")
     return "\n".join(lines)

@@ -36,8 +36,11 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   the backward recomputes it.
 - **Pipelined layouts** (1F1B): the stage at position i of s stages holds min(s - i, microbatches)
   microbatches of activations in flight (the first stage the most); every stage is costed and the worst
-  GPU is reported. Colocated layouts hold one microbatch at a time (gradient accumulation) and add up
-  every module on each GPU.
+  GPU is reported. An interleaved LM (virtual_stages = v > 1) holds, on each rank, the peak count of model
+  chunks' forwards awaiting their backward in the runtime's own `interleaved_order` (`interleaved_in_flight`;
+  rank r of pp: 2 (pp - r - 1) + (v - 1) pp + 1 of them, at most v m), each 1/v of the rank's layers; an
+  encoder stage before it, its warm-up (`feeder_lead`) plus one. Colocated layouts hold one microbatch at a
+  time (gradient accumulation) and add up every module on each GPU.
 - A fixed **2 GiB** for the CUDA context, the NCCL buffers and the allocator's workspace.
 - **Host memory of a CPU run** (`host_estimate`, per phase, checked against benchmarks/bench_memory.py in
   BENCHMARKS.md): the model is built on the meta device, so while it is built a rank holds only its own
@@ -61,7 +64,9 @@ from mimo.parallel.expert.layout import EXPERT_WEIGHTS
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order
 from mimo.parallel.pipeline.split import stage_layers
+from mimo.parallel.pipeline.virtual import virtual_stages
 from mimo.train.gate import row_length
 
 GIB = 1024**3
@@ -183,7 +188,7 @@ def _layer_activation(tokens: float, hidden: int, tp: int, sp: bool, dtype: str)
 
 
 def stage_usage(cfg: Config, name: str, size: ModuleSize, grid: Grid, flags: ModuleLayoutConfig, stage: int,
-                in_flight: int) -> Usage:
+                in_flight: float) -> Usage:
     """Bytes on one GPU of pipeline stage `stage` of module `name`, holding `in_flight` microbatches."""
     first, last = stage == 0, stage == grid.pp - 1
     layers = len(stage_layers(size.layers, grid.pp, stage)) if size.layers else 0
@@ -220,16 +225,35 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
     if not is_pipelined(layout):
         parts = [stage_usage(cfg, n, sizes[n], g, flags[n], 0, 1) for n, g in layout.grids.items()]
         return Usage(sum(u.states for u in parts), sum(u.activations for u in parts))
-    depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
-    total = depth + layout.grids[LANGUAGE].pp
     worst = Usage(0.0, 0.0)
     for name, grid in layout.grids.items():
-        start = depth if name == LANGUAGE else 0
         for stage in range(grid.pp):
-            in_flight = min(total - (start + stage), cfg.parallel.microbatches)
-            u = stage_usage(cfg, name, sizes[name], grid, flags[name], stage, in_flight)
+            u = stage_usage(cfg, name, sizes[name], grid, flags[name], stage, in_flight(cfg, layout, name, stage))
             worst = max(worst, u, key=lambda x: x.peak)
     return worst
+
+
+def in_flight(cfg: Config, layout: Layout, name: str, stage: int) -> float:
+    """Microbatches of activations pipeline stage `stage` of module `name` holds at its peak, as the runtime
+    schedules it (`PipelinePlan._run_schedule`): a plain 1F1B stage its warm-up plus one, at most the
+    microbatches; an interleaved LM's rank its peak chunks in flight (`interleaved_in_flight`) over v."""
+    m, lm, v = cfg.parallel.microbatches, layout.grids[LANGUAGE], virtual_stages(cfg, LANGUAGE)
+    depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
+    if v > 1 and name == LANGUAGE:
+        return interleaved_in_flight(stage, lm.pp, v, m) / v
+    if v > 1:  # an encoder stage feeding an interleaved LM
+        return min(feeder_lead(interleaved_order(0, lm.pp, v, m)) + depth - stage, m)
+    return min(depth + lm.pp - (depth if name == LANGUAGE else 0) - stage, m)
+
+
+def interleaved_in_flight(rank: int, pp: int, chunks: int, microbatches: int) -> int:
+    """The most model-chunk forwards rank `rank` of `pp` holds awaiting their backward under the runtime's
+    `interleaved_order`: counted along that order, not from a formula."""
+    held = peak = 0
+    for kind, _, _ in interleaved_order(rank, pp, chunks, microbatches):
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
 
 
 # Host memory of a CPU (gloo) run, phase by phase -----------------------------------------------------

@@ -7,7 +7,9 @@
 - **Pipelined layouts**: the multi-module 1F1B of mimo.parallel.pipeline.schedule on the simulator's clock
   (mimo.planner.simulate), each stage's forward and backward per microbatch from its layers (the LM's head
   on its last stage), each boundary's message from the network model (the pipeline bridge's leader send plus
-  its broadcast to the TP group).
+  its broadcast to the TP group). An interleaved LM (`parallel.modules.language.virtual_stages` = v > 1) runs
+  the runtime's `interleaved_order` over its pp x v virtual stages instead: a bubble of about (pp - 1) / (v m)
+  of the step rather than (pp - 1) / m, for v times the boundary messages.
 - **After the backward** (both): each module's gradients are all-reduced over its dp x cp group (an
   expert-parallel LM's experts, 1/ep of them per rank, over their edp group of dp x cp / ep ranks; bf16 with
   `train.master_weights`, which also all-gathers the updated bf16 weights; fp32 otherwise). mimo runs the
@@ -31,7 +33,9 @@ from mimo.models.flops import TRAIN_FACTOR, audio_flops, lm_flops, projector_flo
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order, warmup_microbatches
 from mimo.parallel.pipeline.split import stage_layers
+from mimo.parallel.pipeline.virtual import virtual_stages
 from mimo.planner.cost import (
     Piece,
     audio_frames,
@@ -46,7 +50,7 @@ from mimo.planner.cost import (
 from mimo.planner.memory import STATE_BYTES, ModuleSize
 from mimo.planner.network import Network
 from mimo.planner.profile import Profile
-from mimo.planner.simulate import one_f_one_b_ops, simulate
+from mimo.planner.simulate import Op, interleaved_ops, one_f_one_b_ops, plain_ops, simulate
 
 ADAMW_BYTES = 28
 """AdamW's traffic per parameter: read weight, gradient and two moments, write weight and moments."""
@@ -98,15 +102,17 @@ def _text_rows(s: Setting, seq: int) -> float:
     return max(seq - filled, 1.0)
 
 
-def module_piece(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, stage: int = 0) -> Piece:
-    """One microbatch through stage `stage` of module `name` on one rank of `grid`."""
+def module_piece(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, stage: int = 0,
+                 chunks: int = 1) -> Piece:
+    """One microbatch through stage `stage` of module `name` on one rank of `grid`; with `chunks` > 1 (an
+    interleaved LM) `stage` is a virtual stage of pp x chunks (`split.chunk_layers`)."""
     cfg, size = s.cfg, s.sizes[name]
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
-    layers = len(stage_layers(size.layers, grid.pp, stage))
-    last = stage == grid.pp - 1
+    layers = len(stage_layers(size.layers, grid.pp * chunks, stage))
+    last = stage == grid.pp * chunks - 1
     if name == LANGUAGE:
         seq = size.tokens_per_sample
-        held = [int(i) for i in stage_layers(size.layers, grid.pp, stage)]
+        held = [int(i) for i in stage_layers(size.layers, grid.pp * chunks, stage)]
         experts = sum(cfg.model.llm.is_moe_layer(i) for i in held)
         piece = _times(decoder_layer(cfg, s.profile, s.network, grid, flags, samples, seq), layers - experts)
         if experts:
@@ -208,49 +214,63 @@ def _colocated(s: Setting, layout: Layout, flags: dict) -> tuple[float, float, f
 
 
 def _pipelined(s: Setting, layout: Layout, flags: dict) -> tuple[float, float, float, float, float]:
-    """(compute, comm, reduce, optimizer, bubble) of a pipelined layout, from the simulated 1F1B."""
-    micro = s.cfg.parallel.microbatches
-    lm = layout.grids[LANGUAGE]
+    """(compute, comm, reduce, optimizer, bubble) of a pipelined layout, from the simulated schedule: plain
+    1F1B, or with parallel.modules.language.virtual_stages = v > 1 the LM's pp x v virtual stages on the
+    runtime's `interleaved_order` (a message across each of their pp x v - 1 boundaries, the last rank's
+    wrapping to the first) and its encoders warmed up as `PipelinePlan` does (`feeder_lead`)."""
+    micro, lm, v = s.cfg.parallel.microbatches, layout.grids[LANGUAGE], virtual_stages(s.cfg, LANGUAGE)
     depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
-    total = depth + lm.pp
-    stages: list[tuple[str, int, int]] = []  # (module, module stage, DAG stage index), one per vstage
+    lead = feeder_lead(interleaved_order(0, lm.pp, v, micro)) if v > 1 else 0
+    stages: list[tuple[str, int]] = []  # (module, module stage or LM virtual stage), one per vstage
     preds: dict[int, list[int]] = {}
     ends: list[int] = []
+    ranks: list[list[Op]] = []  # one rank's ops, encoder stages first
     for name, grid in layout.grids.items():
         if name == LANGUAGE:
             continue
         for p in range(grid.pp):
             preds[len(stages)] = [len(stages) - 1] if p else []
-            stages.append((name, p, p))
+            warmup = min(lead + depth - 1 - p, micro) if v > 1 else warmup_microbatches(depth + lm.pp, p, micro)
+            ranks.append(plain_ops(len(stages), micro, warmup))
+            stages.append((name, p))
         ends.append(len(stages) - 1)
-    for p in range(lm.pp):
+    base = len(stages)
+    for p in range(lm.pp * v):
         preds[len(stages)] = [len(stages) - 1] if p else ends
-        stages.append((LANGUAGE, p, depth + p))
-    pieces = [module_piece(s, n, layout.grids[n], flags[n], p) for n, p, _ in stages]
-    send = {v: _send_s(s, layout, n, p) for v, (n, p, _) in enumerate(stages)}
-    ops = [[(k, t, v) for k, t, _ in one_f_one_b_ops(i, total, micro)] for v, (_, _, i) in enumerate(stages)]
-    timeline = simulate(ops, preds, {v: pc.forward for v, pc in enumerate(pieces)},
-                        {v: pc.backward for v, pc in enumerate(pieces)}, send)
-    tails = [_tail(s, n, layout.grids[n], flags[n], p, pieces[v].backward, 0.0) for v, (n, p, _) in enumerate(stages)]
-    worst = max(range(len(stages)), key=lambda v: sum(tails[v]))
-    busiest = max(range(len(stages)), key=lambda v: timeline.busy[v])
-    pc = pieces[busiest]
-    compute = (pc.forward_s + pc.backward_s) * micro
+        stages.append((LANGUAGE, p))
+    for r in range(lm.pp):
+        ops = interleaved_ops(r, lm.pp, v, micro) if v > 1 else one_f_one_b_ops(depth + r, depth + lm.pp, micro)
+        ranks.append([(k, t, base + (vs if v > 1 else r)) for k, t, vs in ops])
+    chunks = {n: v if n == LANGUAGE else 1 for n in layout.grids}
+    pieces = [module_piece(s, n, layout.grids[n], flags[n], p, chunks[n]) for n, p in stages]
+    send = {i: _send_s(s, layout, n, p, chunks[n]) for i, (n, p) in enumerate(stages)}
+    timeline = simulate(ranks, preds, {i: pc.forward for i, pc in enumerate(pieces)},
+                        {i: pc.backward for i, pc in enumerate(pieces)}, send)
+    held = [sorted({vs for _, _, vs in ops}) for ops in ranks]  # each rank's vstages
+    tails = []
+    for r, vs in enumerate(held):
+        name = stages[vs[0]][0]
+        stage = r - base if name == LANGUAGE else stages[vs[0]][1]
+        tails.append(_tail(s, name, layout.grids[name], flags[name], stage, pieces[vs[0]].backward, 0.0))
+    worst = max(range(len(ranks)), key=lambda r: sum(tails[r]))
+    busiest = max(range(len(ranks)), key=lambda r: timeline.busy[r])
+    compute = sum(pieces[vs].forward_s + pieces[vs].backward_s for vs in held[busiest]) * micro
     comm = timeline.busy[busiest] - compute
     return compute, comm, tails[worst][0], tails[worst][1], timeline.makespan - timeline.busy[busiest]
 
 
-def _send_s(s: Setting, layout: Layout, name: str, stage: int) -> float:
-    """One microbatch's message from stage `stage` of `name` to the next stage (or the LM), and its broadcast."""
+def _send_s(s: Setting, layout: Layout, name: str, stage: int, chunks: int = 1) -> float:
+    """One microbatch's message from stage `stage` of `name` to the next stage (or the LM), and its broadcast;
+    an interleaved LM's virtual stage `stage` of pp x `chunks` sits on rank stage % pp and sends to the next."""
     cfg, grid, lm = s.cfg, layout.grids[name], layout.grids[LANGUAGE]
     per_stage = grid.tp * grid.cp * grid.dp
-    src = grid.offset + stage * per_stage
+    src = grid.offset + stage % grid.pp * per_stage
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
     if name == LANGUAGE:
-        if stage == grid.pp - 1:
+        if stage == grid.pp * chunks - 1:
             return 0.0
         nbytes = samples * s.sizes[LANGUAGE].tokens_per_sample * cfg.model.llm.hidden * 2 / grid.cp
-        return s.network.send(nbytes, src, src + per_stage)
+        return s.network.send(nbytes, src, grid.offset + (stage + 1) % grid.pp * per_stage)
     if stage < grid.pp - 1:
         positions = inputs_per_sample(cfg, name) * encoder_rows(cfg, name)
         width = s.sizes[name].hidden

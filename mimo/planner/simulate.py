@@ -53,8 +53,13 @@ class _Recorder:
 
 def one_f_one_b_ops(stage: int, total_stages: int, microbatches: int) -> list[Op]:
     """The ops of DAG stage `stage` (encoders first, then the LM) in the order mimo's schedule runs them."""
-    rec = _Recorder(stage)
-    run_1f1b(rec, microbatches, warmup_microbatches(total_stages, stage, microbatches))
+    return plain_ops(stage, microbatches, warmup_microbatches(total_stages, stage, microbatches))
+
+
+def plain_ops(vstage: int, microbatches: int, warmup: int) -> list[Op]:
+    """The ops of a plain 1F1B stage at `vstage` with `warmup` forwards before its first backward (`run_1f1b`)."""
+    rec = _Recorder(vstage)
+    run_1f1b(rec, microbatches, warmup)
     return rec.ops
 
 
