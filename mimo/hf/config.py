@@ -30,8 +30,20 @@ def _refuse(d: dict[str, Any], key: str, ok: Any, where: str, why: str) -> None:
         raise ValueError(f"{where}: {key} = {d[key]!r} is not supported ({why})")
 
 
+NOT_LLAVA = {
+    "gemma3": "Gemma 3's VLM lets the image tokens attend to each other both ways and pools the patches in its "
+              "projector, which mimo's LLaVA-pattern models do not; import its LM alone from a Gemma3ForCausalLM "
+              "checkpoint",
+    "paligemma": "PaliGemma attends both ways over the image and the prompt (a prefix LM), which mimo's causal LMs "
+                 "do not; import its tower or LM alone",
+}
+"""VLM families that look like LLaVA (a tower, a projector, an LM) but attend differently: refused with the reason."""
+
+
 def model_type(d: dict[str, Any], expected: tuple[str, ...] | dict[str, str], where: str) -> str:
     mt = d.get("model_type")
+    if mt in NOT_LLAVA and mt not in expected:
+        raise ValueError(f"{where} describes model_type '{mt}', which mimo cannot import: {NOT_LLAVA[mt]}")
     if mt not in expected:
         raise ValueError(f"{where} describes model_type '{mt}' (architectures {d.get('architectures')}); "
                          f"expected one of {list(expected)}")

@@ -50,6 +50,14 @@ def test_llava_with_family_lm_both_ways(text, tmp_path):
     llava_both_ways(text, tmp_path)
 
 
+def test_gemma3_vlm_is_refused_with_the_reason(tmp_path):
+    config = transformers.Gemma3Config(text_config=tiny_text_config("gemma3_text").to_dict(),
+                                       vision_config=tiny_vision_config("siglip").to_dict(), mm_tokens_per_image=4)
+    directory = save(transformers.Gemma3ForConditionalGeneration(config), tmp_path / "hf")
+    with pytest.raises(ValueError, match="model_type 'gemma3', which mimo cannot import: .* both ways"):
+        import_llava(directory)
+
+
 def test_sliding_window_is_refused_naming_the_field(tmp_path):
     hf = tiny_causal_lm("mistral", sliding_window=8)
     with pytest.raises(ValueError, match="sliding_window = 8 is not supported"):
