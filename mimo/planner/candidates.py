@@ -161,7 +161,7 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
 def _interleaved(row: Row, cost: Callable[[Modules], Row | None]) -> list[Row]:
     """`row`'s layout again with its LM interleaved over VIRTUAL_STAGES model chunks per pipeline rank, where
     the LM is pipelined and the gate accepts it (`validate_virtual_stages`: layers >= pp x v, microbatches a
-    multiple of pp, no FSDP): a smaller bubble for more activations in flight and more messages."""
+    multiple of pp): a smaller bubble for more activations in flight and more messages."""
     if row.layout.grids[LANGUAGE].pp < 2:
         return []
     lm = row.modules[LANGUAGE]

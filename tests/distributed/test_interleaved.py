@@ -190,7 +190,6 @@ def test_an_encoder_pipeline_feeding_an_interleaved_lm_cannot_deadlock(depth, pp
      r"parallel.microbatches \(3\) must be a multiple of parallel.modules.language.pp \(2\); use microbatches = 4"),
     (lambda c: setattr(c.model.llm, "layers", 3), r"cuts model.llm.layers \(3\) into pp x virtual_stages = 4"),
     (lambda c: setattr(c.parallel.modules["images"], "virtual_stages", 2), "language model's pipeline only"),
-    (lambda c: setattr(c.parallel.modules["language"], "fsdp", True), "with parallel.modules.language.fsdp = true"),
     (lambda c: setattr(c.parallel.modules["language"], "virtual_stages", 0), "virtual_stages = 0 must be >= 1"),
     (lambda c: c.parallel.modules.update(language=ModuleLayoutConfig(offset=1, size=2, virtual_stages=2)),
      r"the LM is not pipelined \(pp = 1\)"),

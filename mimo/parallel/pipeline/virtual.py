@@ -39,10 +39,6 @@ def validate_virtual_stages(cfg: Config, layout: Layout, pipelined: bool) -> Non
     if layers < lm.pp * v:
         raise ConfigError(f"{where} = {v} cuts model.llm.layers ({layers}) into pp x virtual_stages = {lm.pp * v} "
                           f"model chunks, each needing a layer; use virtual_stages <= {layers // lm.pp}")
-    if cfg.parallel.modules[LANGUAGE].fsdp:
-        raise ConfigError(f"{where} = {v} with parallel.modules.language.fsdp = true is not available yet (FSDP2's "
-                          "hooks around several model chunks per rank are untested); set fsdp = false or "
-                          "virtual_stages = 1")
     if micro % lm.pp:
         raise ConfigError(f"{where} = {v}: the interleaved schedule runs microbatches in groups of pp, so "
                           f"parallel.microbatches ({micro}) must be a multiple of parallel.modules.language.pp "
