@@ -71,3 +71,17 @@ def test_placeholders_equal_transformers_processor_and_the_model(max_tiles):
         rows = sub({"vit": inputs})
     assert sub.rows_per_input(inputs).tolist() == counts
     assert len(rows) == sum(counts)
+
+
+def test_a_lane_of_no_image_runs_the_tower_on_a_stand_in():
+    """Zero images give zero rows, yet the tower runs (so data-parallel ranks make the same collectives) and its
+    gradient is exactly zero; on main at 17bcbd4 the ViT met a 0-image batch and raised."""
+    vit = ViTConfig(image=TILE, patch=PATCH, hidden=16, heads=2, mlp=24, drop_class_token=True)
+    cfg = ModelConfig(llm=tiny_llm(vocab=80), modalities={"images": ModalityConfig(
+        token_id=70, vit=vit, anyres_grid_pinpoints=PINPOINTS)})
+    sub = build_model(cfg).modality_submodules["images"]
+    rows = sub({"vit": tiled_inputs([], PINPOINTS, TILE)})
+    assert rows.shape == (0, 32)
+    rows.sum().backward()
+    grads = [p.grad for p in sub.encoders["vit"].parameters()]
+    assert all(g is not None and not g.any() for g in grads)
