@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from mimo.config.schema import Config
+from mimo.data.anyres_data import build_anyres_data
 from mimo.data.audio_demo import build_avlm_data
 from mimo.data.demo import DemoVLMData
 from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
@@ -34,8 +35,10 @@ def build_demo_data(cfg: Config, model: MimoModel) -> Any:
     if cfg.data.name in DEMO_SETS:
         return DEMO_SETS[cfg.data.name][0](cfg, model)
     if cfg.data.name in IMAGE_TEXT_SETS:
-        native = any(m.kind == "native_vision" for m in cfg.model.modalities.values())
-        return (build_native_data if native else build_image_text_data)(cfg, model)
+        kinds = {m.kind for m in cfg.model.modalities.values()}
+        tiled = any(m.anyres_grid_pinpoints for m in cfg.model.modalities.values())
+        build = build_native_data if "native_vision" in kinds else build_anyres_data if tiled else build_image_text_data
+        return build(cfg, model)
     if cfg.data.name != "shapes":
         raise ValueError(f"data.name = '{cfg.data.name}' is not a known data set; use one of "
                          f"{', '.join(['shapes', *DEMO_SETS, *IMAGE_TEXT_SETS])}")

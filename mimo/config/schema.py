@@ -245,8 +245,9 @@ class ModalityConfig:
     # LLaVA-NeXT's anyres tiling (kind = "vision", mimo.models.anyres): each image cut into vit.image-pixel tiles
     # at the best of these [height, width] resolutions plus an overview tile, the tiles' patch rows put back in
     # place with a learned newline row per line ([] = one tile per image, as LLaVA-1.5). anyres_max_tiles > 0 is
-    # LLaVA-OneVision's anyres_max_N: larger grids shrink to about N tiles' area. The shapes demo and mimo generate
-    # tile images (mimo.data.anyres_tiles); real data sets do not yet, so the gate refuses them with it.
+    # LLaVA-OneVision's anyres_max_N: larger grids shrink to about N tiles' area. The shapes demo, JSONL and
+    # WebDataset (mimo.data.anyres_data) and mimo generate tile images (mimo.data.anyres_tiles); the gate refuses
+    # other data sets with it.
     anyres_grid_pinpoints: list[list[int]] = field(default_factory=list)
     anyres_max_tiles: int = 0
     freeze_encoder: bool = False

@@ -46,9 +46,15 @@ def tiled_inputs(images: list[np.ndarray], grid_pinpoints: list[list[int]], tile
     tile, tile]`, each image's tiles zero-padded to the most, and `image_sizes` `[n, 2]` (height, width); so a
     batch splits by images as any encoder input (mimo.data.batching)."""
     tiled = [tile_image(x, grid_pinpoints, tile) for x in images]
-    most = max([len(t) for t in tiled], default=1)
+    return stacked_tiles(tiled, [x.shape[:2] for x in images], tile)
+
+
+def stacked_tiles(tiled: list[np.ndarray | None], sizes: list[tuple[int, int]], tile: int) -> dict[str, torch.Tensor]:
+    """`tiled_inputs` of images already tiled (`tile_image`) and of `sizes`; an image of None tiles (one this rank
+    does not encode) is all zeros."""
+    most = max([len(t) for t in tiled if t is not None], default=1)
     pixels = torch.zeros(len(tiled), most, 3, tile, tile)
     for i, t in enumerate(tiled):
-        pixels[i, : len(t)] = torch.from_numpy(t)
-    sizes = torch.tensor([x.shape[:2] for x in images], dtype=torch.long).reshape(-1, 2)
-    return {"pixel_values": pixels, "image_sizes": sizes}
+        if t is not None:
+            pixels[i, : len(t)] = torch.from_numpy(t)
+    return {"pixel_values": pixels, "image_sizes": torch.tensor(sizes, dtype=torch.long).reshape(-1, 2)}

@@ -10,7 +10,9 @@ batch holds `position_ids` `[B, S, 3]` (mimo.models.mrope), each usable row's it
 most patches, C*T*P*P]` (padded; the tower keeps each item's `grid_thw` patches) and `modality_counts` (a usable
 row's items, 0 per skipped one; one empty stand-in for a usable row this rank reads nothing of), so microbatches
 split by samples as for any modality. A row whose items a rank encodes without reading its text holds their
-placeholders alone, so that the batch's checks see every item's rows.
+placeholders alone, so that the batch's checks see every item's rows. The per-item reader (`ItemSamples`,
+`ItemImageTextData._rows`) serves any modality whose items give their own placeholder counts: an anyres one too
+(mimo.data.anyres_data).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from mimo.config.schema import Config, NativeViTConfig
@@ -35,7 +38,8 @@ EMPTY_GRID = (1, 0, 0)
 
 @dataclass(frozen=True)
 class NativeSpec:
-    """The native-resolution modality of every sample; `tokens` is the fewest placeholders an item gives."""
+    """The native-resolution modality of every sample; `tokens` is the fewest placeholders an item gives. The
+    methods are what `ItemSamples` asks of any modality whose items give placeholders of their own sizes."""
 
     name: str
     token_id: int
@@ -43,10 +47,28 @@ class NativeSpec:
     kind: str = "native_vision"
     encoder: str = "visual"
     key: str = "pixel_values"
+    empty: tuple = (EMPTY_GRID,)  # the items of a usable row this rank reads nothing of
 
     @property
     def tokens(self) -> int:
         return self.cfg.min_pixels // (self.cfg.patch * self.cfg.merge) ** 2
+
+    def item(self, refs: tuple[ImageRef, ...]) -> tuple[int, int, int]:
+        """An item's grid, from its first image's header. Raises BadSample."""
+        return grid_of(header_size(refs[0]), len(refs), self.cfg)
+
+    def rows(self, grid: tuple[int, int, int]) -> int:
+        return tokens_of(grid, self.cfg)
+
+    def load(self, refs: tuple[ImageRef, ...]) -> np.ndarray:
+        return load_item(refs, self.cfg)[0]
+
+    def step(self, fps: float) -> float:
+        """M-RoPE's temporal step of a video of `fps` (0: an image): tokens per second x seconds per temporal patch
+        on Qwen2.5-VL, 1 otherwise."""
+        if fps and self.cfg.family == "qwen2_5_vl":
+            return self.cfg.tokens_per_second * self.cfg.temporal_patch / fps
+        return 1.0
 
 
 def record_items(rec: Record) -> list[tuple[ImageRef, ...]]:
@@ -56,17 +78,18 @@ def record_items(rec: Record) -> list[tuple[ImageRef, ...]]:
     return [(ref,) for ref in rec.images or ((rec.image,) if rec.image is not None else ())]
 
 
-class _NativeSamples(_Samples):
+class ItemSamples(_Samples):
     """One request: the row's text after as many placeholders as its images or video give (each item's run in
-    order), every item's grid and temporal step always, their patches where this rank encodes them."""
+    order; `media[0].item` and `.rows`), every item's shape and the video's fps always, their pixels
+    (`media[0].load`) where this rank encodes them."""
 
     def __getitem__(self, request: tuple[int, int, bool, frozenset[str]]) -> Item:
         row, index, want_text, wanted = request
         rec, spec = self.records[index], self.media[0]
         try:
             items = record_items(rec)
-            grids = [grid_of(header_size(refs[0]), len(refs), spec.cfg) for refs in items]
-            n = sum(tokens_of(g, spec.cfg) for g in grids)
+            shapes = [spec.item(refs) for refs in items]
+            n = sum(spec.rows(x) for x in shapes)
             ids, labels = encode_text(rec, self.tok, n, spec.token_id, self.seq_len)
             if ids.count(spec.token_id) != n:
                 what = "video" if rec.frames else f"{len(items)} image(s)"
@@ -75,46 +98,57 @@ class _NativeSamples(_Samples):
             outside = [i for i in ids if i != spec.token_id and not 0 <= i < self.vocab] if self.vocab else []
             if outside:
                 raise BadSample(f"token id {outside[0]} lies outside the LM's vocabulary [0, {self.vocab})")
-            patches = [load_item(refs, spec.cfg)[0] for refs in items] if spec.name in wanted else None
-            step = 1.0
-            if rec.frames and spec.cfg.family == "qwen2_5_vl":  # tokens per second x seconds per temporal patch
-                step = spec.cfg.tokens_per_second * spec.cfg.temporal_patch / rec.fps
+            pixels = [spec.load(refs) for refs in items] if spec.name in wanted else None
         except BadSample as e:
             return row, None, None, {}, f"sample '{rec.key}': {e}", SKIP
         except Exception as e:  # any other error must reach every rank, not only this one
             return row, None, None, {}, f"sample '{rec.key}' failed to load: {e!r}\n{traceback.format_exc()}", FAIL
-        inputs = {spec.name: (patches, grids, [step] * len(grids))}
+        inputs = {spec.name: (pixels, shapes, rec.fps if rec.frames else 0.0)}
         return row, ids if want_text else None, labels if want_text else None, inputs, "", USABLE
 
 
-class NativeImageTextData(ImageTextData):
-    """`ImageTextData` for one native-resolution modality (see the module docstring)."""
+class ItemImageTextData(ImageTextData):
+    """`ImageTextData` for one modality whose items give their own numbers of placeholders (`ItemSamples`);
+    subclasses lay out the encoder inputs and positions (`_assemble`) from `_rows`."""
 
-    reader = _NativeSamples
+    reader = ItemSamples
 
-    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
-        spec, s = self.media[0], self.seq_len
-        ids = torch.full((n, s), self.pad, dtype=torch.long)
-        labels = torch.full((n, s), IGNORE_INDEX, dtype=torch.long)
-        positions = torch.arange(s).expand(n, s)[..., None].repeat(1, 1, 3)
+    def _rows(self, items: list[Item], n: int, bad: torch.Tensor) -> tuple:
+        """(ids, labels, counts, shapes, pixels, texts) of the batch: every item's shape and pixels (None where
+        this rank does not encode it) in order, and each row whose text this rank reads -> (its shapes, fps)."""
+        spec = self.media[0]
+        ids = torch.full((n, self.seq_len), self.pad, dtype=torch.long)
+        labels = torch.full((n, self.seq_len), IGNORE_INDEX, dtype=torch.long)
         found = {row: (row_ids, row_labels, inputs.get(spec.name)) for row, row_ids, row_labels, inputs, _, _ in items}
-        grids, patches, counts = [], [], torch.zeros(n, dtype=torch.long)
+        shapes, pixels, counts, texts = [], [], torch.zeros(n, dtype=torch.long), {}
         for row in range(n):
             if bad[row]:
                 continue
             row_ids, row_labels, item = found.get(row, (None, None, None))
-            row_grids = [EMPTY_GRID] if item is None else item[1]
-            counts[row] = len(row_grids)
-            grids += row_grids
-            patches += [None] * len(row_grids) if item is None or item[0] is None else item[0]
+            row_shapes = list(spec.empty) if item is None else item[1]
+            counts[row] = len(row_shapes)
+            shapes += row_shapes
+            pixels += [None] * len(row_shapes) if item is None or item[0] is None else item[0]
             if row_ids is None and item is not None:  # items this rank encodes but whose text it does not read
-                ids[row, : sum(tokens_of(g, spec.cfg) for g in row_grids)] = spec.token_id
+                ids[row, : sum(spec.rows(x) for x in row_shapes)] = spec.token_id
             if row_ids is not None:
                 ids[row, : len(row_ids)] = torch.tensor(row_ids)
                 labels[row, : len(row_labels)] = torch.tensor(row_labels)
-                grid_thw = torch.tensor(row_grids, dtype=torch.long).reshape(-1, 3)
-                positions[row] = mrope_positions(ids[row: row + 1], spec.token_id, grid_thw, spec.cfg.merge,
-                                                 torch.tensor(item[2]))[0]
+                texts[row] = (row_shapes, item[2])
+        return ids, labels, counts, shapes, pixels, texts
+
+
+class NativeImageTextData(ItemImageTextData):
+    """`ImageTextData` for one native-resolution modality (see the module docstring)."""
+
+    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
+        spec = self.media[0]
+        ids, labels, counts, grids, patches, texts = self._rows(items, n, bad)
+        positions = torch.arange(self.seq_len).expand(n, self.seq_len)[..., None].repeat(1, 1, 3)
+        for row, (row_grids, fps) in texts.items():
+            grid_thw = torch.tensor(row_grids, dtype=torch.long).reshape(-1, 3)
+            positions[row] = mrope_positions(ids[row: row + 1], spec.token_id, grid_thw, spec.cfg.merge,
+                                             torch.tensor([spec.step(fps)] * len(row_grids)))[0]
         width = max([len(p) for p in patches if p is not None] + [1])
         pixels = torch.zeros(len(grids), width, spec.cfg.patch_pixels)
         for i, p in enumerate(patches):

@@ -57,14 +57,19 @@ def header_size(ref: ImageRef) -> tuple[int, int]:
         raise BadSample(f"the image does not decode ({type(e).__name__}: {e})") from e
 
 
-def load_frame(ref: ImageRef, size: tuple[int, int]) -> np.ndarray:
-    """An encoded image -> float32 CHW at `size` (height, width): bicubic, / 255, CLIP-normalised."""
+def open_rgb(ref: ImageRef) -> Image.Image:
+    """An encoded image decoded to RGB at its own size. Raises BadSample."""
     try:
         with Image.open(io.BytesIO(ref.read())) as img:
             img.load()
-            rgb = img.convert("RGB").resize((size[1], size[0]), Image.BICUBIC)
+            return img.convert("RGB")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise BadSample(f"the image does not decode ({type(e).__name__}: {e})") from e
+
+
+def load_frame(ref: ImageRef, size: tuple[int, int]) -> np.ndarray:
+    """An encoded image -> float32 CHW at `size` (height, width): bicubic, / 255, CLIP-normalised."""
+    rgb = open_rgb(ref).resize((size[1], size[0]), Image.BICUBIC)
     x = np.asarray(rgb, dtype=np.float32) / 255.0
     return ((x - CLIP_MEAN) / CLIP_STD).transpose(2, 0, 1)
 

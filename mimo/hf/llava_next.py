@@ -4,7 +4,7 @@
 
 The returned ModelConfig describes the LM, the tower and the tiling (`anyres_grid_pinpoints`,
 `anyres_max_tiles`), so mimo's builder makes the same model, `mimo generate` tiles its images
-(mimo.data.anyres_tiles) and the shapes demo trains it (real data sets do not tile images yet);
+(mimo.data.anyres_tiles) and the shapes demo or JSONL / WebDataset data trains it (mimo.data.anyres_data);
 mimo.export.llava_next writes the model back.
 """
 

@@ -144,6 +144,27 @@ def check_anyres_layout(cfg: Config, layout: Layout) -> None:
                               "ranks, with an LM of pp = 1")
 
 
+def check_anyres_data(cfg: Config, model: ModelConfig) -> None:
+    """An anyres modality trains on data that tiles its images: the shapes demo, or JSONL / WebDataset with it as
+    the model's only modality, rows not cost-balanced (the balance prices a ViT image, not its tiles)."""
+    tiled = [n for n, m in model.modalities.items() if m.anyres_grid_pinpoints]
+    name = cfg.data.name
+    if not tiled or name == "shapes":
+        return
+    key = f"model.modalities.{tiled[0]}.anyres_grid_pinpoints"
+    if name not in IMAGE_TEXT_SETS:
+        raise ConfigError(f"{key} is set, but data.name = '{name}' does not tile images (the shapes demo, jsonl and "
+                          "webdataset do); train it on one of those, or with anyres_grid_pinpoints = [] (one tile per "
+                          "image)")
+    if len(model.modalities) != 1:
+        raise ConfigError(f"{key} is set with data.name = '{name}', which tiles the images of an anyres modality that "
+                          f"is the model's only one; this model has {sorted(model.modalities)} under "
+                          "model.modalities")
+    if cfg.data.balance_lanes:
+        raise ConfigError(f"data.balance_lanes = true with {key} set: the balance prices a one-tile image, not its "
+                          "tiles; set data.balance_lanes = false")
+
+
 def check_data_set(cfg: Config, model: ModelConfig) -> None:
     """data.name is a known set and the model has the modalities it feeds; rows hold their placeholders."""
     name, kinds = cfg.data.name, sorted(m.kind for m in model.modalities.values())
@@ -157,11 +178,7 @@ def check_data_set(cfg: Config, model: ModelConfig) -> None:
             name, "one vision modality, one audio modality, one of each, or one native_vision modality")
         raise ConfigError(f"data.name = '{name}' needs {what} under model.modalities; this model has "
                           f"{dict(zip(model.modalities, kinds)) or 'none'}")
-    tiled = [n for n, m in model.modalities.items() if m.anyres_grid_pinpoints]
-    if tiled and name != "shapes":
-        raise ConfigError(f"model.modalities.{tiled[0]}.anyres_grid_pinpoints is set, but data.name = '{name}' does "
-                          "not tile images yet (the shapes demo does); train it on data.name = 'shapes', or with "
-                          "anyres_grid_pinpoints = [] (one tile per image)")
+    check_anyres_data(cfg, model)
     if cfg.data.image_root and not os.path.isdir(cfg.data.image_root):
         raise ConfigError(f"data.image_root = '{cfg.data.image_root}' is no folder; name the folder the manifest's "
                           "relative image paths start from, or leave it empty for the manifest's own folder")

@@ -30,27 +30,33 @@ def images() -> list[np.ndarray]:
     return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SIZES]
 
 
-def hf_counts(max_tiles: int) -> list[int]:
-    """Placeholders per image as LlavaNextProcessor (max_tiles 0) or LlavaOnevisionProcessor count them, with
-    every patch of every tile kept ("full", no class token), as mimo export writes them."""
-    side = TILE // PATCH
-    ns = SimpleNamespace(image_processor=SimpleNamespace(image_grid_pinpoints=PINPOINTS), patch_size=PATCH,
+def hf_counts(max_tiles: int, sizes: list[tuple[int, int]] = SIZES, pinpoints: list[list[int]] = PINPOINTS,
+              tile: int = TILE, patch: int = PATCH) -> list[int]:
+    """Placeholders per image of `sizes` as LlavaNextProcessor (max_tiles 0) or LlavaOnevisionProcessor count them,
+    with every patch of every tile kept ("full", no class token), as mimo export writes them."""
+    side = tile // patch
+    ns = SimpleNamespace(image_processor=SimpleNamespace(image_grid_pinpoints=pinpoints), patch_size=patch,
                          num_additional_image_tokens=0, num_image_tokens=side**2,
                          vision_aspect_ratio=f"anyres_max_{max_tiles}")
     cls = tf.LlavaOnevisionProcessor if max_tiles else tf.LlavaNextProcessor
     ns._get_unpadded_features = cls._get_unpadded_features.__get__(ns)
-    return [cls._get_number_of_features(ns, h, w, TILE, TILE) for h, w in SIZES]
+    return [cls._get_number_of_features(ns, h, w, tile, tile) for h, w in sizes]
+
+
+def hf_image_processor(family: str, pinpoints: list[list[int]] = PINPOINTS, tile: int = TILE):
+    """LLaVA-NeXT's (or OneVision's) image processor as mimo export writes it (bicubic, [-1, 1] pixels)."""
+    size = {"height": tile, "width": tile}
+    common = dict(size=size, image_grid_pinpoints=pinpoints, resample=BICUBIC, image_mean=PIXEL_MEAN,
+                  image_std=PIXEL_STD, rescale_factor=1 / 255, do_convert_rgb=True, do_pad=True)
+    if family == "next":
+        return tf.LlavaNextImageProcessorPil(crop_size=size, do_center_crop=True, **common)
+    return tf.LlavaOnevisionImageProcessorPil(**common)
 
 
 @pytest.mark.parametrize("family", ["next", "onevision"])
 def test_tiles_equal_transformers_image_processor(family):
     """The image processors as mimo export writes them (mimo's bicubic resize, [-1, 1] pixels)."""
-    size = {"height": TILE, "width": TILE}
-    common = dict(size=size, image_grid_pinpoints=PINPOINTS, resample=BICUBIC, image_mean=PIXEL_MEAN,
-                  image_std=PIXEL_STD, rescale_factor=1 / 255, do_convert_rgb=True, do_pad=True)
-    proc = (tf.LlavaNextImageProcessorPil(crop_size=size, do_center_crop=True, **common) if family == "next"
-            else tf.LlavaOnevisionImageProcessorPil(**common))
-    ref = proc([Image.fromarray(x) for x in images()], return_tensors="pt")
+    ref = hf_image_processor(family)([Image.fromarray(x) for x in images()], return_tensors="pt")
     got = tiled_inputs(images(), PINPOINTS, TILE)
     assert got["image_sizes"].tolist() == ref["image_sizes"].tolist() == [list(s) for s in SIZES]
     assert got["pixel_values"].shape == ref["pixel_values"].shape == (len(SIZES), 10, 3, TILE, TILE)

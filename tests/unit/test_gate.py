@@ -216,8 +216,8 @@ def test_fsdp_over_cp_and_tensor_parallel_chunks_is_refused_before_training():
     (["--data.name=synthetic", "--data.seq_len=8", "--data.images_per_sample=2"],
      r"data.seq_len \(8\) must exceed the 8 image placeholders of a sample"),
     (["--model.modalities.images.anyres_grid_pinpoints=[[32, 64], [64, 32]]", "--data.name=synthetic"],
-     r"model.modalities.images.anyres_grid_pinpoints is set, but data.name = 'synthetic' does not tile images yet "
-     r"\(the shapes demo does\).*or with anyres_grid_pinpoints = \[\]"),
+     r"model.modalities.images.anyres_grid_pinpoints is set, but data.name = 'synthetic' does not tile images "
+     r"\(the shapes demo, jsonl and webdataset do\).*or with anyres_grid_pinpoints = \[\]"),
 ])
 def test_a_model_or_data_set_that_cannot_train_is_refused(overrides, message, capsys, tmp_path):
     """Found in build_demo_data before, after the model was built and laid out; a model with nothing to train
