@@ -76,6 +76,14 @@ class ModalitySubmodules(nn.Module):
     def forward(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         return self.project(self.combine(self.encode(encoder_inputs)))
 
+    def encode_project(self, name: str, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder `name` alone on its keyword `inputs` (`run_encoder`: 0 inputs run a zero stand-in and give 0
+        rows): (its output as returned, `[n, s, h]` or `[rows, h]`; those rows `[rows, H]` through the input
+        projections). One call through this module's own parameters, so a wrapper that registers it as a
+        forward (FSDP2's entry methods, as the pipeline's encoder stage needs) gathers them around it."""
+        out = run_encoder(self.encoders[name], inputs, name)
+        return out, self.project(out.reshape(-1, out.shape[-1]))
+
     def decode(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """The Out path: LM hidden rows -> output projections -> decoders (in registration order)."""
         if not self.output_projections and not self.decoders:

@@ -180,9 +180,10 @@ class ParallelPlan:
             if self.groups[name].size_of(lanes) == 1 or not self.holds(name) or self._flag(name, "fsdp") != sharded:
                 continue
             if sharded:
-                # MimoModel calls these outside the module's forward: the LM's embedding and head, the Out path.
+                # Called outside the module's forward: the LM's embedding and head, the Out path (by MimoModel), an
+                # encoder on its own ranks (by the pipeline's EncoderStage).
                 out_path = ("decode",) if name in model.output_token_ids else ()
-                entry = ("embed", "logits") if name == LANGUAGE else out_path
+                entry = ("embed", "logits") if name == LANGUAGE else ("encode_project", *out_path)
                 # An untied embedding and head are each used once a forward: their own units free them between
                 # that use and its backward (a tied one sits in the root unit, used at both ends).
                 untied = name == LANGUAGE and not self.cfg.model.llm.tie_embeddings

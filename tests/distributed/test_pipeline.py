@@ -134,7 +134,8 @@ def test_schedule_and_split_arithmetic():
 @pytest.mark.parametrize("change,message", [
     (lambda c: c.parallel.modules.update(language=_module(2, 1, 6, 1)),
      r"parallel.modules.language.pp \(6\) exceeds model.llm.layers \(3\)"),
-    (lambda c: setattr(c.parallel.modules["images"], "fsdp", True), "parallel.modules.images.fsdp: a modality encoder"),
+    (lambda c: setattr(c.parallel.modules["images"], "fsdp", True),
+     r"parallel.modules.images.fsdp: a pipelined encoder \(pp = 2\) cannot be sharded"),
     (lambda c: setattr(c.parallel.modules["language"], "fsdp", True),
      r"parallel.modules.language.fsdp: sharding a pipelined LM is available with tp = cp = ep = 1 only \(got tp 2"),
     (lambda c: setattr(c.parallel.modules["images"], "sequence_parallel", True),
@@ -146,6 +147,13 @@ def test_bad_pipeline_configs_are_rejected_before_any_collective(change, message
     layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 8)
     with pytest.raises(ConfigError, match=message):
         validate_plan(cfg, layout)
+
+
+def test_a_sharded_encoder_on_its_own_ranks_passes_the_gate():
+    """fsdp = true on an unsplit encoder (pp = 1, dp 2) on its own ranks; its parity run is in test_mixed_images."""
+    cfg = _config((1, 1, 2), (1, 2, 1), False)
+    cfg.parallel.modules["images"].fsdp = True
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], 4))
 
 
 def test_pipeline_stages_need_disjoint_ranks():

@@ -95,12 +95,12 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
         raise ConfigError("data.packing: packed sequences need per-document attention masks, which the pipeline "
                           "schedule does not pass between stages; set data.packing = false or use a colocated layout")
     for name, m in cfg.parallel.modules.items():
-        if m.fsdp and name != LANGUAGE:
-            # An encoder lane without inputs in a microbatch skips its compute (EncoderStage), and with it FSDP's
-            # all-gathers and reduce-scatters, which its other lanes would wait on.
-            raise ConfigError(f"parallel.modules.{name}.fsdp: a modality encoder on its own ranks (disjoint grids "
-                              "or pp > 1) cannot be sharded; set fsdp = false (the LM's stages can be)")
-        if m.fsdp and (lm.tp > 1 or lm.cp > 1 or m.ep > 1):
+        if m.fsdp and name != LANGUAGE and layout.grids[name].pp > 1:
+            # EncoderStage runs an FSDP-sharded encoder whole (through encode_project, empty lanes included); a split
+            # ViT's parts are called one by one, outside the submodule's FSDP entry.
+            raise ConfigError(f"parallel.modules.{name}.fsdp: a pipelined encoder (pp = {layout.grids[name].pp}) "
+                              "cannot be sharded; set fsdp = false or pp = 1")
+        if m.fsdp and name == LANGUAGE and (lm.tp > 1 or lm.cp > 1 or m.ep > 1):
             raise ConfigError(f"parallel.modules.{name}.fsdp: sharding a pipelined LM is available with tp = cp = ep "
                               f"= 1 only (got tp {lm.tp}, cp {lm.cp}, ep {m.ep}); set fsdp = false or use a "
                               "colocated layout")

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
+from torch.distributed.fsdp import FSDPModule
 
 from mimo.data.batching import rows_per_sample, to_device
 from mimo.models.multimodal import MimoModel, MimoOutput, ModalitySubmodules
 from mimo.models.out_loss import OutPathLoss
-from mimo.models.sample_rows import OUTPUT_LENGTHS, run_encoder
+from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.parallel.bridge.pipelined import PipelineBridge
 from mimo.parallel.p2p import Outbox, recv_like, recv_message, send_message, send_payload
 
@@ -67,8 +68,10 @@ class _Stage:
         """The gradient of this stage's output `out` from the next stage (same shape and dtype)."""
         return recv_like([torch.empty_like(out)], self.next.peer, self.next.recv_group)[0]
 
-    def run_backward(self, out: torch.Tensor, grad: torch.Tensor | None) -> None:
-        if out.requires_grad and out.numel():
+    def run_backward(self, out: torch.Tensor, grad: torch.Tensor | None, empty_too: bool = False) -> None:
+        """Autograd from `out` with `grad`; skipped where `out` is empty unless `empty_too` (an FSDP2-sharded
+        stage's empty lane, whose backward must still run its units' reduce-scatters)."""
+        if out.requires_grad and (out.numel() or empty_too):
             torch.autograd.backward(out, grad)
 
     def send_input_grad(self, inputs: list[torch.Tensor]) -> None:
@@ -178,7 +181,10 @@ class EncoderStage(_Stage):
     """A stage of one modality's encoder. The first stage reads the encoder's inputs and each sample's
     input count; the count travels down the pipeline with the activations, so the last stage can give
     the bridge each sample's number of rows. A lane with no inputs skips the compute and sends empty
-    tensors, so every stage still takes part in every microbatch."""
+    tensors, so every stage still takes part in every microbatch; but where the modality is FSDP2-sharded
+    (pp = 1, so one stage runs the whole encoder) it runs a zero stand-in and its backward (exact zero
+    gradients, 0 rows), so that every lane joins every all-gather and reduce-scatter. An unsplit encoder runs
+    through `ModalitySubmodules.encode_project`, the entry FSDP2 gathers the submodule's own weights around."""
 
     def __init__(self, sub: ModalitySubmodules, encoder: str, first: bool, last: bool,
                  bridge: PipelineBridge | None, inputs: list[tuple[dict, torch.Tensor]] | None, lm_hidden: int,
@@ -188,25 +194,34 @@ class EncoderStage(_Stage):
         self.encoder: nn.Module = sub.encoders[encoder]
         self.bridge, self.inputs, self.lm_hidden = bridge, inputs, lm_hidden
         self.split = not (first and last)  # the encoder's layers are cut over several stages
+        self.sharded = isinstance(sub, FSDPModule)
 
-    def _run(self, x: torch.Tensor | dict) -> torch.Tensor:
-        """The encoder's share on this stage: a split ViT's embedding on the first stage, its layers here,
-        its finish on the last (VisionTransformer.forward in parts); an unsplit encoder runs whole."""
+    def _compute(self, x: torch.Tensor | dict, counts: torch.Tensor,
+                 n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This stage's output for `n` inputs and, on the last stage, each sample's rows: the last stage's output is
+        the projected rows `[rows, H]`. A split ViT runs its embedding on the first stage, its layers here, its
+        finish on the last (VisionTransformer.forward in parts); an unsplit encoder runs whole."""
+        if n == 0 and not self.sharded:
+            if self.last:
+                return torch.zeros(0, self.lm_hidden, device=self.device), torch.zeros_like(counts)
+            return torch.zeros(0, device=self.device), None
         if not self.split:
-            return run_encoder(self.encoder, x, self.encoder_name)
+            y, rows = self.sub.encode_project(self.encoder_name, x)
+            return rows, self._per_sample(y, x, counts, n)
         vit = self.encoder
-        x = vit.run_layers(vit.embed(x["pixel_values"]) if self.first else x)
-        return vit.finish(x) if self.last else x
+        y = vit.run_layers(vit.embed(x["pixel_values"]) if self.first else x)
+        if not self.last:
+            return y, None
+        y = vit.finish(y)
+        return self.sub.project(y.reshape(-1, y.shape[-1])), self._per_sample(y, x, counts, n)
 
-    def _rows(self, y: torch.Tensor, x: torch.Tensor | dict, counts: torch.Tensor,
-              n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projected rows `[n, H]` and rows per sample from the last stage's output (`n` inputs): `[n, s, h]`
-        outputs give s each, else the inputs' `output_lengths` or the encoder's `rows_per_input(inputs)` say."""
+    def _per_sample(self, y: torch.Tensor, x: torch.Tensor | dict, counts: torch.Tensor, n: int) -> torch.Tensor:
+        """Rows per sample from the encoder's output `y` for `n` inputs: `[n, s, h]` outputs give s each, else the
+        inputs' `output_lengths` or the encoder's `rows_per_input(inputs)` say."""
         if n == 0:
-            return torch.zeros(0, self.lm_hidden, device=self.device), torch.zeros_like(counts)
+            return torch.zeros_like(counts)
         if y.dim() == 3:
             per_input = torch.full((n,), y.shape[1], dtype=torch.long, device=counts.device)
-            y = y.reshape(-1, y.shape[-1])
         elif isinstance(x, dict) and OUTPUT_LENGTHS in x:
             per_input = x[OUTPUT_LENGTHS].long()
         elif isinstance(x, dict) and hasattr(self.encoder, "rows_per_input"):  # projected rows of each input
@@ -214,7 +229,7 @@ class EncoderStage(_Stage):
         else:
             raise ValueError(f"encoder '{self.encoder_name}' returned rows without a per-input length; return "
                              f"[n, s, h] or pass '{OUTPUT_LENGTHS}' with its inputs")
-        return self.sub.project(y), rows_per_sample(counts, per_input)
+        return rows_per_sample(counts, per_input)
 
     def forward(self, t: int) -> None:
         if self.first:
@@ -228,9 +243,7 @@ class EncoderStage(_Stage):
             n = int(counts.sum())
             leaves = [x]
         with self.autocast():
-            y = torch.zeros(0, device=self.device) if n == 0 else self._run(x)
-            if self.last:
-                y, per_sample = self._rows(y, x, counts, n)
+            y, per_sample = self._compute(x, counts, n)
         if self.last:
             self.bridge.send_forward(y, per_sample, self.outbox)
         else:
@@ -240,6 +253,6 @@ class EncoderStage(_Stage):
     def backward(self) -> None:
         leaves, out = self.inflight.popleft()
         grad = self.bridge.recv_backward(out) if self.last else self.output_grad(out)
-        self.run_backward(out, grad)
+        self.run_backward(out, grad, empty_too=self.sharded)
         if not self.first:
             self.send_input_grad(leaves)
