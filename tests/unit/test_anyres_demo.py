@@ -4,6 +4,7 @@ do not tile."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -45,6 +46,18 @@ def test_an_anyres_run_trains_in_one_process(tmp_path):
     losses = train_losses(tmp_path, *ANYRES, "--train.steps=12")
     assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
+
+
+def test_a_packed_anyres_run_has_the_padded_runs_losses(tmp_path):
+    """Packing moves each sample's tiles with its rows: 0..2 images per sample, packed or padded, same losses."""
+    mixed = [*ANYRES, "--train.steps=3", "--data.images_per_sample=2", "--data.min_images_per_sample=0"]
+    padded = train_losses(tmp_path / "padded", *mixed)
+    packed = train_losses(tmp_path / "packed", *mixed, "--data.packing=true", "--data.pack_length=128")
+    assert len(packed) == len(padded) == 3
+    padding = json.loads((tmp_path / "packed" / "tiny" / "summary.json").read_text())["padding"]
+    assert padding["padding_after"] < padding["padding_before"], padding
+    for step, (a, b) in enumerate(zip(packed, padded)):
+        assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: packed {a} vs padded {b}"
 
 
 @pytest.mark.parametrize(("world", "overrides", "message"), [
