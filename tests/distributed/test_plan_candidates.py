@@ -1,5 +1,6 @@
 """Every candidate `mimo plan` lists for demo_vlm, demo_text_to_image and demo_avlm at 4 and 8 ranks, and every
-expert-parallel one it lists for demo_moe_vlm at 4 (beside its plain dp4), trains one step on gloo:
+expert-parallel one it lists for demo_moe_vlm at 4 (beside its plain dp4) and every interleaved one it lists for a
+6-layer demo_vlm at 8 (beside its plain 1F1B twin), trains one step on gloo:
 the planner keeps only layouts that pass the gate, and the gate refuses whatever a later step would (a layout
 listed here that died in its first step would fail this test, naming it)."""
 
@@ -22,15 +23,16 @@ SHRINK = ["--data.train_samples=64", "--data.eval_samples=2", "--run.progress=fa
           "--train.threads=1", "--parallel.timeout_s=120"]
 
 
-def _candidates(config: Path, gpus: int) -> list[tuple[str, dict]]:
-    plan = make_plan(load_config(config, SHRINK), gpus, 80.0)
+def _candidates(config: Path, gpus: int, extra: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    plan = make_plan(load_config(config, [*SHRINK, *extra]), gpus, 80.0)
     return [(label(row.layout, row.modules), row.modules) for row in plan.rows]
 
 
-def _steps(rank: int, world: int, config: Path, out: str, candidates: list[tuple[str, dict]]) -> list[float]:
+def _steps(rank: int, world: int, config: Path, out: str, candidates: list[tuple[str, dict]],
+           extra: tuple[str, ...] = ()) -> list[float]:
     losses = []
     for i, (name, modules) in enumerate(candidates):
-        cfg = with_modules(load_config(config, [*SHRINK, f"--run.out_dir={out}/{i}"]), modules)
+        cfg = with_modules(load_config(config, [*SHRINK, *extra, f"--run.out_dir={out}/{i}"]), modules)
         try:
             losses.append(Trainer(cfg).train_step(0)["loss"])
         except Exception as e:
@@ -57,4 +59,21 @@ def test_every_planned_expert_parallel_candidate_trains_a_step(tmp_path):
     assert {m["language"].ep for _, m in candidates} == {1, 2, 4}, candidates
     losses = run_distributed(_steps, 4, config, str(tmp_path), candidates, timeout=900)[0]
     assert len(losses) == len(candidates)
+    assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), dict(zip((n for n, _ in candidates), losses))
+
+
+# demo_vlm with 6 LM layers and 6 microbatches of 24 samples: its 6-rank LM split is pp3 dp2, which the planner
+# lists again interleaved (pp3 x v2 = 6 model chunks).
+INTERLEAVABLE = ("--model.llm.layers=6", "--parallel.microbatches=6", "--data.global_batch=24")
+
+
+@pytest.mark.slow
+def test_every_planned_interleaved_candidate_trains_a_step(tmp_path):
+    config = CONFIGS / "demo_vlm.toml"
+    rows = _candidates(config, 8, INTERLEAVABLE)
+    interleaved = [(name, m) for name, m in rows if m["language"].virtual_stages > 1]
+    plain = [(name, m) for name, m in rows if any(name == n.replace(" v2", "") for n, _ in interleaved)]
+    assert interleaved and len(plain) == len(interleaved), rows
+    candidates = plain + interleaved
+    losses = run_distributed(_steps, 8, config, str(tmp_path), candidates, INTERLEAVABLE, timeout=900)[0]
     assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), dict(zip((n for n, _ in candidates), losses))
