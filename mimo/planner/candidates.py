@@ -1,14 +1,14 @@
 """`mimo plan`: candidate layouts for N GPUs, each checked by the gate's `check_layout`, costed and ranked.
 
-The candidates are a small deterministic set (at most a few hundred): homogeneous layouts (every module
-tp t, dp N/t, replicated or FSDP, the LM with and without sequence parallel), colocated mixes (encoder
-tp_e, LM tp_l, the LM sequence parallel when tp_l > 1) and pipelined
-ones (each encoder alone on the first N/2, N/4 or N/8 ranks, the LM on the rest with the least tp x pp
-that fits). For an MoE LM every colocated candidate comes again with the LM's experts split by each ep > 1
-that divides N (`expert_candidates`; the gate keeps those whose ep divides the LM's dp and moe_experts);
-pipelined ones keep ep 1. Tensor parallelism stays inside a node (tp <= gpus per node). A candidate the trainer would
-refuse (`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that cannot run.
-Memory comes from `mimo.planner.memory`, the predicted step time from `mimo.planner.predict`.
+The candidates are a small deterministic set (at most a few hundred): homogeneous layouts (every module tp t,
+dp N/t, replicated or FSDP, the LM with and without sequence parallel), colocated mixes (encoder tp_e, LM
+tp_l, the LM sequence parallel when tp_l > 1) and pipelined ones (each encoder alone on the first N/2, N/4 or
+N/8 ranks, replicated or FSDP-sharded, the LM on the rest with the least tp x pp that fits). For an MoE LM
+every colocated candidate comes again with the LM's experts split by each ep > 1 that divides N
+(`expert_candidates`; the gate keeps those whose ep divides the LM's dp and moe_experts); pipelined ones keep
+ep 1. Tensor parallelism stays inside a node (tp <= gpus per node). A candidate the trainer would refuse
+(`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that cannot run. Memory comes
+from `mimo.planner.memory`, the predicted step time from `mimo.planner.predict`.
 
 Ranking: layouts that fit by predicted step time (ties by memory); then the rest by memory alone. The
 preference class (plain DP, FSDP, LM tp, split encoder, pipelined) only names the kind of each row.
@@ -126,25 +126,29 @@ def expert_candidates(cfg: Config, candidates: list[Modules], gpus: int) -> list
 
 def _lm_split_cost(r: Row) -> tuple:
     """Order of fitting LM layouts: least tp x pp, then least tp, then replicated before FSDP-sharded stages
-    (sharding gathers every weight twice a microbatch), then least memory."""
+    (sharding gathers every weight twice a microbatch), then replicated encoders before sharded ones (same
+    reason), then least memory."""
     lm = r.layout.grids[LANGUAGE]
-    return lm.tp * lm.pp, lm.tp, r.modules[LANGUAGE].fsdp, r.usage.peak
+    encoders = any(m.fsdp for n, m in r.modules.items() if n != LANGUAGE)
+    return lm.tp * lm.pp, lm.tp, r.modules[LANGUAGE].fsdp, encoders, r.usage.peak
 
 
 def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row | None],
                          gpus_per_node: int = 8) -> list[Row]:
-    """Each encoder dp on its own N/share ranks, the LM on the rest (its stages replicated or, where the gate
-    allows it, FSDP-sharded over their data lanes): per split, of the LM layouts the trainer accepts, the one
-    with the least tp x pp (then tp, then memory) that fits, else the one with the lowest estimate."""
+    """Each encoder dp on its own N/share ranks (replicated or FSDP-sharded over them), the LM on the rest (its
+    stages replicated or, where the gate allows it, FSDP-sharded over their data lanes): per split, of the layouts
+    the trainer accepts, the one with the least LM tp x pp (then `_lm_split_cost`'s order) that fits, else the one
+    with the lowest estimate."""
     names = list(cfg.model.modalities)
     out: list[Row] = []
     for enc in sorted({gpus // s for s in PIPELINE_SHARES}, reverse=True):
         rest = gpus - enc * len(names)
         if enc < 1 or rest < 1 or not names:
             continue
-        mods = {n: ModuleLayoutConfig(offset=i * enc, size=enc) for i, n in enumerate(names)}
-        options = [cost({**mods, LANGUAGE: ModuleLayoutConfig(offset=enc * len(names), size=rest, tp=tp, pp=pp,
-                                                              fsdp=fsdp)})
+        options = [cost({**{n: ModuleLayoutConfig(offset=i * enc, size=enc, fsdp=enc_fsdp)
+                            for i, n in enumerate(names)},
+                         LANGUAGE: ModuleLayoutConfig(offset=enc * len(names), size=rest, tp=tp, pp=pp, fsdp=fsdp)})
+                   for enc_fsdp in ((False, True) if enc > 1 else (False,))
                    for tp in divisors(rest) if tp <= max(gpus_per_node, 1) for pp in divisors(rest // tp)
                    if pp <= cfg.model.llm.layers for fsdp in ((False, True) if rest // (tp * pp) > 1 else (False,))]
         rows = [r for r in options if r is not None]

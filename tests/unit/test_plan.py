@@ -10,7 +10,17 @@ from mimo.config.load import load_config
 from mimo.config.schema import ModuleLayoutConfig
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
-from mimo.planner.candidates import FSDP, LM_TP, PLAIN_DP, label, layout_of, make_plan, to_toml, with_modules
+from mimo.planner.candidates import (
+    FSDP,
+    LM_TP,
+    PLAIN_DP,
+    label,
+    layout_of,
+    make_plan,
+    pipelined_candidates,
+    to_toml,
+    with_modules,
+)
 from mimo.planner.memory import (
     GIB,
     HOST_FIXED_BYTES,
@@ -197,6 +207,25 @@ def test_a_pipelined_lm_is_sharded_where_only_sharding_makes_it_fit():
     sharded_tp = {"images": enc, "language": ModuleLayoutConfig(offset=4, size=4, tp=2, fsdp=True)}
     assert layout_of(cfg, sharded_tp, 8) is None
     assert "fsdp = true" in to_toml(row.modules, cfg.parallel.microbatches, row.layout)
+
+
+def test_pipelined_splits_also_try_their_encoders_sharded():
+    """Every pipelined split is tried with its encoder FSDP-sharded over its own ranks too (more than one), and the
+    gate accepts exactly the sharded-encoder layouts whose replicated twins it accepts; where both fit, the
+    replicated encoder is the split's row (sharding gathers every weight twice a microbatch)."""
+    cfg = load_config("configs/demo_vlm.toml", LLAMA_7B)
+    asked: list[dict] = []
+    pipelined_candidates(cfg, 8, asked.append)
+    sharded = [m for m in asked if m["images"].fsdp]
+    assert sharded and all(m["images"].size > 1 for m in sharded)
+    assert not [m for m in asked if m["images"].size == 1 and m["images"].fsdp]
+    for m in sharded:
+        twin = {**m, "images": ModuleLayoutConfig(offset=m["images"].offset, size=m["images"].size)}
+        assert (layout_of(cfg, m, 8) is None) == (layout_of(cfg, twin, 8) is None), m
+    assert any(layout_of(cfg, m, 8) is not None for m in sharded)
+    rows = [r for r in make_plan(cfg, 8, 80).rows if r.layout.grids["images"].offset == 0 and r.fits
+            and r.layout.grids["language"].offset > 0]
+    assert rows and not any(r.modules["images"].fsdp for r in rows)
 
 
 def test_a_hugging_face_lm_is_planned_with_its_own_shapes(tmp_path):
