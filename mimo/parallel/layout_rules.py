@@ -13,7 +13,7 @@ from mimo.parallel.data import FSDP_REDUCES_UNUSED_PARAMS
 from mimo.parallel.expert.layout import validate_expert_parallel
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout, check_heads_divisible
-from mimo.parallel.pipeline.plan import is_pipelined, validate_pipeline
+from mimo.parallel.pipeline.rules import is_pipelined, validate_pipeline
 from mimo.parallel.pipeline.virtual import validate_virtual_stages
 
 

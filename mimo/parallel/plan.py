@@ -41,7 +41,8 @@ from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import batch_multiple
 from mimo.parallel.materialize import local_view
-from mimo.parallel.pipeline.plan import PipelinePlan, is_pipelined
+from mimo.parallel.pipeline.plan import PipelinePlan
+from mimo.parallel.pipeline.rules import is_pipelined
 from mimo.parallel.tensor import (
     TP_PARTIAL_GRAD,
     mark_tp_replicated,

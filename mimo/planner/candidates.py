@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.parallel.pipeline.rules import is_pipelined
 from mimo.perf.gpu_defaults import apply_gpu_defaults
 from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 from mimo.planner.network import Network

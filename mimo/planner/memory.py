@@ -63,7 +63,7 @@ from mimo.models.moe import MoEFeedForward
 from mimo.parallel.expert.layout import EXPERT_WEIGHTS
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.parallel.pipeline.rules import is_pipelined
 from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order
 from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.pipeline.virtual import virtual_stages

@@ -32,7 +32,7 @@ from mimo.config.schema import LANGUAGE, Config, ModuleLayoutConfig
 from mimo.models.flops import TRAIN_FACTOR, audio_flops, lm_flops, projector_flops, vit_flops
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.plan import is_pipelined
+from mimo.parallel.pipeline.rules import is_pipelined
 from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order, warmup_microbatches
 from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.pipeline.virtual import virtual_stages

@@ -1,0 +1,49 @@
+"""Which layouts are pipelined, and what a pipelined layout needs beyond `validate_plan`'s other rules: the
+checks the validation gate runs (pure) before `PipelinePlan` builds anything."""
+
+from __future__ import annotations
+
+from mimo.config.schema import LANGUAGE, Config, ConfigError
+from mimo.parallel.layout import Layout
+
+
+def is_pipelined(layout: Layout) -> bool:
+    """Disjoint module grids, or a single module with pp > 1, run under the pipeline schedule."""
+    if len(layout.grids) > 1:
+        return not layout.colocated
+    return next(iter(layout.grids.values())).pp > 1
+
+
+def validate_pipeline(cfg: Config, layout: Layout) -> None:
+    """What a pipelined layout needs beyond `validate_plan`'s other checks (the gate runs it). Pure."""
+    lm = layout.grids[LANGUAGE]
+    if cfg.model.llm.layers < lm.pp:
+        raise ConfigError(f"parallel.modules.language.pp ({lm.pp}) exceeds model.llm.layers "
+                          f"({cfg.model.llm.layers}); every stage needs a layer, use pp <= {cfg.model.llm.layers}")
+    if cfg.data.packing:
+        raise ConfigError("data.packing: packed sequences need per-document attention masks, which the pipeline "
+                          "schedule does not pass between stages; set data.packing = false or use a colocated layout")
+    for name, m in cfg.parallel.modules.items():
+        if m.fsdp and name != LANGUAGE and layout.grids[name].pp > 1:
+            # EncoderStage runs an FSDP-sharded encoder whole (through encode_project, empty lanes included); a split
+            # ViT's parts are called one by one, outside the submodule's FSDP entry.
+            raise ConfigError(f"parallel.modules.{name}.fsdp: a pipelined encoder (pp = {layout.grids[name].pp}) "
+                              "cannot be sharded; set fsdp = false or pp = 1")
+        if m.fsdp and name == LANGUAGE and (lm.tp > 1 or lm.cp > 1 or m.ep > 1):
+            raise ConfigError(f"parallel.modules.{name}.fsdp: sharding a pipelined LM is available with tp = cp = ep "
+                              f"= 1 only (got tp {lm.tp}, cp {lm.cp}, ep {m.ep}); set fsdp = false or use a "
+                              "colocated layout")
+    for name, m in cfg.model.modalities.items():
+        grid = layout.grids[name]
+        if grid.pp == 1:
+            continue
+        if m.kind != "vision":
+            raise ConfigError(f"parallel.modules.{name}.pp = {grid.pp}: only vision encoders can be pipelined; "
+                              "use pp = 1")
+        if m.vit.layers < grid.pp:
+            raise ConfigError(f"parallel.modules.{name}.pp ({grid.pp}) exceeds model.modalities.{name}.vit.layers "
+                              f"({m.vit.layers}); use pp <= {m.vit.layers}")
+        flags = cfg.parallel.modules.get(name)
+        if flags is not None and flags.sequence_parallel:
+            raise ConfigError(f"parallel.modules.{name}.sequence_parallel: a pipelined encoder cannot be sequence "
+                              "parallel; set it to false or pp = 1")
