@@ -95,11 +95,15 @@ class LMStage(_Stage):
         self.text, self.scale, self.out_loss, self.layers = text, scale, out_loss, layers
         self.loss_sum = torch.zeros((), device=self.device)
 
-    def _out_path(self, hidden: torch.Tensor, mb: dict) -> torch.Tensor:
-        """The Out path's share of the objective from one microbatch's final states (zero without targets)."""
+    def _objective(self, loss_sum: torch.Tensor, hidden: torch.Tensor, mb: dict) -> torch.Tensor:
+        """This microbatch's share of the step's objective: the scaled text loss, plus the Out path's terms from
+        its final states where the model has an Out path (zero for a microbatch without targets)."""
+        scaled = loss_sum.float() * self.scale
+        if not self.out_loss.ids:
+            return scaled
         targets = mb.get("modality_targets")
         sums = self.model.output_losses(hidden, mb["input_ids"], targets)[0] if targets else {}
-        return self.out_loss.term(MimoOutput(hidden=hidden, modality_loss_sums=sums))
+        return scaled + self.out_loss.term(MimoOutput(hidden=hidden, modality_loss_sums=sums))
 
     def _embed(self, mb: dict) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         ids = mb["input_ids"]
@@ -140,10 +144,9 @@ class LMStage(_Stage):
                     labels = labels.reshape(-1).index_select(0, rows)
                     mask = None if mask is None else mask.reshape(-1).index_select(0, rows)
                 loss_sum, _ = self.model.loss_fn(out, lm, labels, mask)
-                out_term = self._out_path(out, mb)
+                out = self._objective(loss_sum, out, mb)
         if self.last:
             self.loss_sum += loss_sum.detach().float()
-            out = loss_sum.float() * self.scale + out_term
         else:
             self.send_forward([out, pos])
         self.inflight.append((inputs, out))
