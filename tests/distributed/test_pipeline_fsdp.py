@@ -2,7 +2,8 @@
 
 The LM is cut into 2 stages, each sharded over its 2 data lanes (4 ranks), and runs 4 microbatches of 4 samples
 under 1F1B, so each stage interleaves forwards and backwards of different microbatches on sharded blocks (every
-backward reduce-scatters into the shards, which add up over the step). Checked against one process on the same
+backward reduce-scatters into the shards, which add up over the step); interleaved too (virtual_stages = 2: a
+4-layer LM in pp2 x v2 = 4 chunks, rank r holding chunks r and r + 2). Checked against one process on the same
 global batch: the loss, every gradient and the weights after one clipped AdamW step, max |diff| <= 1e-5 x
 max |ref| (fp32), with tied embeddings (the first and last stages' sharded copies get the summed gradient)
 and without.
@@ -27,10 +28,11 @@ RTOL = 1e-5
 S, MICRO, PER_MB = 12, 4, 4
 
 
-def _config(tied: bool, pp: int = 2) -> Config:
-    return Config(model=ModelConfig(llm=tiny_llm(layers=3, init_std=0.1, tie_embeddings=tied)),
-                  parallel=ParallelConfig(modules={"language": ModuleLayoutConfig(pp=pp, fsdp=True)},
-                                          microbatches=MICRO),
+def _config(tied: bool, virtual: int) -> Config:
+    lm = ModuleLayoutConfig(pp=2, fsdp=True, virtual_stages=virtual)
+    return Config(model=ModelConfig(llm=tiny_llm(layers=3 if virtual == 1 else 2 * virtual, init_std=0.1,
+                                                 tie_embeddings=tied)),
+                  parallel=ParallelConfig(modules={"language": lm}, microbatches=MICRO),
                   data=DataConfig(global_batch=PER_MB * MICRO), optim=OptimConfig(**PARITY_OPTIM))
 
 
@@ -54,13 +56,16 @@ def _reference(cfg: Config, batch: dict, model) -> dict:
     return {"loss": loss.item(), "grads": grads, "params": params}
 
 
-def _case(rank: int, world: int, tied: bool) -> float:
-    what = f"LM pp2 x dp2 fsdp tied {tied}"
-    cfg, batch = _config(tied), _batch()
+def _case(rank: int, world: int, tied: bool, virtual: int) -> float:
+    what = f"LM pp2 x v{virtual} x dp2 fsdp tied {tied}"
+    cfg, batch = _config(tied, virtual), _batch()
     ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda model: _reference(cfg, batch, model))
     assert plan.fsdp_modules() == ["language"], what
     assert all(hasattr(p, "full_tensor") for p in par.language_model.parameters()), f"{what}: every weight sharded"
     pipe = plan.pipeline
+    assert pipe.chunks == virtual, f"{what}: the schedule asked for runs"
+    if virtual > 1:
+        assert len(par.language_model.layers) == virtual, f"{what}: {virtual} chunks of one layer on each rank"
     result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])
     assert worst <= RTOL, f"{what}: loss {result.loss} vs {ref['loss']}"
@@ -68,13 +73,14 @@ def _case(rank: int, world: int, tied: bool) -> float:
     return max(worst, step_matches_reference(what, rank, plan, par, opt, ref, RTOL))
 
 
-def _cases(rank: int, world: int) -> list[float]:
-    return [_case(rank, world, tied) for tied in (True, False)]
+def _cases(rank: int, world: int, virtual: int) -> list[float]:
+    return [_case(rank, world, tied, virtual) for tied in (True, False)]
 
 
 @pytest.mark.skipif(not FSDP_REDUCES_UNUSED_PARAMS, reason="needs FSDP2's set_reduce_scatter_unused_params")
-def test_sharded_pipelined_lm_equals_single_process():
-    worst = run_distributed(_cases, 4, timeout=600)[0]
+@pytest.mark.parametrize("virtual", [1, 2], ids=["1f1b", "interleaved"])
+def test_sharded_pipelined_lm_equals_single_process(virtual):
+    worst = run_distributed(_cases, 4, virtual, timeout=600)[0]
     assert max(worst) <= RTOL, worst
 
 
