@@ -18,7 +18,7 @@ from mimo.data.demo import DemoVLMData
 from mimo.train.trainer import Trainer
 from tests.support.anyres_run import ANYRES
 from tests.support.dist import run_distributed
-from tests.support.parity import assert_trains_like, trainer_steps
+from tests.support.parity import assert_trains_like, assert_weights_like, trainer_steps
 from tests.support.tiny_run import tiny_config
 
 RTOL = 1e-5
@@ -46,18 +46,6 @@ def _train(out: Path, *overrides: str) -> tuple[list[float], list[dict], dict]:
                else {n: p.detach() for n, p in trainer.model.named_parameters()})
     grads = [{n: g.numpy() for n, g in step.items()} for step in grads]
     return losses, grads, {n: w.numpy() for n, w in weights.items()}
-
-
-def _assert_weights_like(what: str, weights: dict, ref: dict) -> None:
-    """Every weight within RTOL relative of the reference's; an encoder's key bias (true gradient 0, so both runs
-    step on rounding noise, see assert_trains_like) within RTOL of its weight's scale."""
-    assert weights.keys() == ref.keys(), what
-    for name, w in weights.items():
-        w, r = torch.as_tensor(w), torch.as_tensor(ref[name])
-        noise = name.endswith("k_proj.bias") and not name.startswith("language_model.")
-        scale = torch.as_tensor(ref[name[: -len("bias")] + "weight"]).abs().max() if noise else r.abs().max()
-        diff = (w - r).abs().max()
-        assert diff <= RTOL * scale, f"{what} weight {name} after step {STEPS}: max |diff| {diff:.3g} vs {scale:.3g}"
 
 
 def _rank(rank: int, world: int, out: str, layout: list[str]) -> tuple[list[float], list[dict], dict]:
@@ -97,7 +85,7 @@ def test_mixed_images_train_like_single_process(reference, tmp_path, layout):
     world, overrides = LAYOUTS[layout]
     losses, grads, weights = run_distributed(_rank, world, str(tmp_path), overrides, timeout=600)[0]
     assert_trains_like(layout, (losses, grads), reference[:2], RTOL)
-    _assert_weights_like(layout, weights, reference[2])
+    assert_weights_like(f"{layout} after step {STEPS}", weights, reference[2], RTOL)
 
 
 @pytest.mark.parametrize("layout", list(ANYRES_LAYOUTS))

@@ -117,8 +117,29 @@ def assert_trains_like(what: str, run: tuple[list[float], list[dict]], reference
         assert got.keys() == ref.keys(), f"{what} step {step}: gradient names differ"
         for name, g in got.items():
             g, r = torch.as_tensor(g), torch.as_tensor(ref[name])
-            if name.endswith("k_proj.bias") and not name.startswith("language_model."):
-                scale = torch.as_tensor(ref[name[: -len("bias")] + "weight"]).abs().max()
+            scale = noise_scale(name, ref)
+            if scale is not None:
                 assert max(g.abs().max(), r.abs().max()) <= rtol * scale, f"{what} step {step}: {name}"
                 continue
             assert rel_diff(g, r) <= rtol, f"{what} step {step}: gradient {name} off by {rel_diff(g, r):.2e} relative"
+
+
+def noise_scale(name: str, tensors: dict) -> torch.Tensor | None:
+    """For a key bias of a ViT or a decoder (no rotary positions: softmax cancels it, so its true gradient is zero
+    and runs hold rounding noise there), the scale that noise is held to: max |its weight| in `tensors` (name ->
+    tensor or array). None for every other parameter."""
+    if name.endswith("k_proj.bias") and not name.startswith("language_model."):
+        return torch.as_tensor(tensors[name[: -len("bias")] + "weight"]).abs().max()
+    return None
+
+
+def assert_weights_like(what: str, weights: dict, reference: dict, rtol: float) -> None:
+    """Every weight of `weights` (name -> tensor or array) within `rtol` x max |reference's|, a key bias within
+    `rtol` of its weight's scale (`noise_scale`: both runs stepped on rounding noise there)."""
+    assert weights.keys() == reference.keys(), f"{what}: weight names differ"
+    for name, w in weights.items():
+        w, r = torch.as_tensor(w), torch.as_tensor(reference[name])
+        scale = noise_scale(name, reference)
+        scale = r.abs().max() if scale is None else scale
+        diff = (w - r).abs().max()
+        assert diff <= rtol * scale, f"{what} weight {name}: max |diff| {diff:.3g} vs {rtol} x {scale:.3g}"
