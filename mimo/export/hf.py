@@ -17,11 +17,9 @@ import torch
 
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import VISION_PREFIXES, hf_act, hf_text_config, hf_vision_config, vision_family_of
-from mimo.export.stream import Entry, LiveSource, SourceOf, gather_entries, prepare_dir, save_streamed
+from mimo.export.stream import Entry, LiveSource, SourceOf, gather_entries, write_hf_dir
 from mimo.export.tokens import (
-    make_readable,
     run_tokenizer,
-    save_generation_config,
     save_llava_processor,
     token_ids,
     with_image_token,
@@ -32,13 +30,6 @@ from mimo.models.layers import ACTIVATIONS, MLP
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel
 from mimo.models.vit import VisionTransformer
-
-
-def save_hf_weights(tensors: dict[str, Entry], directory: Path, max_shard_bytes: int | None = None) -> None:
-    """model.safetensors, or model-0000k-of-0000n.safetensors shards (each at most `max_shard_bytes`, default
-    5 GB, unless one tensor is larger) plus model.safetensors.index.json, written one tensor at a time."""
-    save_streamed(list(tensors.values()), directory, max_shard_bytes)
-
 
 TokenizerSpec = str | Path | Any | None
 
@@ -70,14 +61,7 @@ def export_causal_lm(lm: DecoderLM, directory: str | Path, dtype: torch.dtype | 
     ids = token_ids(tok) if tok is not None else {}
     tensors = gather_entries(lm, llm_names(lm), dtype, source_of)
     config = hf_text_config(lm.cfg, _dtype_name(tensors), ids)
-    out = prepare_dir(directory)
-    save_hf_weights(tensors, out, max_shard_bytes)
-    config.save_pretrained(out)
-    if tok is not None:
-        tok.save_pretrained(out)
-        save_generation_config(ids, out)
-    make_readable(out)
-    return out
+    return write_hf_dir(directory, tensors, config, max_shard_bytes, None if tok is None else tok.save_pretrained, ids)
 
 
 def act_name(fn: object) -> str:
@@ -136,12 +120,7 @@ def export_vision_tower(vit: VisionTransformer, directory: str | Path, dtype: to
     prefix = VISION_PREFIXES[vision_family_of(vit.cfg, "the vision tower")]
     tensors = gather_entries(vit, with_prefix(vit_names(vit), prefix), dtype)
     tensors.update(unused_tower_tensors(vit, next(iter(tensors.values())).dtype, prefix))
-    config = hf_vision_config(vit.cfg, "the vision tower", _dtype_name(tensors))
-    out = prepare_dir(directory)
-    save_hf_weights(tensors, out)
-    config.save_pretrained(out)
-    make_readable(out)
-    return out
+    return write_hf_dir(directory, tensors, hf_vision_config(vit.cfg, "the vision tower", _dtype_name(tensors)))
 
 
 def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
@@ -174,11 +153,5 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
         projector_hidden_act=hf_act(act_name(proj.act), f"model.modalities.{name}.projector.act"),
         multimodal_projector_bias=proj.fc1.bias is not None, tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
     config.architectures = ["LlavaForConditionalGeneration"]
-    out = prepare_dir(directory)
-    save_hf_weights(tensors, out, max_shard_bytes)
-    config.save_pretrained(out)
-    if tok is not None:
-        save_llava_processor(tok, vcfg, strategy, out)
-        save_generation_config(ids, out)
-    make_readable(out)
-    return out
+    files = None if tok is None else lambda out: save_llava_processor(tok, vcfg, strategy, out)
+    return write_hf_dir(directory, tensors, config, max_shard_bytes, files, ids)

@@ -21,8 +21,8 @@ from mimo.config.schema import ViTConfig
 from mimo.data.tokenizer import IMAGE, require_transformers
 from mimo.export.config import hf_act, hf_text_config, hf_vision_config
 from mimo.export.hf import TokenizerSpec, act_name, llava_parts, resolve_tokenizer, unused_tower_tensors
-from mimo.export.stream import Entry, LiveSource, SourceOf, gather_entries, prepare_dir, save_streamed
-from mimo.export.tokens import BICUBIC, PIXEL_MEAN, PIXEL_STD, make_readable, save_generation_config, token_ids
+from mimo.export.stream import Entry, LiveSource, SourceOf, gather_entries, write_hf_dir
+from mimo.export.tokens import BICUBIC, PIXEL_MEAN, PIXEL_STD, token_ids
 from mimo.hf.names import llm_names, projector_names, vit_names, with_prefix
 from mimo.models.anyres import AnyResSubmodules
 from mimo.models.multimodal import MimoModel
@@ -145,11 +145,5 @@ def export_llava_next(model: MimoModel, directory: str | Path, dtype: torch.dtyp
     tok = resolve_tokenizer(tokenizer, model.special_token_ids[name])
     ids = token_ids(tok) if tok is not None else {}
     config = anyres_config(model, name, str(next(iter(tensors.values())).dtype).removeprefix("torch."), ids)
-    out = prepare_dir(directory)
-    save_streamed(list(tensors.values()), out, max_shard_bytes)
-    config.save_pretrained(out)
-    if tok is not None:
-        save_anyres_processor(tok, sub, out)
-        save_generation_config(ids, out)
-    make_readable(out)
-    return out
+    files = None if tok is None else lambda out: save_anyres_processor(tok, sub, out)
+    return write_hf_dir(directory, tensors, config, max_shard_bytes, files, ids)

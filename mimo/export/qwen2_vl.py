@@ -16,8 +16,8 @@ import torch
 from mimo.config.schema import LLMConfig, NativeViTConfig
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import hf_act, text_architecture
-from mimo.export.stream import LiveSource, SourceOf, gather_entries, prepare_dir, save_streamed
-from mimo.export.tokens import make_readable, run_tokenizer, save_generation_config, token_ids
+from mimo.export.stream import LiveSource, SourceOf, gather_entries, write_hf_dir
+from mimo.export.tokens import run_tokenizer, token_ids
 from mimo.hf.names import llm_names
 from mimo.models.multimodal import MimoModel
 from mimo.models.native_vit import NativeVisionTower, PatchMerger
@@ -93,11 +93,4 @@ def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype 
         image_token_id=image, video_token_id=v.video_token_id if v.video_token_id >= 0 else image + 1,
         tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
     config.architectures = [arch]
-    out = prepare_dir(directory)
-    save_streamed(list(tensors.values()), out, max_shard_bytes)
-    config.save_pretrained(out)
-    if tok is not None:
-        tok.save_pretrained(out)
-        save_generation_config(ids, out)
-    make_readable(out)
-    return out
+    return write_hf_dir(directory, tensors, config, max_shard_bytes, None if tok is None else tok.save_pretrained, ids)

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from mimo.export.tokens import make_readable, save_generation_config
 from mimo.hf.files import INDEX
 from mimo.hf.names import ExpertStack, HFName
 from mimo.train.checkpoint.tensors import CheckpointTensors
@@ -134,6 +136,21 @@ def prepare_dir(directory: str | Path) -> Path:
     if out.exists() and ((out / "config.json").exists() or any(out.glob("*.safetensors"))):
         raise FileExistsError(f"'{out}' already holds a model; export into a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_hf_dir(directory: str | Path, entries: dict[str, Entry], config: Any, max_shard_bytes: int | None = None,
+                 files: Callable[[Path], None] | None = None, ids: dict[str, int | None] | None = None) -> Path:
+    """A Hugging Face model folder in `directory` (new or empty, `prepare_dir`): the weights streamed one tensor at
+    a time (`save_streamed`), `config`, and where `files` is given, what it writes (tokenizer, processor) with a
+    generation_config.json of the token `ids`; every file readable by all. The folder."""
+    out = prepare_dir(directory)
+    save_streamed(list(entries.values()), out, max_shard_bytes)
+    config.save_pretrained(out)
+    if files is not None:
+        files(out)
+        save_generation_config(ids or {}, out)
+    make_readable(out)
     return out
 
 
