@@ -33,6 +33,20 @@ def select_best_resolution(size: tuple[int, int], resolutions: list[list[int]]) 
     return best
 
 
+def grid_tiles(size: tuple[int, int], tile: int, grid_pinpoints: list[list[int]]) -> tuple[int, int]:
+    """(rows, columns) of `tile`-pixel tiles an image of `size` (height, width) is cut into at the best of
+    `grid_pinpoints` (the overview tile not counted): what mimo.data.anyres_tiles.tile_image cuts and
+    AnyResSubmodules puts back."""
+    h, w = select_best_resolution(size, grid_pinpoints)
+    return h // tile, w // tile
+
+
+def tile_count(size: tuple[int, int], tile: int, grid_pinpoints: list[list[int]]) -> int:
+    """Tiles the tower encodes for an image of `size`: the overview tile and its grid (`grid_tiles`)."""
+    rows, cols = grid_tiles(size, tile, grid_pinpoints)
+    return 1 + rows * cols
+
+
 def unpad_margins(rows: int, cols: int, size: tuple[int, int]) -> tuple[int, int]:
     """(rows, columns) of padding on each side of a `rows` x `cols` grid that an image of `size` (height, width)
     was scaled to fit and centred in (one of the two is 0)."""
@@ -64,8 +78,7 @@ def anyres_rows(size: tuple[int, int], tile: int, patch: int, grid_pinpoints: li
     shrunk to `max_tiles` tiles' area (OneVision), each line closed by a newline row. What transformers'
     LlavaNextProcessor / LlavaOnevisionProcessor count for the image."""
     side = tile // patch
-    h, w = select_best_resolution(size, grid_pinpoints)
-    rows, cols = h // tile * side, w // tile * side
+    rows, cols = (n * side for n in grid_tiles(size, tile, grid_pinpoints))
     top, left = unpad_margins(rows, cols, size)
     rows, cols = rows - 2 * top, cols - 2 * left
     ratio = shrink_ratio(rows, cols, side, max_tiles)
@@ -96,9 +109,7 @@ class AnyResSubmodules(ModalitySubmodules):
 
     def tiles_of(self, size: tuple[int, int]) -> tuple[int, int]:
         """(rows, columns) of tiles an image of `size` is cut into (the overview tile not counted)."""
-        tile = self.encoders["vit"].cfg.image
-        h, w = select_best_resolution(size, self.grid_pinpoints)
-        return h // tile, w // tile
+        return grid_tiles(size, self.encoders["vit"].cfg.image, self.grid_pinpoints)
 
     def rows_of(self, size: tuple[int, int]) -> int:
         """Rows (placeholders) the modality gives an image of `size` (height, width), mimo.models.anyres.anyres_rows."""
@@ -113,7 +124,7 @@ class AnyResSubmodules(ModalitySubmodules):
     def forward(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         inputs = encoder_inputs["vit"]
         sizes = [tuple(int(x) for x in s) for s in inputs["image_sizes"].tolist()]
-        counts = [1 + r * c for r, c in map(self.tiles_of, sizes)]
+        counts = [tile_count(size, self.encoders["vit"].cfg.image, self.grid_pinpoints) for size in sizes]
         pixels = inputs["pixel_values"]
         if pixels.dim() == 5:
             pixels = torch.cat([p[:k] for p, k in zip(pixels, counts)]) if counts else pixels.flatten(0, 1)

@@ -24,6 +24,9 @@ Per module type, forward FLOPs:
   at T frames, conv2 (3 hidden^2) and the blocks at T' = (T - 1) // 2 + 1 positions, attention
   layers * 4 T'^2 hidden. It leaves out the same things as the ViT rule does.
 - Projector, per row it projects: 2 (in * lm_hidden + lm_hidden^2).
+- Anyres image (LLaVA-NeXT tiles, mimo.models.anyres), per image: the ViT and the projector over each of its
+  tiles (`tile_count` of its size: the overview tile and the grid's), every tile's rows projected; the unpadding,
+  OneVision's shrink and the newline rows are free (no matmul).
 - Native-resolution tower (Qwen2-VL), per item of N = t h w patches: 2 N (channels T P^2 hidden + layers (4 hidden^2
   + SwiGLU's 3 or the MLP's 2 hidden mlp)), attention 4 hidden sum(segment^2) per layer over its segments (a frame,
   or a window of it outside the full-attention layers), and the merger 2 (N / merge^2) ((merge^2 hidden)^2 +
@@ -40,7 +43,8 @@ from __future__ import annotations
 
 import torch
 
-from mimo.config.schema import AudioConfig, LLMConfig, ModelConfig, NativeViTConfig, ViTConfig
+from mimo.config.schema import AudioConfig, LLMConfig, ModalityConfig, ModelConfig, NativeViTConfig, ViTConfig
+from mimo.models.anyres import tile_count
 from mimo.models.audio import AudioEncoder
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 
@@ -93,6 +97,12 @@ def projector_flops(dim_in: int, lm_hidden: int, rows: int) -> int:
     return 2 * (dim_in * lm_hidden + lm_hidden * lm_hidden) * rows
 
 
+def anyres_flops(m: ModalityConfig, size: tuple[int, int], lm_hidden: int) -> int:
+    """Forward FLOPs of one image of `size` (height, width) of an anyres modality `m`: its tiles' ViT and projector."""
+    tiles = tile_count(size, m.vit.image, m.anyres_grid_pinpoints)
+    return tiles * (vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, m.vit.tokens_per_image))
+
+
 def _square_sum(length: int, chunk: int) -> int:
     """Sum of squared chunk lengths when `length` is cut into runs of `chunk` (the last one shorter)."""
     full, rest = divmod(length, chunk)
@@ -124,6 +134,8 @@ def modality_flops(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[s
         return n * audio_flops(m.audio, frames) + projector_flops(m.audio.hidden, lm_hidden, rows)
     if m.kind == "native_vision":
         return sum(native_flops(m.native, tuple(g), lm_hidden) for g in kwargs["grid_thw"].tolist())
+    if m.anyres_grid_pinpoints:
+        return sum(anyres_flops(m, tuple(s), lm_hidden) for s in kwargs["image_sizes"].tolist())
     n = next((v.shape[0] for v in kwargs.values() if isinstance(v, torch.Tensor)), 0)
     return n * vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, n * m.vit.tokens_per_image)
 

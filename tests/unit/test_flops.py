@@ -3,10 +3,13 @@ tests/unit/test_benchmark.py), and the throughput rates built on them."""
 
 import time
 
+import numpy as np
 import torch
 
 from mimo.config.schema import AudioConfig, ModalityConfig, ModelConfig, ViTConfig
-from mimo.models.flops import train_step_flops
+from mimo.data.anyres_tiles import tile_image
+from mimo.models.anyres import tile_count
+from mimo.models.flops import anyres_flops, train_step_flops
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 from mimo.train.throughput import Throughput
 from tests.support.configs import tiny_llm
@@ -36,6 +39,32 @@ def test_multi_image_batch_by_hand():
              "modality_inputs": {"img": {"vit": {"pixel_values": meta(3, 3, 4, 4)}}}}
     image = 2 * 52 * 5 + 200 + 48 * 4
     assert train_step_flops(cfg, batch) == 3 * (2 * lm(20) + 3 * image)
+
+
+PINPOINTS = [[16, 32], [32, 16], [32, 32]]
+TILES = {(8, 8): 3, (33, 33): 5, (20, 40): 3, (50, 17): 3}
+"""Tiles of 16 pixels at PINPOINTS, by hand (kept = pixels of the image scaled to fit, capped at its own; ties: least
+padding): 8 x 8 keeps its 64 at every pinpoint -> the least padded 16 x 32, 1 x 2 + the overview = 3. 33 x 33 keeps
+32 x 32 = 1,024 at 32 x 32, 16 x 16 at the others -> 2 x 2 + 1 = 5. 20 x 40 scales by 0.8 to 16 x 32 at both 16 x
+32 and 32 x 32 -> the unpadded 16 x 32, 3. 50 x 17 keeps 32 x 10 at 32 x 16 and 32 x 32 -> 32 x 16, 2 x 1 + 1 = 3."""
+
+
+def test_anyres_images_cost_their_tiles_by_hand():
+    vit = ViTConfig(image=16, patch=8, channels=3, hidden=2, layers=1, heads=1, mlp=3)
+    m = ModalityConfig(vit=vit, token_id=9, anyres_grid_pinpoints=PINPOINTS)
+    cfg = ModelConfig(llm=LLM, modalities={"img": m})
+    for size, tiles in TILES.items():
+        cut = tile_image(np.zeros((*size, 3), np.uint8), PINPOINTS, 16)  # what the data path cuts
+        assert tile_count(size, 16, PINPOINTS) == tiles == len(cut)
+    # Per tile: 4 patches + class token = 5 positions; weights 1*(4*2*2 + 2*2*3) + 3*8*8*2 = 28 + 384 = 412;
+    # attention 1*4*5*5*2 = 200; projector over 4 rows, 2*(2*4 + 4*4) = 48 a row.
+    tile = 2 * 412 * 5 + 200 + 48 * 4
+    assert anyres_flops(m, (33, 33), 4) == 5 * tile
+    sizes = list(TILES)  # rows of 1 and 3 images, zero-padded to the most tiles (5)
+    batch = {"input_ids": meta(2, 20), "modality_counts": {"img": torch.tensor([1, 3])},
+             "modality_inputs": {"img": {"vit": {"pixel_values": meta(4, 5, 3, 16, 16),
+                                                 "image_sizes": torch.tensor(sizes)}}}}
+    assert train_step_flops(cfg, batch) == 3 * (2 * lm(20) + (3 + 5 + 3 + 3) * tile)
 
 
 def test_audio_batch_by_hand():
