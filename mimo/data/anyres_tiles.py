@@ -2,7 +2,9 @@
 fit the best of the grid pinpoints (`select_best_resolution`), centred on black padding to that resolution and cut
 into tower-sized tiles row by row, after an overview tile (the whole image resized to the tower's size); every
 tile bicubic and in mimo's [-1, 1] pixels. What transformers' LlavaNextImageProcessor (and OneVision's) gives
-with the image processor mimo export writes (mimo.export.llava_next.anyres_image_processor).
+with the image processor mimo export writes (mimo.export.llava_next.anyres_image_processor). An image OneVision
+does not tile (one of several in a prompt, mimo.models.anyres.tiled_images) is padded to a square of mid-grey
+(the pixel mean) and resized to one tile, as LlavaOnevisionImageProcessor's `pad_to_square` does.
 """
 
 from __future__ import annotations
@@ -41,12 +43,27 @@ def tile_image(image: np.ndarray, grid_pinpoints: list[list[int]], tile: int) ->
     return np.stack([image_tensor_values(t) for t in tiles])
 
 
-def tiled_inputs(images: list[np.ndarray], grid_pinpoints: list[list[int]], tile: int) -> dict[str, torch.Tensor]:
+def square_tile(image: np.ndarray, tile: int) -> np.ndarray:
+    """uint8 `[H, W, 3]` -> float32 `[1, 3, tile, tile]`: the image centred on a mid-grey (127) square of its longer
+    side, resized (bicubic) to the tile, in [-1, 1]."""
+    height, width = image.shape[:2]
+    side = max(height, width)
+    canvas = np.full((side, side, 3), 127, dtype=np.uint8)
+    top, left = (side - height) // 2, (side - width) // 2
+    canvas[top: top + height, left: left + width] = image
+    return image_tensor_values(np.asarray(Image.fromarray(canvas).resize((tile, tile), Image.BICUBIC)))[None]
+
+
+def tiled_inputs(images: list[np.ndarray], grid_pinpoints: list[list[int]], tile: int,
+                 tiled: list[bool] | None = None) -> dict[str, torch.Tensor]:
     """An anyres modality's ViT inputs for `images` (uint8 `[H, W, 3]` each): `pixel_values` `[n, most tiles, 3,
     tile, tile]`, each image's tiles zero-padded to the most, and `image_sizes` `[n, 2]` (height, width); so a
-    batch splits by images as any encoder input (mimo.data.batching)."""
-    tiled = [tile_image(x, grid_pinpoints, tile) for x in images]
-    return stacked_tiles(tiled, [x.shape[:2] for x in images], tile)
+    batch splits by images as any encoder input (mimo.data.batching). With `tiled` (one flag an image), an image
+    not tiled gets its `square_tile` and the inputs a `tiled` `[n]` bool tensor."""
+    flags = [True] * len(images) if tiled is None else tiled
+    tiles = [tile_image(x, grid_pinpoints, tile) if t else square_tile(x, tile) for x, t in zip(images, flags)]
+    out = stacked_tiles(tiles, [x.shape[:2] for x in images], tile)
+    return out if tiled is None else {**out, "tiled": torch.tensor(flags, dtype=torch.bool)}
 
 
 def stacked_tiles(tiled: list[np.ndarray | None], sizes: list[tuple[int, int]], tile: int) -> dict[str, torch.Tensor]:

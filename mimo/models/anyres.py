@@ -3,7 +3,8 @@ tile at the tower's size), every tile goes through the vision tower and the proj
 put back in their places on the image, cropped to its aspect ratio, with a learned newline row closing each
 line of patches. So an image gives a number of rows that depends on its size, as transformers'
 LlavaNextForConditionalGeneration computes them ("spatial_unpad"); LLaVA-OneVision also shrinks a grid larger
-than its anyres_max_N tiles' area.
+than its anyres_max_N tiles' area, and gives each image of a several-image prompt only its overview tile (its
+rows and one newline row; `tiled_images`), as transformers' LlavaOnevisionForConditionalGeneration does.
 """
 
 from __future__ import annotations
@@ -71,12 +72,21 @@ def shrink_ratio(rows: int, cols: int, side: int, max_tiles: int) -> float:
     return ratio if ratio > 1.1 else 0.0  # OneVision's threshold, as transformers applies it
 
 
+def tiled_images(max_tiles: int, images_per_prompt: list[int]) -> list[bool]:
+    """Whether each image of prompts holding `images_per_prompt` images (in order) is tiled: always for
+    LLaVA-NeXT (`max_tiles` 0); for OneVision only an image alone in its prompt, the others giving their overview
+    tile (of the image padded to a square) and a newline row (transformers' `batch_num_images` rule)."""
+    return [not (max_tiles and n > 1) for n in images_per_prompt for _ in range(n)]
+
+
 def anyres_rows(size: tuple[int, int], tile: int, patch: int, grid_pinpoints: list[list[int]], max_tiles: int,
-                tile_rows: int) -> int:
+                tile_rows: int, tiled: bool = True) -> int:
     """Rows (placeholders) an image of `size` (height, width) gives AnyResSubmodules: the overview tile's
     `tile_rows`, then its grid of `tile`-pixel tiles of `patch`-pixel patches at the best pinpoint, unpadded,
-    shrunk to `max_tiles` tiles' area (OneVision), each line closed by a newline row. What transformers'
-    LlavaNextProcessor / LlavaOnevisionProcessor count for the image."""
+    shrunk to `max_tiles` tiles' area (OneVision), each line closed by a newline row; not `tiled`, the overview
+    tile's rows and one newline row. What transformers' LlavaNextProcessor / LlavaOnevisionProcessor count."""
+    if not tiled:
+        return tile_rows + 1
     side = tile // patch
     rows, cols = (n * side for n in grid_tiles(size, tile, grid_pinpoints))
     top, left = unpad_margins(rows, cols, size)
@@ -91,9 +101,10 @@ class AnyResSubmodules(ModalitySubmodules):
     """A vision modality for anyres images: `encoders` holds one ViT (its rows with the first token dropped if
     it is configured so), `input_projections` its projector, `image_newline` the LM-width newline row.
 
-    Encoder inputs: `{"vit": {"pixel_values": ..., "image_sizes": [n, 2]}}`, each of n images' (height, width)
-    and their tiles (each image's overview tile first, then its grid row by row, as transformers' processor gives
-    them), either all in order, `[T, C, S, S]`, or one image a row, `[n, most tiles, C, S, S]` zero-padded after
+    Encoder inputs: `{"vit": {"pixel_values": ..., "image_sizes": [n, 2], "tiled": [n]}}`, each of n images'
+    (height, width), whether it is tiled (bool; all when absent; `tiled_images`) and its tiles (the overview tile
+    first, then its grid row by row, as transformers' processor gives them; the overview tile alone when not
+    tiled), either all in order, `[T, C, S, S]`, or one image a row, `[n, most tiles, C, S, S]` zero-padded after
     each image's own (transformers' batch layout, which splits by images). Returns the rows of all images, image
     by image (`rows_of` each)."""
 
@@ -107,24 +118,26 @@ class AnyResSubmodules(ModalitySubmodules):
         self.grid_pinpoints = [list(p) for p in grid_pinpoints]
         self.max_tiles = max_tiles
 
-    def tiles_of(self, size: tuple[int, int]) -> tuple[int, int]:
-        """(rows, columns) of tiles an image of `size` is cut into (the overview tile not counted)."""
-        return grid_tiles(size, self.encoders["vit"].cfg.image, self.grid_pinpoints)
+    def tiles_of(self, size: tuple[int, int], tiled: bool = True) -> tuple[int, int]:
+        """(rows, columns) of tiles an image of `size` is cut into (the overview tile not counted; none when not
+        `tiled`)."""
+        return grid_tiles(size, self.encoders["vit"].cfg.image, self.grid_pinpoints) if tiled else (0, 0)
 
-    def rows_of(self, size: tuple[int, int]) -> int:
+    def rows_of(self, size: tuple[int, int], tiled: bool = True) -> int:
         """Rows (placeholders) the modality gives an image of `size` (height, width), mimo.models.anyres.anyres_rows."""
         vit = self.encoders["vit"]
         return anyres_rows(size, vit.cfg.image, vit.cfg.patch, self.grid_pinpoints, self.max_tiles,
-                           vit.tokens_per_image)
+                           vit.tokens_per_image, tiled)
 
     def rows_per_input(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Each image's rows, of the encoder inputs' `image_sizes` (what mimo.data.checks holds placeholders to)."""
-        return torch.tensor([self.rows_of(tuple(s)) for s in inputs["image_sizes"].tolist()], dtype=torch.long)
+        """Each image's rows, of the encoder inputs' `image_sizes` and `tiled` (what mimo.data.checks holds
+        placeholders to)."""
+        return torch.tensor([self.rows_of(s, t) for s, t in zip(*image_layout(inputs))], dtype=torch.long)
 
     def forward(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         inputs = encoder_inputs["vit"]
-        sizes = [tuple(int(x) for x in s) for s in inputs["image_sizes"].tolist()]
-        counts = [tile_count(size, self.encoders["vit"].cfg.image, self.grid_pinpoints) for size in sizes]
+        sizes, tiled = image_layout(inputs)
+        counts = [1 + r * c for r, c in map(self.tiles_of, sizes, tiled)]
         pixels = inputs["pixel_values"]
         if pixels.dim() == 5:
             pixels = torch.cat([p[:k] for p, k in zip(pixels, counts)]) if counts else pixels.flatten(0, 1)
@@ -135,7 +148,10 @@ class AnyResSubmodules(ModalitySubmodules):
         rows = self.project(run_encoder(vit, {"pixel_values": pixels}, "vit"))  # no image: a stand-in runs
         side = vit.cfg.image // vit.cfg.patch
         out = []
-        for tiles, size in zip(rows.split(counts), sizes):
+        for tiles, size, whole in zip(rows.split(counts), sizes, tiled):
+            if not whole:
+                out.append(torch.cat([tiles[0], self.image_newline[None].to(tiles.dtype)]))
+                continue
             r, c = self.tiles_of(size)
             grid = tiles[1:].view(r, c, side, side, -1).permute(4, 0, 2, 1, 3).flatten(1, 2).flatten(2, 3)
             grid = unpad(grid, size)
@@ -147,3 +163,10 @@ class AnyResSubmodules(ModalitySubmodules):
             grid = torch.cat([grid, newline], dim=-1).flatten(1, 2).transpose(0, 1)
             out.append(torch.cat([tiles[0], grid]))
         return torch.cat(out) if out else rows.flatten(0, 1)
+
+
+def image_layout(inputs: dict[str, torch.Tensor]) -> tuple[list[tuple[int, int]], list[bool]]:
+    """(each image's (height, width), whether it is tiled) of AnyResSubmodules' encoder inputs."""
+    sizes = [(int(h), int(w)) for h, w in inputs["image_sizes"].tolist()]
+    tiled = inputs["tiled"].tolist() if "tiled" in inputs else [True] * len(sizes)
+    return sizes, [bool(t) for t in tiled]

@@ -14,7 +14,7 @@ from PIL import Image
 from mimo.config.schema import ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.anyres_tiles import tiled_inputs
 from mimo.export.tokens import BICUBIC, PIXEL_MEAN, PIXEL_STD
-from mimo.models.anyres import anyres_rows
+from mimo.models.anyres import anyres_rows, tiled_images
 from mimo.models.build import build_model
 from tests.support.configs import tiny_llm
 
@@ -91,3 +91,29 @@ def test_a_lane_of_no_image_runs_the_tower_on_a_stand_in():
     rows.sum().backward()
     grads = [p.grad for p in sub.encoders["vit"].parameters()]
     assert all(g is not None and not g.any() for g in grads)
+
+
+@pytest.mark.parametrize("family", ["next", "onevision"])
+def test_several_images_of_a_prompt_equal_transformers(family):
+    """A prompt of two images of different sizes, then one of one: LLaVA-NeXT tiles all three; OneVision's image
+    processor gives each of the two its mid-grey square overview tile only, and its processor counts that tile's
+    rows plus a newline (`replace_image_token`), as do mimo's tiling and anyres_rows."""
+    max_tiles = 9 if family == "onevision" else 0
+    pics = images()[:3]
+    ref = hf_image_processor(family)([[Image.fromarray(x) for x in pics[:2]], [Image.fromarray(pics[2])]],
+                                     return_tensors="pt")
+    tiled = tiled_images(max_tiles, [2, 1])
+    assert tiled == ([False, False, True] if max_tiles else [True] * 3)
+    got = tiled_inputs(pics, PINPOINTS, TILE, tiled)
+    assert ref["pixel_values"].shape == got["pixel_values"].shape
+    assert (got["pixel_values"] - ref["pixel_values"]).abs().max() <= 1e-6
+    counts = [anyres_rows(x.shape[:2], TILE, PATCH, PINPOINTS, max_tiles, (TILE // PATCH) ** 2, t)
+              for x, t in zip(pics, tiled)]
+    if max_tiles:
+        ns = SimpleNamespace(num_image_tokens=(TILE // PATCH) ** 2, vision_feature_select_strategy="full",
+                             image_token="x", _get_number_of_features=lambda *a: hf_counts(max_tiles, [a[:2]])[0])
+        assert ref["batch_num_images"].tolist() == [2, 1]
+        want = [len(tf.LlavaOnevisionProcessor.replace_image_token(ns, ref, i)) for i in range(3)]
+    else:
+        want = hf_counts(0, [x.shape[:2] for x in pics])
+    assert counts == want and len(set(counts)) > 1
