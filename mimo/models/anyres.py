@@ -42,8 +42,11 @@ def grid_tiles(size: tuple[int, int], tile: int, grid_pinpoints: list[list[int]]
     return h // tile, w // tile
 
 
-def tile_count(size: tuple[int, int], tile: int, grid_pinpoints: list[list[int]]) -> int:
-    """Tiles the tower encodes for an image of `size`: the overview tile and its grid (`grid_tiles`)."""
+def tile_count(size: tuple[int, int], tile: int, grid_pinpoints: list[list[int]], tiled: bool = True) -> int:
+    """Tiles the tower encodes for an image of `size`: the overview tile and its grid (`grid_tiles`); the overview
+    tile alone when not `tiled` (`tiled_images`)."""
+    if not tiled:
+        return 1
     rows, cols = grid_tiles(size, tile, grid_pinpoints)
     return 1 + rows * cols
 
@@ -137,7 +140,7 @@ class AnyResSubmodules(ModalitySubmodules):
     def forward(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         inputs = encoder_inputs["vit"]
         sizes, tiled = image_layout(inputs)
-        counts = [1 + r * c for r, c in map(self.tiles_of, sizes, tiled)]
+        counts = [tile_count(s, self.encoders["vit"].cfg.image, self.grid_pinpoints, t) for s, t in zip(sizes, tiled)]
         pixels = inputs["pixel_values"]
         if pixels.dim() == 5:
             pixels = torch.cat([p[:k] for p, k in zip(pixels, counts)]) if counts else pixels.flatten(0, 1)

@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from mimo.config.schema import AudioConfig, LLMConfig, ModalityConfig, ModelConfig, NativeViTConfig, ViTConfig
-from mimo.models.anyres import tile_count
+from mimo.models.anyres import image_layout, tile_count
 from mimo.models.audio import AudioEncoder
 from mimo.models.sample_rows import OUTPUT_LENGTHS
 
@@ -97,9 +97,10 @@ def projector_flops(dim_in: int, lm_hidden: int, rows: int) -> int:
     return 2 * (dim_in * lm_hidden + lm_hidden * lm_hidden) * rows
 
 
-def anyres_flops(m: ModalityConfig, size: tuple[int, int], lm_hidden: int) -> int:
-    """Forward FLOPs of one image of `size` (height, width) of an anyres modality `m`: its tiles' ViT and projector."""
-    tiles = tile_count(size, m.vit.image, m.anyres_grid_pinpoints)
+def anyres_flops(m: ModalityConfig, size: tuple[int, int], lm_hidden: int, tiled: bool = True) -> int:
+    """Forward FLOPs of one image of `size` (height, width) of an anyres modality `m`: its tiles' ViT and projector
+    (one tile when not `tiled`, mimo.models.anyres.tiled_images)."""
+    tiles = tile_count(size, m.vit.image, m.anyres_grid_pinpoints, tiled)
     return tiles * (vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, m.vit.tokens_per_image))
 
 
@@ -135,7 +136,7 @@ def modality_flops(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[s
     if m.kind == "native_vision":
         return sum(native_flops(m.native, tuple(g), lm_hidden) for g in kwargs["grid_thw"].tolist())
     if m.anyres_grid_pinpoints:
-        return sum(anyres_flops(m, tuple(s), lm_hidden) for s in kwargs["image_sizes"].tolist())
+        return sum(anyres_flops(m, s, lm_hidden, t) for s, t in zip(*image_layout(kwargs)))
     n = next((v.shape[0] for v in kwargs.values() if isinstance(v, torch.Tensor)), 0)
     return n * vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, n * m.vit.tokens_per_image)
 

@@ -65,6 +65,9 @@ def test_anyres_images_cost_their_tiles_by_hand():
              "modality_inputs": {"img": {"vit": {"pixel_values": meta(4, 5, 3, 16, 16),
                                                  "image_sizes": torch.tensor(sizes)}}}}
     assert train_step_flops(cfg, batch) == 3 * (2 * lm(20) + (3 + 5 + 3 + 3) * tile)
+    # OneVision's several-image prompt: its three images are not tiled (mimo.models.anyres.tiled_images), one tile each.
+    batch["modality_inputs"]["img"]["vit"]["tiled"] = torch.tensor([True, False, False, False])
+    assert train_step_flops(cfg, batch) == 3 * (2 * lm(20) + (3 + 1 + 1 + 1) * tile)
 
 
 def test_audio_batch_by_hand():
