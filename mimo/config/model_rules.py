@@ -56,6 +56,7 @@ def validate_model(cfg: Config) -> None:
             raise ConfigError(f"{key}.kind = '{m.kind}' is not supported; use 'vision', 'native_vision' or 'audio'")
         if m.kind == "native_vision":
             validate_native_vision(key, m.native, llm)
+            validate_vision_markers(key, m, llm)
         require_at_least(f"{key}.vit", m.vit, SIZE_FIELDS["vit"], 1)
         require_at_least(f"{key}.audio", m.audio, SIZE_FIELDS["audio"], 1)
         require_at_least(f"{key}.decoder", m.decoder, SIZE_FIELDS["decoder"], 1)
@@ -210,6 +211,25 @@ def validate_native_vision(key: str, v: Any, llm: Any) -> None:
         raise ConfigError("a native_vision modality gives its rows (temporal, height, width) positions: set "
                           "model.llm.mrope_section (three sizes summing to head_dim / 2, e.g. [16, 24, 24] for "
                           "head_dim 128)")
+
+
+def validate_vision_markers(key: str, m: Any, llm: Any) -> None:
+    """A native_vision modality's vision_start_token_id / vision_end_token_id: both -1 (no markers) or two ids of
+    the LM's vocabulary apart from each other and from the image and video placeholders."""
+    v, key = m.native, f"{key}.native"
+    start, end = v.vision_start_token_id, v.vision_end_token_id
+    if (start == -1) != (end == -1):
+        raise ConfigError(f"{key}.vision_start_token_id ({start}) and {key}.vision_end_token_id ({end}): set both "
+                          "(Qwen2-VL's <|vision_start|> and <|vision_end|> ids) or neither (-1)")
+    if start == -1:
+        return
+    for field, value in (("vision_start_token_id", start), ("vision_end_token_id", end)):
+        if not 0 <= value < llm.vocab and not llm.hf_path:
+            raise ConfigError(f"{key}.{field} ({value}) must lie in [0, model.llm.vocab={llm.vocab}) or be -1 "
+                              "(no markers)")
+        if value in (m.token_id, v.video_token_id, start if field == "vision_end_token_id" else None):
+            raise ConfigError(f"{key}.{field} ({value}) must differ from the modality's token_id ({m.token_id}), "
+                              f"native.video_token_id ({v.video_token_id}) and the other marker ({start})")
 
 
 def validate_out_path(cfg: Config) -> None:

@@ -180,11 +180,22 @@ class NativeViTConfig:
     # The checkpoint's video placeholder id (Hugging Face import and export); mimo writes every image's and video's
     # rows at the modality's token_id. -1 = token_id + 1 on export.
     video_token_id: int = -1
+    # Qwen2-VL's vision markers: the data wraps each image's (and video's) run of placeholders in
+    # vision_start_token_id ... vision_end_token_id, as transformers' Qwen2-VL chat template and processor do
+    # (inputs, never loss targets). Set both or neither; -1 = none, the runs stand bare (mimo's byte tokenizer has
+    # no markers). Hugging Face import reads them from the checkpoint; export writes them (-1 when none).
+    vision_start_token_id: int = -1
+    vision_end_token_id: int = -1
 
     @property
     def patch_pixels(self) -> int:
         """Pixel values one patch holds: channels x temporal_patch x patch x patch."""
         return self.channels * self.temporal_patch * self.patch * self.patch
+
+    @property
+    def marked(self) -> bool:
+        """Whether each item's placeholders stand between vision_start_token_id and vision_end_token_id."""
+        return self.vision_start_token_id >= 0
 
 
 @dataclass

@@ -3,7 +3,8 @@
 export (mimo.export.stream), from a live model or a run's checkpoint.
 
 Weights take transformers' 5.x names (`model.visual.*`, the merger as `model.visual.merger.*`,
-`model.language_model.*`, `lm_head`); the video placeholder is `native.video_token_id` (token_id + 1 if unset).
+`model.language_model.*`, `lm_head`); the video placeholder is `native.video_token_id` (token_id + 1 if unset), the
+vision markers `native.vision_start_token_id` / `vision_end_token_id` (-1 when the model has none).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype 
         text_config=qwen_vl_text_config(lm.cfg, dt, ids),
         vision_config=qwen_vl_vision_config(v, lm.cfg.hidden, f"model.modalities.{name}.native"),
         image_token_id=image, video_token_id=v.video_token_id if v.video_token_id >= 0 else image + 1,
+        vision_start_token_id=v.vision_start_token_id, vision_end_token_id=v.vision_end_token_id,
         tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
     config.architectures = [arch]
     return write_hf_dir(directory, tensors, config, max_shard_bytes, None if tok is None else tok.save_pretrained, ids)

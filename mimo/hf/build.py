@@ -20,7 +20,13 @@ from mimo.config.schema import ConfigError, ModelConfig
 from mimo.hf.config import llm_config_from_hf, model_type, vit_config_from_hf
 from mimo.hf.files import DirectorySource, TensorSlice
 from mimo.hf.load import ShardFn, load_llm_weights, load_vit_weights
-from mimo.hf.qwen2_vl import QWEN_VL_TYPES, load_native_vision_weights, native_vit_config_from_hf, qwen_vl_llm_config
+from mimo.hf.qwen2_vl import (
+    QWEN_VL_TYPES,
+    checkpoint_token_ids,
+    load_native_vision_weights,
+    native_vit_config_from_hf,
+    qwen_vl_llm_config,
+)
 from mimo.models.build import build_model as build_plain_model
 from mimo.models.init import LocalView, is_on_meta, whole
 from mimo.models.multimodal import MimoModel
@@ -50,7 +56,7 @@ def resolve_hf_architecture(cfg: ModelConfig) -> None:
             family = model_type(d, QWEN_VL_TYPES, f"{field} '{m.hf_path}'")
             native, _ = native_vit_config_from_hf(d["vision_config"], family, f"{field} '{m.hf_path}'")
             m.native = replace(native, init_std=m.native.init_std, min_pixels=m.native.min_pixels,
-                               max_pixels=m.native.max_pixels, video_token_id=int(d.get("video_token_id", -1)))
+                               max_pixels=m.native.max_pixels, **checkpoint_token_ids(d, cfg.llm.vocab))
         elif m.hf_path:
             if m.kind != "vision":
                 raise ConfigError(f"{field} is set but kind = '{m.kind}'; Hugging Face towers load for vision and "

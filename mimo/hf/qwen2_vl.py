@@ -8,6 +8,7 @@ transformers' processor outputs (separate image and video tensors and ids) into 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -70,6 +71,17 @@ def qwen_vl_llm_config(d: dict[str, Any], where: str) -> LLMConfig:
     return llm
 
 
+def checkpoint_token_ids(d: dict[str, Any], vocab: int) -> dict[str, int]:
+    """The `native` table's token ids of a Qwen-VL config: its video placeholder and its vision markers (-1 where
+    it has none; a marker outside the LM's vocabulary, as in tiny test checkpoints that keep Qwen's defaults,
+    cannot be an input and counts as none)."""
+    start, end = (int(d.get(k, -1)) for k in ("vision_start_token_id", "vision_end_token_id"))
+    if not (0 <= start < vocab and 0 <= end < vocab):
+        start = end = -1
+    return {"video_token_id": int(d.get("video_token_id", -1)), "vision_start_token_id": start,
+            "vision_end_token_id": end}
+
+
 def qwen_vl_model_config(d: dict[str, Any], where: str) -> ModelConfig:
     """mimo's ModelConfig of a Qwen2-VL / Qwen2.5-VL config: one `native_vision` modality named `images`."""
     family = model_type(d, QWEN_VL_TYPES, where)
@@ -77,7 +89,7 @@ def qwen_vl_model_config(d: dict[str, Any], where: str) -> ModelConfig:
     native, out = native_vit_config_from_hf(d["vision_config"], family, where)
     if out != llm.hidden:
         raise ValueError(f"{where}: the patch merger gives {out} features but the LM's hidden size is {llm.hidden}")
-    native.video_token_id = int(d.get("video_token_id", -1))
+    native = replace(native, **checkpoint_token_ids(d, llm.vocab))
     images = ModalityConfig(kind="native_vision", token_id=int(d["image_token_id"]), native=native)
     return ModelConfig(llm=llm, modalities={IMAGES: images})
 

@@ -206,7 +206,7 @@ def check_real_data_rows(cfg: Config, model: ModelConfig) -> None:
             placeholders += m.vit.tokens_per_image
             continue
         if m.kind == "native_vision":  # the fewest an image gives; a sample whose image gives more may be skipped
-            placeholders += m.native.min_pixels // (m.native.patch * m.native.merge) ** 2
+            placeholders += m.native.min_pixels // (m.native.patch * m.native.merge) ** 2 + 2 * m.native.marked
             continue
         samples = clip_samples(cfg, m.audio.max_positions)
         if samples // WHISPER_HOP > 2 * m.audio.max_positions:
@@ -270,6 +270,12 @@ def check_tokenizer(cfg: Config, model: ModelConfig) -> None:
                 raise ConfigError(f"model.modalities.{name}.{field} ({tid}) is an id {source} writes for text, so "
                                   f"text would turn into {name} positions; use an id it never writes (from {size} up "
                                   f"to model.llm.vocab - 1{', e.g. 259-261' if size == BYTE_TEXT_IDS else ''})")
+        for field in ("vision_start_token_id", "vision_end_token_id"):
+            tid = getattr(m.native, field) if m.kind == "native_vision" else -1
+            if tid in produced:
+                raise ConfigError(f"model.modalities.{name}.native.{field} ({tid}) is an id {source} writes for text, "
+                                  f"so text could open or close an image; use an id it never writes (from {size} up "
+                                  "to model.llm.vocab - 1), or -1 for no markers")
 
 
 def check_checkpointable(cfg: Config, layout: Layout) -> None:

@@ -10,7 +10,7 @@ from mimo.models.build import build_model
 from mimo.models.mrope import mrope_positions
 from tests.support.configs import tiny_native_vlm
 from tests.support.hf_helpers import TOL, rel_diff, transformers
-from tests.unit.test_hf_qwen2_vl import batch, tiny_qwen_vl
+from tests.unit.test_hf_qwen2_vl import END, IMG, START, VID, batch, tiny_qwen_vl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,6 +22,8 @@ def test_import_then_export_reloads_with_the_same_logits(family, tmp_path):
     hf = tiny_qwen_vl(family)
     _, model = import_qwen2_vl(hf)
     again = getattr(transformers, CLASSES[family]).from_pretrained(export_qwen2_vl(model, tmp_path / "out")).eval()
+    ids = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    assert [getattr(again.config, k) for k in ids] == [IMG, VID, START, END]
     inputs = batch()
     with torch.no_grad():
         assert rel_diff(again(**inputs).logits, hf(**inputs).logits) <= TOL
@@ -33,6 +35,7 @@ def test_a_mimo_model_exports_to_transformers(family, tmp_path):
     cfg = tiny_native_vlm(family=family, act="silu" if family == "qwen2_5_vl" else "quick_gelu")
     model = build_model(cfg).eval()
     hf = getattr(transformers, CLASSES[family]).from_pretrained(export_qwen2_vl(model, tmp_path / "out")).eval()
+    assert (hf.config.vision_start_token_id, hf.config.vision_end_token_id) == (-1, -1)  # built without markers
     grids = torch.tensor([[1, 8, 4], [1, 4, 4]])
     ids = torch.tensor([[1, 2] + [60] * 8 + [3, 4, 5, 6], [7] + [60] * 4 + [8, 9, 10, 11, 12, 13, 14, 15, 16]])
     pixels = torch.randn(48, 3 * 2 * 4 * 4)

@@ -64,6 +64,17 @@ def test_import_qwen_vl_matches_transformers(family, tmp_path):
     assert rel_diff(ours, ref) <= TOL
 
 
+def test_import_records_the_vision_markers_of_the_vocabulary():
+    """The checkpoint's <|vision_start|> / <|vision_end|> ids land in the native table; markers the LM cannot embed
+    (Qwen's defaults in a tiny checkpoint) count as none."""
+    hf = tiny_qwen_vl("qwen2_vl")
+    native = import_qwen2_vl(hf)[0].modalities["images"].native
+    assert (native.video_token_id, native.vision_start_token_id, native.vision_end_token_id) == (VID, START, END)
+    hf.config.vision_start_token_id, hf.config.vision_end_token_id = 151652, 151653
+    native = import_qwen2_vl(hf)[0].modalities["images"].native
+    assert (native.vision_start_token_id, native.vision_end_token_id) == (-1, -1)
+
+
 def test_a_live_model_with_tied_embeddings_imports_too():
     hf = tiny_qwen_vl("qwen2_5_vl", tie=True)
     cfg, model = import_qwen2_vl(hf)

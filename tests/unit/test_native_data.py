@@ -183,8 +183,10 @@ def test_training_from_a_qwen_vl_checkpoint_named_by_hf_path(tmp_path):
     """model.llm.hf_path and the modality's hf_path name one Qwen2.5-VL directory: the built model gives its logits,
     and it trains on the manifest."""
     hf = tiny_qwen_vl("qwen2_5_vl", vocab=320)
-    hf.config.image_token_id, hf.config.video_token_id = 300, 301  # ids the byte tokenizer never writes
-    hf.model.config.image_token_id, hf.model.config.video_token_id = 300, 301
+    ids = dict(image_token_id=300, video_token_id=301, vision_start_token_id=302, vision_end_token_id=303)
+    for config in (hf.config, hf.model.config):  # ids the byte tokenizer never writes
+        for k, v in ids.items():
+            setattr(config, k, v)
     hf.save_pretrained(tmp_path / "qwen")
     paths = [f"--model.llm.hf_path={tmp_path / 'qwen'}", f"--model.modalities.images.hf_path={tmp_path / 'qwen'}",
              "--model.modalities.images.token_id=300", "--model.modalities.images.native.min_pixels=256",
@@ -192,8 +194,10 @@ def test_training_from_a_qwen_vl_checkpoint_named_by_hf_path(tmp_path):
     cfg = load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, *paths, f"--data.path={manifest(tmp_path)}",
                                                              f"--run.out_dir={tmp_path / 'runs'}", "--train.steps=2"])
     model = build_hf_model(cfg.model).eval()  # resolves cfg.model from the directory in place
+    native = cfg.model.modalities["images"].native
+    assert (native.video_token_id, native.vision_start_token_id, native.vision_end_token_id) == (301, 302, 303)
     inputs = batch()
-    inputs["input_ids"] = inputs["input_ids"] + 200 * ((inputs["input_ids"] == 100) | (inputs["input_ids"] == 101))
+    inputs["input_ids"] = inputs["input_ids"] + 200 * ((inputs["input_ids"] >= 100) & (inputs["input_ids"] <= 103))
     with torch.no_grad():
         ref = hf(**inputs).logits
         mine = qwen_vl_inputs(cfg.model, **{k: v for k, v in inputs.items() if k != "mm_token_type_ids"})

@@ -5,13 +5,15 @@ naming the field."""
 import pytest
 import torch
 
+from mimo.config.load import load_config
 from mimo.config.model_rules import validate_model
 from mimo.config.schema import Config, ConfigError, DataConfig
 from mimo.config.validate import validate_data
 from mimo.models.build import build_model
 from mimo.models.flops import modality_flops
 from mimo.models.mrope import mrope_positions
-from tests.support.configs import tiny_native_vlm
+from mimo.train.gate import check_tokenizer
+from tests.support.configs import CONFIGS, tiny_native_vlm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,7 +69,11 @@ def test_text_only_batch_and_mrope_forward():
     ({"window": 12}, "native.window"), ({"family": "qwen3_vl"}, "native.family"),
     ({"full_attention_layers": [5]}, "native.full_attention_layers"), ({"min_pixels": 4}, "native: need"),
     ({"heads": 3}, "native.hidden"), ({"act": "swish"}, "native.act"), ({"rope_theta": 0.0}, "native.rope_theta"),
-    ({"video_token_id": 64}, "native.video_token_id")])
+    ({"video_token_id": 64}, "native.video_token_id"),
+    ({"vision_start_token_id": 61}, "native.vision_start_token_id .61. and .*vision_end_token_id .-1.: set both"),
+    ({"vision_start_token_id": 61, "vision_end_token_id": 64}, "native.vision_end_token_id .64. must lie in"),
+    ({"vision_start_token_id": 60, "vision_end_token_id": 62}, "native.vision_start_token_id .60. must differ"),
+    ({"vision_start_token_id": 61, "vision_end_token_id": 61}, "native.vision_end_token_id .61. must differ")])
 def test_bad_native_configs_name_the_field(change, field):
     with pytest.raises(ConfigError, match=f"model.modalities.images.{field}"):
         validate_model(Config(model=tiny_native_vlm(**change)))
@@ -99,3 +105,12 @@ def test_native_flops_by_hand():
     attention = 4 * 16 * (96 * 96 + 6 * 16 * 16)  # layer 1 whole; layer 0 over six 16-patch windows
     merger = 2 * 24 * (64 * 64 + 64 * 32)
     assert modality_flops(cfg, "images", inputs) == weights + attention + merger
+
+
+def test_vision_markers_the_tokenizer_writes_for_text_are_refused():
+    marks = ["--model.modalities.images.native.vision_start_token_id=97",
+             "--model.modalities.images.native.vision_end_token_id=262"]
+    cfg = load_config(CONFIGS / "native_qwen2_5_vl.toml", marks)
+    with pytest.raises(ConfigError, match=r"model.modalities.images.native.vision_start_token_id \(97\) is an id "
+                                          "the byte tokenizer writes for text"):
+        check_tokenizer(cfg, cfg.model)
