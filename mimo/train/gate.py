@@ -146,7 +146,7 @@ def check_anyres_layout(cfg: Config, layout: Layout) -> None:
 
 def check_anyres_data(cfg: Config, model: ModelConfig) -> None:
     """An anyres modality trains on data that tiles its images: the shapes demo, or JSONL / WebDataset with it as
-    the model's only modality, rows not cost-balanced (the balance prices a ViT image, not its tiles)."""
+    the model's only modality."""
     tiled = [n for n, m in model.modalities.items() if m.anyres_grid_pinpoints]
     name = cfg.data.name
     if not tiled or name == "shapes":
@@ -160,9 +160,6 @@ def check_anyres_data(cfg: Config, model: ModelConfig) -> None:
         raise ConfigError(f"{key} is set with data.name = '{name}', which tiles the images of an anyres modality that "
                           f"is the model's only one; this model has {sorted(model.modalities)} under "
                           "model.modalities")
-    if cfg.data.balance_lanes:
-        raise ConfigError(f"data.balance_lanes = true with {key} set: the balance prices a one-tile image, not its "
-                          "tiles; set data.balance_lanes = false")
 
 
 def check_data_set(cfg: Config, model: ModelConfig) -> None:

@@ -104,7 +104,6 @@ def test_an_anyres_run_trains_on_a_manifest_and_counts_its_corrupt_samples(tmp_p
 @pytest.mark.parametrize(("overrides", "message"), [
     (["--model.modalities.images.anyres_grid_pinpoints=[[32, 64]]", "--data.name=synthetic"],
      r"data.name = 'synthetic' does not tile images \(the shapes demo, jsonl and webdataset do\)"),
-    (["--data.balance_lanes=true"], r"data.balance_lanes = true with model.modalities.images.anyres_grid_pinpoints"),
 ])
 def test_data_that_cannot_tile_is_refused_naming_the_field(tmp_path, overrides, message):
     cfg = tiny_config(tmp_path, *jsonl(tmp_path), *overrides)
