@@ -287,11 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "cache), one line out per prompt.")
     g.add_argument("--run", required=True, help=RUN_HELP + ", e.g. runs/demo_vlm")
     g.add_argument("--image", action="append", help="image file (any size; resized to the encoder's input); "
-                   "repeat it, one per --prompt, or give one for all")
+                   "repeat it, one per --prompt, or give one for all; with <image> markers in the prompts, one "
+                   "per marker, in prompt order (several images a prompt)")
     g.add_argument("--audio", action="append", help="audio file (wav; flac, ogg, ... with soundfile: pip install "
                    "-e '.[audio]'), resampled to 16 kHz; repeat it, one per prompt, or give one for all")
     g.add_argument("--prompt", action="append",
-                   help="text after the image or clip, e.g. 'what color?'; repeat it for a batch")
+                   help="text after the image or clip, e.g. 'what color?', or with an <image> marker where each image "
+                   "goes; repeat it for a batch")
     g.add_argument("--prompts", help="a file of prompts: one per line, or .jsonl lines of {\"prompt\": ..., \"image\": "
                    "..., \"audio\": ...} (paths relative to the file)")
     g.add_argument("--max-new-tokens", type=int, default=32)

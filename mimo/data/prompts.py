@@ -1,6 +1,9 @@
-"""Prompts for `mimo generate`: each a text with an optional image and clip, read from flags or a file, laid
+"""Prompts for `mimo generate`: each a text with its images and an optional clip, read from flags or a file, laid
 out as training laid out its samples (`<bos> [<image>*N] [<audio>*k] text`; a native-resolution image with its
-own grid's placeholders and M-RoPE positions), and checked for a question about an input it was not given."""
+own grid's placeholders and M-RoPE positions), and checked for a question about an input it was not given. A text
+with `<image>` markers takes its images there instead, in order (`<bos> [<audio>*k] a <image>*N b <image>*M c`), one
+image per marker; an anyres OneVision run then gives each image of a several-image prompt its own treatment
+(mimo.models.anyres.tiled_images)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from mimo.data.media import clip_samples
 from mimo.data.native_images import load_item, tokens_of
 from mimo.data.samples import BadSample, ImageRef
 from mimo.data.shapes import QUESTIONS, image_tensor_values
+from mimo.models.anyres import tiled_images
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_mel_spectrogram
 from mimo.models.mrope import mrope_positions
@@ -36,24 +40,49 @@ ALWAYS_IMAGE_SETS = ("shapes", *IMAGE_TEXT_SETS)
 
 @dataclass(frozen=True)
 class PromptRequest:
+    """A prompt: its text, its images (before the text, or one at each `<image>` marker of it) and clip."""
+
     text: str
-    image: str | None = None
+    images: tuple[str, ...] = ()
     audio: str | None = None
 
 
 def pair_inputs(texts: list[str], images: list[str], clips: list[str]) -> list[PromptRequest]:
-    """One request per text; `images` and `clips` give one per text or one for all (or none)."""
-    for flag, given in (("--image", images), ("--audio", clips)):
-        if given and len(given) not in (1, len(texts)):
-            raise ConfigError(f"give one {flag} for every prompt, or one for all; got {len(given)} for "
-                              f"{len(texts)} prompts")
-    pick = lambda xs, i: (xs[i] if len(xs) > 1 else xs[0]) if xs else None
-    return [PromptRequest(t, pick(images, i), pick(clips, i)) for i, t in enumerate(texts)]
+    """One request per text; `images` and `clips` give one per text or one for all (or none). When the texts
+    hold `<image>` markers and images are given, the images fill the markers in prompt order instead."""
+    marks = [t.count(IMAGE_MARK) for t in texts]
+    if images and any(marks):
+        if sum(marks) != len(images):
+            raise ConfigError(f"the prompts hold {sum(marks)} {IMAGE_MARK} marker(s) but {len(images)} --image "
+                              f"flag(s) were given; give one --image per {IMAGE_MARK}, in prompt order")
+        ends = np.cumsum([0, *marks]).tolist()
+        per_text = [tuple(images[a:b]) for a, b in zip(ends, ends[1:])]
+    else:
+        per_text = [(x,) if x else () for x in picked(images, len(texts), "--image")]
+    clip = picked(clips, len(texts), "--audio")
+    return [PromptRequest(t, ims, c) for t, ims, c in zip(texts, per_text, clip)]
+
+
+def picked(given: list[str], n: int, flag: str) -> list[str | None]:
+    """One of `given` for each of `n` prompts: one each, or one for all (none: None)."""
+    if given and len(given) not in (1, n):
+        raise ConfigError(f"give one {flag} for every prompt, or one for all; got {len(given)} for {n} prompts")
+    return [(given[i] if len(given) > 1 else given[0]) if given else None for i in range(n)]
+
+
+def check_markers(request: PromptRequest) -> None:
+    """Refuses a prompt whose images cannot be placed: several images need one `<image>` marker each, and a text
+    with markers needs as many images."""
+    marks = request.text.count(IMAGE_MARK)
+    if (marks or len(request.images) > 1) and marks != len(request.images):
+        raise ConfigError(f"the prompt {request.text!r} holds {marks} {IMAGE_MARK} marker(s) for "
+                          f"{len(request.images)} image(s); write one {IMAGE_MARK} where each image goes")
 
 
 def read_prompt_file(path: str | Path) -> tuple[list[str], list[PromptRequest]]:
     """`--prompts FILE`: (texts, []) for a text file of one prompt per non-empty line, or ([], requests) for a
-    .jsonl file of {"prompt": ..., "image": ..., "audio": ...} objects (paths relative to the file)."""
+    .jsonl file of {"prompt": ..., "image": ..., "audio": ...} objects (paths relative to the file; "image" a path
+    or a list of them, one per `<image>` marker)."""
     p = Path(path)
     lines = [(i + 1, line.strip()) for i, line in enumerate(p.read_text().splitlines()) if line.strip()]
     if not lines:
@@ -69,8 +98,10 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[PromptRequest]]:
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise ConfigError(f"--prompts '{p}' line {number} needs a \"prompt\" string, e.g. "
                               '{"prompt": "what color?", "image": "a.png"}')
-        media = {k: str(p.parent / row[k]) if row.get(k) else None for k in ("image", "audio")}
-        requests.append(PromptRequest(row["prompt"], **media))
+        image = row.get("image") or []
+        images = tuple(str(p.parent / x) for x in ([image] if isinstance(image, str) else image))
+        audio = str(p.parent / row["audio"]) if row.get("audio") else None
+        requests.append(PromptRequest(row["prompt"], images, audio))
     return [], requests
 
 
@@ -81,7 +112,7 @@ def missing_input_warnings(cfg: Config, requests: list[PromptRequest]) -> list[s
     kinds = {m.kind for m in cfg.model.modalities.values()}
     out = []
     for r in requests:
-        if kinds & set(VISION_KINDS) and r.image is None and (
+        if kinds & set(VISION_KINDS) and not r.images and (
                 r.text in QUESTIONS.values() or IMAGE_MARK in r.text or cfg.data.name in ALWAYS_IMAGE_SETS):
             out.append(f"mimo: warning: the prompt {r.text!r} asks about an image but has none; give it with "
                        "--image (the answer below is a guess)")
@@ -106,11 +137,13 @@ def only_modality(cfg: Config, kinds: tuple[str, ...], flag: str, run: str) -> s
     return names[0]
 
 
-def image_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str]) -> tuple[dict, list[int]]:
+def image_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str],
+                 per_prompt: list[int]) -> tuple[dict, list[int]]:
     """(modality `name`'s encoder inputs for the images at `paths`, each image's placeholders), as training reads
     them: a fixed-size ViT's square bicubic resize, an anyres modality's tiles of the image at its own size
-    (mimo.data.anyres_tiles), or a native-resolution tower's own grid within its [min_pixels, max_pixels]
-    (mimo.data.native_images)."""
+    (mimo.data.anyres_tiles; OneVision's several-image prompts, of `per_prompt` images each in order, a square
+    tile per image: mimo.models.anyres.tiled_images), or a native-resolution tower's own grid within its
+    [min_pixels, max_pixels] (mimo.data.native_images)."""
     m = cfg.model.modalities[name]
     if m.kind == "native_vision":
         try:
@@ -124,8 +157,9 @@ def image_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str]) -> 
     vit = sub.encoders["vit"]
     if m.anyres_grid_pinpoints:
         images = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
-        return ({"vit": tiled_inputs(images, sub.grid_pinpoints, m.vit.image)},
-                [sub.rows_of(x.shape[:2]) for x in images])
+        tiled = tiled_images(sub.max_tiles, per_prompt)
+        return ({"vit": tiled_inputs(images, sub.grid_pinpoints, m.vit.image, tiled if sub.max_tiles else None)},
+                [sub.rows_of(x.shape[:2], t) for x, t in zip(images, tiled)])
     size = m.vit.image
     pixels = [image_tensor_values(np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BICUBIC)))
               for p in paths]
@@ -147,34 +181,56 @@ def prompt_positions(cfg: Config, ids: torch.Tensor, mask: torch.Tensor, inputs:
 def prompt_batch(cfg: Config, model: MimoModel, requests: list[PromptRequest], run: str,
                  encode: Any, bos: int | None) -> tuple[list[list[int]], dict, list[str]]:
     """(each prompt's ids, modality_inputs with one row per image and clip given in prompt order, warnings
-    for clips longer than the run hears)."""
-    placeholders: list[list[int]] = [[] for _ in requests]
+    for clips longer than the run hears). Refuses a prompt whose `<image>` markers and images differ in count."""
+    for r in requests:
+        check_markers(r)
+    per_image: list[list[int]] = [[] for _ in requests]  # each prompt's images' placeholders
+    clip_ids: list[list[int]] = [[] for _ in requests]
     notes: list[str] = []
     inputs: dict = {}
-    if any(r.image for r in requests):
+    image_id = -1
+    if any(r.images for r in requests):
         name = only_modality(cfg, VISION_KINDS, "--image", run)
-        inputs[name], counts = image_inputs(cfg, model, name, [r.image for r in requests if r.image])
+        image_id = cfg.model.modalities[name].token_id
+        inputs[name], counts = image_inputs(cfg, model, name, [x for r in requests for x in r.images],
+                                            [len(r.images) for r in requests if r.images])
         it = iter(counts)
-        for ids, r in zip(placeholders, requests):
-            ids += [cfg.model.modalities[name].token_id] * next(it) if r.image else []
+        per_image = [[next(it) for _ in r.images] for r in requests]
     if any(r.audio for r in requests):
         name = only_modality(cfg, ("audio",), "--audio", run)
-        mcfg, encoder = cfg.model.modalities[name], model.modality_submodules[name].encoders["whisper"]
-        length = clip_length(cfg, encoder)
-        try:
-            clips = [decode_audio(r.audio) for r in requests if r.audio]
-        except AudioDecodeError as e:
-            raise ConfigError(f"--audio: {e}") from e
-        notes += [f"mimo: warning: --audio '{r.audio}' is {c.shape[0] / WHISPER_SAMPLING_RATE:.2f} s; this run "
-                  f"hears the first {length / WHISPER_SAMPLING_RATE:.2f} s of a clip"
-                  for r, c in zip([r for r in requests if r.audio], clips) if c.shape[0] > length]
-        features, frames = log_mel_spectrogram(clips, n_mels=mcfg.audio.n_mels, num_samples=length)
-        # The audio demo keeps each clip's own rows; real data's clips fill all of theirs (data/media.py).
-        rows = [AudioEncoder.output_frames(int(f) if cfg.data.name == "avlm" else length // WHISPER_HOP)
-                for f in frames]
-        inputs[name] = {"whisper": {"input_features": features, OUTPUT_LENGTHS: torch.tensor(rows)}}
+        inputs[name], rows, notes = clip_inputs(cfg, model, name, [r.audio for r in requests if r.audio])
         it = iter(rows)
-        for ids, r in zip(placeholders, requests):
-            ids += [mcfg.token_id] * next(it) if r.audio else []
+        clip_ids = [[cfg.model.modalities[name].token_id] * next(it) if r.audio else [] for r in requests]
     start = [bos] if bos is not None else []
-    return [start + p + encode(r.text) for p, r in zip(placeholders, requests)], inputs, notes
+    return [start + prompt_ids(r.text, n, c, image_id, encode) for r, n, c in zip(requests, per_image, clip_ids)], \
+        inputs, notes
+
+
+def prompt_ids(text: str, images: list[int], clip: list[int], image_id: int, encode: Any) -> list[int]:
+    """A prompt's ids after BOS: its images' placeholders (`images`: each one's count) then the clip's and the
+    text, or, when the text has `<image>` markers, the clip's and the text with each marker's image in its place."""
+    if IMAGE_MARK not in text or not images:
+        return [image_id] * sum(images) + clip + encode(text)
+    first, *rest = text.split(IMAGE_MARK)
+    ids = clip + encode(first)
+    for n, piece in zip(images, rest):
+        ids += [image_id] * n + encode(piece)
+    return ids
+
+
+def clip_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str]) -> tuple[dict, list[int], list[str]]:
+    """(audio modality `name`'s encoder inputs for the clips at `paths`, each clip's placeholders, warnings for
+    clips longer than the run hears)."""
+    mcfg, encoder = cfg.model.modalities[name], model.modality_submodules[name].encoders["whisper"]
+    length = clip_length(cfg, encoder)
+    try:
+        clips = [decode_audio(p) for p in paths]
+    except AudioDecodeError as e:
+        raise ConfigError(f"--audio: {e}") from e
+    notes = [f"mimo: warning: --audio '{p}' is {c.shape[0] / WHISPER_SAMPLING_RATE:.2f} s; this run hears the "
+             f"first {length / WHISPER_SAMPLING_RATE:.2f} s of a clip"
+             for p, c in zip(paths, clips) if c.shape[0] > length]
+    features, frames = log_mel_spectrogram(clips, n_mels=mcfg.audio.n_mels, num_samples=length)
+    # The audio demo keeps each clip's own rows; real data's clips fill all of theirs (data/media.py).
+    rows = [AudioEncoder.output_frames(int(f) if cfg.data.name == "avlm" else length // WHISPER_HOP) for f in frames]
+    return {"whisper": {"input_features": features, OUTPUT_LENGTHS: torch.tensor(rows)}}, rows, notes

@@ -141,7 +141,7 @@ def test_a_run_configured_as_anyres_exports_from_its_checkpoint(tmp_path):
     paths = [tmp_path / f"{i}.png" for i in range(len(SIZES))]
     for image, path in zip(images(), paths):
         image.save(path)
-    requests = [PromptRequest(p, str(path)) for p, path in zip(PROMPTS, paths)]
+    requests = [PromptRequest(p, (str(path),)) for p, path in zip(PROMPTS, paths)]
     assert generate_text(loaded, model, requests, STEPS, str(run)) == [ByteTokenizer().decode(t) for t in theirs]
 
 
