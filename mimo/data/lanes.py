@@ -14,8 +14,8 @@ shapes): the LM over the row's S tokens (`lm_flops`, quadratic attention term in
 encoder input the row holds, the encoder over that input's positions with the quadratic attention term
 (`vit_flops` per image: (image / patch)^2 patches and the class token; `audio_flops` per clip;
 `native_flops` per image or video of a native-resolution tower, from its `grid_thw`; `anyres_flops` per image
-of an anyres modality, from its `image_sizes`: each of its tiles, the count the data path cuts) and the
-projector (or patch merger) over the rows it keeps. Rows of one batch share one length, so the LM
+of an anyres modality, from its `image_sizes` and `tiled` flags: each of its tiles, the count the data path
+cuts) and the projector (or patch merger) over the rows it keeps. Rows of one batch share one length, so the LM
 term is the same for every row and the assignment is driven by the encoder term (images per sample and
 their sizes); it still enters the imbalance figure's mean.
 
@@ -39,6 +39,7 @@ import torch
 
 from mimo.config.schema import ModelConfig
 from mimo.data.batching import COUNTS, input_counts
+from mimo.models.anyres import image_layout
 from mimo.models.audio import AudioEncoder
 from mimo.models.flops import anyres_flops, audio_flops, lm_flops, native_flops, projector_flops, vit_flops
 from mimo.models.sample_rows import OUTPUT_LENGTHS
@@ -57,7 +58,7 @@ def input_costs(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[str,
         kept = lengths.tolist() if lengths is not None else [AudioEncoder.output_frames(frames)] * features.shape[0]
         return [audio_flops(m.audio, frames) + projector_flops(m.audio.hidden, lm_hidden, int(k)) for k in kept]
     if m.anyres_grid_pinpoints:
-        return [anyres_flops(m, tuple(size), lm_hidden) for size in kwargs["image_sizes"].tolist()]
+        return [anyres_flops(m, size, lm_hidden, tiled) for size, tiled in zip(*image_layout(kwargs))]
     n = next((v.shape[0] for v in kwargs.values() if isinstance(v, torch.Tensor)), 0)
     return [vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, m.vit.tokens_per_image)] * n
 
@@ -126,7 +127,7 @@ def lane_imbalance(costs: Sequence[int], lanes: int, microbatches: int) -> float
 def take_rows(batch: dict, order: Sequence[int]) -> dict:
     """The batch with its rows in `order`: every per-row tensor (dim 0), `modality_counts`, and each
     modality's flat inputs regrouped so that they follow their rows (an anyres modality's `pixel_values`
-    `[images, most tiles, ...]` and `image_sizes` by image, each image's tiles and zero padding with it)."""
+    `[images, most tiles, ...]`, `image_sizes` and `tiled` by image, each image's tiles and zero padding with it)."""
     index = torch.tensor(order, dtype=torch.long)
     out = {k: _index_tree(v, index) for k, v in batch.items() if k not in ("modality_inputs", COUNTS)}
     if "modality_inputs" in batch:

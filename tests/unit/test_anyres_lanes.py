@@ -21,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_an_anyres_image_costs_its_tiles(tmp_path):
     """At [[16, 32], [32, 16], [32, 32]] with 16-pixel tiles (tests.unit.test_flops' hand counts): 33 x 33 -> 5
-    tiles, 20 x 40 -> 3, 8 x 8 -> 3; the zero padding to the most tiles (5) costs nothing."""
+    tiles, 20 x 40 -> 3, 8 x 8 -> 3; the zero padding to the most tiles (5) costs nothing, an untiled image
+    (mimo.models.anyres.tiled_images) one tile, and its flag moves with its row."""
     cfg = tiny_config(tmp_path, *ANYRES).model
     m = cfg.modalities["images"]
     tile = vit_flops(m.vit) + projector_flops(m.vit.hidden, cfg.llm.hidden, m.vit.tokens_per_image)
@@ -30,6 +31,11 @@ def test_an_anyres_image_costs_its_tiles(tmp_path):
              "modality_counts": {"images": torch.tensor([0, 2, 1])}}
     lm = lm_flops(cfg.llm, 40)
     assert row_costs(cfg, batch) == [lm, lm + (5 + 3) * tile, lm + 3 * tile]
+    inputs["tiled"] = torch.tensor([True, False, True])  # OneVision's image beside another: its overview tile alone
+    assert row_costs(cfg, batch) == [lm, lm + (5 + 1) * tile, lm + 3 * tile]
+    out = take_rows(batch, [2, 1, 0])
+    assert out["modality_inputs"]["images"]["vit"]["tiled"].tolist() == [True, True, False]
+    assert row_costs(cfg, out) == [lm + 3 * tile, lm + (5 + 1) * tile, lm]
 
 
 def imbalanced_batch(tmp_path) -> tuple[Trainer, dict]:
