@@ -45,6 +45,7 @@ class AnyResSpec:
     encoder: str = "vit"
     key: str = "pixel_values"
     empty: tuple = ()  # the images of a usable row this rank reads nothing of
+    markers: tuple = ()  # the ids that open and close an image's placeholders: none
 
     @property
     def tokens(self) -> int:
@@ -59,6 +60,10 @@ class AnyResSpec:
     def rows(self, size: tuple[int, int]) -> int:
         return anyres_rows(size, self.tile, self.patch, [list(p) for p in self.grid_pinpoints], self.max_tiles,
                            self.tile_rows)
+
+    def ids(self, shapes: list[tuple[int, int]]) -> list[int]:
+        """The LM ids of images of `shapes` (height, width), one run of placeholders after another."""
+        return [self.token_id] * sum(self.rows(x) for x in shapes)
 
     def load(self, refs: tuple[ImageRef, ...]) -> np.ndarray:
         """The image's tiles, `[1 + rows * cols, 3, tile, tile]` (mimo.data.anyres_tiles.tile_image)."""

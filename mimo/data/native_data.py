@@ -5,14 +5,16 @@ has its own number of placeholders.
 
 The rest is `ImageTextData`'s (order, sharding, agreed skips): a rank that reads a row's text reads only its
 images' headers for the grids (the placeholders and M-RoPE positions follow from them); a rank that encodes them
-decodes the pixels. A row is BOS, each item's placeholders in order (one run after another), then the text. A
-batch holds `position_ids` `[B, S, 3]` (mimo.models.mrope), each usable row's items as `pixel_values` `[items,
-most patches, C*T*P*P]` (padded; the tower keeps each item's `grid_thw` patches) and `modality_counts` (a usable
-row's items, 0 per skipped one; one empty stand-in for a usable row this rank reads nothing of), so microbatches
-split by samples as for any modality. A row whose items a rank encodes without reading its text holds their
-placeholders alone, so that the batch's checks see every item's rows. The per-item reader (`ItemSamples`,
-`ItemImageTextData._rows`) serves any modality whose items give their own placeholder counts: an anyres one too
-(mimo.data.anyres_data).
+decodes the pixels. A row is BOS, each item's placeholders in order (one run after another; each between
+`native.vision_start_token_id` and `vision_end_token_id` when they are set, as transformers' Qwen2-VL processor
+lays them out), then the text; placeholders and markers are inputs, never targets. A batch holds `position_ids`
+`[B, S, 3]` (mimo.models.mrope: markers count as text, as in transformers' get_rope_index), each usable row's items
+as `pixel_values` `[items, most patches, C*T*P*P]` (padded; the tower keeps each item's `grid_thw` patches) and
+`modality_counts` (a usable row's items, 0 per skipped one; one empty stand-in for a usable row this rank reads
+nothing of), so microbatches split by samples as for any modality. A row whose items a rank encodes without
+reading its text holds their placeholders (and markers) alone, so that the batch's checks see every item's rows.
+The per-item reader (`ItemSamples`, `ItemImageTextData._rows`) serves any modality whose items give their own
+placeholder counts: an anyres one too (mimo.data.anyres_data).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from mimo.config.schema import Config, NativeViTConfig
 from mimo.data.batching import COUNTS
 from mimo.data.image_text import FAIL, SKIP, USABLE, ImageTextData, Item, _Samples, build_image_text_data
-from mimo.data.native_images import grid_of, header_size, load_item, tokens_of
+from mimo.data.native_images import grid_of, header_size, item_ids, load_item, tokens_of
 from mimo.data.samples import BadSample, ImageRef, Record, encode_text
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.mrope import mrope_positions
@@ -60,6 +62,15 @@ class NativeSpec:
     def rows(self, grid: tuple[int, int, int]) -> int:
         return tokens_of(grid, self.cfg)
 
+    @property
+    def markers(self) -> tuple[int, ...]:
+        """The ids that open and close every item's placeholders (none: the runs stand bare)."""
+        return (self.cfg.vision_start_token_id, self.cfg.vision_end_token_id) if self.cfg.marked else ()
+
+    def ids(self, shapes: list[tuple[int, int, int]]) -> list[int]:
+        """The LM ids of items of `shapes`, one after another (each between the markers, if any)."""
+        return [i for x in shapes for i in item_ids(self.rows(x), self.token_id, self.cfg)]
+
     def load(self, refs: tuple[ImageRef, ...]) -> np.ndarray:
         return load_item(refs, self.cfg)[0]
 
@@ -90,11 +101,14 @@ class ItemSamples(_Samples):
             items = record_items(rec)
             shapes = [spec.item(refs) for refs in items]
             n = sum(spec.rows(x) for x in shapes)
-            ids, labels = encode_text(rec, self.tok, n, spec.token_id, self.seq_len)
+            ids, labels = encode_text(rec, self.tok, 0, spec.token_id, self.seq_len, spec.ids(shapes))
             if ids.count(spec.token_id) != n:
                 what = "video" if rec.frames else f"{len(items)} image(s)"
                 raise BadSample(f"its {what} give {n} placeholders ({spec.token_id}); with its text they do not fit "
                                 f"data.seq_len = {self.seq_len}, or the text writes the placeholder id")
+            marker = next((m for m in spec.markers if ids.count(m) != len(items)), None)
+            if marker is not None:
+                raise BadSample(f"its text writes the vision marker id {marker}, which only opens or closes an item")
             outside = [i for i in ids if i != spec.token_id and not 0 <= i < self.vocab] if self.vocab else []
             if outside:
                 raise BadSample(f"token id {outside[0]} lies outside the LM's vocabulary [0, {self.vocab})")
@@ -130,7 +144,8 @@ class ItemImageTextData(ImageTextData):
             shapes += row_shapes
             pixels += [None] * len(row_shapes) if item is None or item[0] is None else item[0]
             if row_ids is None and item is not None:  # items this rank encodes but whose text it does not read
-                ids[row, : sum(spec.rows(x) for x in row_shapes)] = spec.token_id
+                alone = spec.ids(row_shapes)
+                ids[row, : len(alone)] = torch.tensor(alone)
             if row_ids is not None:
                 ids[row, : len(row_ids)] = torch.tensor(row_ids)
                 labels[row, : len(row_labels)] = torch.tensor(row_labels)

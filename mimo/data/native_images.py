@@ -2,7 +2,7 @@
 that are multiples of patch x merge and an area within [min_pixels, max_pixels] (`smart_resize`), scaled to
 [0, 1] and normalised with CLIP's mean and std, then cut into the flat patch layout the tower takes (`patchify`,
 transformers' Qwen2VLImageProcessor order). The grid, and so the token count, follows from the image's size
-alone (`grid_of`), which the encoded file's header gives without decoding it.
+alone (`grid_of`), which the encoded file's header gives without decoding it; `item_ids` lays out its LM ids.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ def tokens_of(grid: tuple[int, int, int], cfg: NativeViTConfig) -> int:
     """LM rows (placeholders) of an item of `grid`."""
     t, h, w = grid
     return t * h * w // cfg.merge**2
+
+
+def item_ids(rows: int, token_id: int, cfg: NativeViTConfig) -> list[int]:
+    """An item's LM ids: its `rows` placeholders, between the vision markers when `cfg` has them (transformers'
+    Qwen2-VL layout, `<|vision_start|> <|image_pad|> x rows <|vision_end|>`)."""
+    run = [token_id] * rows
+    return [cfg.vision_start_token_id, *run, cfg.vision_end_token_id] if cfg.marked else run
 
 
 def header_size(ref: ImageRef) -> tuple[int, int]:

@@ -1,9 +1,9 @@
 """Prompts for `mimo generate`: each a text with its images and an optional clip, read from flags or a file, laid
 out as training laid out its samples (`<bos> [<image>*N] [<audio>*k] text`; a native-resolution image with its
-own grid's placeholders and M-RoPE positions), and checked for a question about an input it was not given. A text
-with `<image>` markers takes its images there instead, in order (`<bos> [<audio>*k] a <image>*N b <image>*M c`), one
-image per marker; an anyres OneVision run then gives each image of a several-image prompt its own treatment
-(mimo.models.anyres.tiled_images)."""
+own grid's placeholders, between its vision start and end tokens if the run has them, and M-RoPE positions), and
+checked for a question about an input it was not given. A text with `<image>` markers takes its images there
+instead, in order (`<bos> [<audio>*k] a <image>*N b <image>*M c`), one image per marker; an anyres OneVision run
+then gives each image of a several-image prompt its own treatment (mimo.models.anyres.tiled_images)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mimo.config.schema import Config, ConfigError
+from mimo.config.schema import Config, ConfigError, ModalityConfig
 from mimo.data.anyres_tiles import tiled_inputs
 from mimo.data.audio_demo import AUDIO_QUESTIONS, CLIP_SAMPLES
 from mimo.data.audio_files import AudioDecodeError, decode_audio
 from mimo.data.image_text import IMAGE_TEXT_SETS
 from mimo.data.media import clip_samples
-from mimo.data.native_images import load_item, tokens_of
+from mimo.data.native_images import item_ids, load_item, tokens_of
 from mimo.data.samples import BadSample, ImageRef
 from mimo.data.shapes import QUESTIONS, image_tensor_values
 from mimo.models.anyres import tiled_images
@@ -184,37 +184,40 @@ def prompt_batch(cfg: Config, model: MimoModel, requests: list[PromptRequest], r
     for clips longer than the run hears). Refuses a prompt whose `<image>` markers and images differ in count."""
     for r in requests:
         check_markers(r)
-    per_image: list[list[int]] = [[] for _ in requests]  # each prompt's images' placeholders
+    per_image: list[list[list[int]]] = [[] for _ in requests]  # each prompt's images' ids
     clip_ids: list[list[int]] = [[] for _ in requests]
     notes: list[str] = []
     inputs: dict = {}
-    image_id = -1
     if any(r.images for r in requests):
         name = only_modality(cfg, VISION_KINDS, "--image", run)
-        image_id = cfg.model.modalities[name].token_id
         inputs[name], counts = image_inputs(cfg, model, name, [x for r in requests for x in r.images],
                                             [len(r.images) for r in requests if r.images])
         it = iter(counts)
-        per_image = [[next(it) for _ in r.images] for r in requests]
+        per_image = [[image_ids(cfg.model.modalities[name], next(it)) for _ in r.images] for r in requests]
     if any(r.audio for r in requests):
         name = only_modality(cfg, ("audio",), "--audio", run)
         inputs[name], rows, notes = clip_inputs(cfg, model, name, [r.audio for r in requests if r.audio])
         it = iter(rows)
         clip_ids = [[cfg.model.modalities[name].token_id] * next(it) if r.audio else [] for r in requests]
     start = [bos] if bos is not None else []
-    return [start + prompt_ids(r.text, n, c, image_id, encode) for r, n, c in zip(requests, per_image, clip_ids)], \
-        inputs, notes
+    return [start + prompt_ids(r.text, n, c, encode) for r, n, c in zip(requests, per_image, clip_ids)], inputs, notes
 
 
-def prompt_ids(text: str, images: list[int], clip: list[int], image_id: int, encode: Any) -> list[int]:
-    """A prompt's ids after BOS: its images' placeholders (`images`: each one's count) then the clip's and the
+def image_ids(m: ModalityConfig, rows: int) -> list[int]:
+    """One image's ids in a prompt: its `rows` placeholders (a native-resolution one's between its vision start and
+    end tokens, if any, as in training)."""
+    return item_ids(rows, m.token_id, m.native) if m.kind == "native_vision" else [m.token_id] * rows
+
+
+def prompt_ids(text: str, images: list[list[int]], clip: list[int], encode: Any) -> list[int]:
+    """A prompt's ids after BOS: its images' (`images`: each one's ids, `image_ids`) then the clip's and the
     text, or, when the text has `<image>` markers, the clip's and the text with each marker's image in its place."""
     if IMAGE_MARK not in text or not images:
-        return [image_id] * sum(images) + clip + encode(text)
+        return [i for x in images for i in x] + clip + encode(text)
     first, *rest = text.split(IMAGE_MARK)
     ids = clip + encode(first)
-    for n, piece in zip(images, rest):
-        ids += [image_id] * n + encode(piece)
+    for x, piece in zip(images, rest):
+        ids += x + encode(piece)
     return ids
 
 
