@@ -1,13 +1,15 @@
 """Real image-text data for an anyres modality (mimo.models.anyres): JSONL or WebDataset samples with images of any
-size (JSONL `"image": [...]`: several, or none), each tiled as LLaVA-NeXT tiles it (mimo.data.anyres_tiles), so
-every image has its own number of placeholders (`anyres_rows` of its size, which the encoded file's header gives
-without decoding it).
+size (JSONL `"image": [...]`: several, or none), each tiled as LLaVA-NeXT tiles it (mimo.data.anyres_tiles; under
+OneVision an image of a several-image sample is one square tile instead, mimo.models.anyres.tiled_images), so every
+image has its own number of placeholders (`anyres_rows` of its size, which the encoded file's header gives without
+decoding it).
 
 The reading, sharding and agreed skips are the native-resolution reader's (mimo.data.native_data.ItemSamples); a
 sample with a video is skipped and counted. A batch holds plain `position_ids` `[B, S]`, each usable row's images as
 `pixel_values` `[images, most tiles, C, S, S]` (zero-padded; zeros where this rank does not encode an image) with
-their `image_sizes` `[images, 2]`, and `modality_counts` (a usable row's images, 0 per skipped row and per row this
-rank reads nothing of), so microbatches split by samples as for any modality.
+their `image_sizes` `[images, 2]` (and, under OneVision, whether each is `tiled`, `[images]`), and
+`modality_counts` (a usable row's images, 0 per skipped row and per row this rank reads nothing of), so
+microbatches split by samples as for any modality.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import numpy as np
 import torch
 
 from mimo.config.schema import Config
-from mimo.data.anyres_tiles import stacked_tiles, tile_image
+from mimo.data.anyres_tiles import square_tile, stacked_tiles, tile_image
 from mimo.data.batching import COUNTS
 from mimo.data.image_text import Item, build_image_text_data
 from mimo.data.native_data import ItemImageTextData
 from mimo.data.native_images import header_size, open_rgb
 from mimo.data.samples import BadSample, ImageRef
-from mimo.models.anyres import anyres_rows
+from mimo.models.anyres import anyres_rows, tiled_images
 from mimo.models.multimodal import MimoModel
 
 
@@ -51,23 +53,27 @@ class AnyResSpec:
     def tokens(self) -> int:
         return self.tile_rows
 
-    def item(self, refs: tuple[ImageRef, ...]) -> tuple[int, int]:
-        """An image's (height, width), from its header. Raises BadSample (a video, or no image)."""
+    def item(self, refs: tuple[ImageRef, ...], items: int) -> tuple[int, int, bool]:
+        """An image's (height, width), from its header, and whether it is tiled in a sample of `items` images
+        (mimo.models.anyres.tiled_images). Raises BadSample (a video, or no image)."""
         if len(refs) != 1:
             raise BadSample(f"a video of {len(refs)} frames; the anyres modality '{self.name}' takes images")
-        return header_size(refs[0])
+        return (*header_size(refs[0]), tiled_images(self.max_tiles, [items])[0])
 
-    def rows(self, size: tuple[int, int]) -> int:
-        return anyres_rows(size, self.tile, self.patch, [list(p) for p in self.grid_pinpoints], self.max_tiles,
-                           self.tile_rows)
+    def rows(self, shape: tuple[int, int, bool]) -> int:
+        return anyres_rows(shape[:2], self.tile, self.patch, [list(p) for p in self.grid_pinpoints], self.max_tiles,
+                           self.tile_rows, shape[2])
 
-    def ids(self, shapes: list[tuple[int, int]]) -> list[int]:
-        """The LM ids of images of `shapes` (height, width), one run of placeholders after another."""
+    def ids(self, shapes: list[tuple[int, int, bool]]) -> list[int]:
+        """The LM ids of images of `shapes` (height, width, tiled), one run of placeholders after another."""
         return [self.token_id] * sum(self.rows(x) for x in shapes)
 
-    def load(self, refs: tuple[ImageRef, ...]) -> np.ndarray:
-        """The image's tiles, `[1 + rows * cols, 3, tile, tile]` (mimo.data.anyres_tiles.tile_image)."""
-        return tile_image(np.asarray(open_rgb(refs[0])), [list(p) for p in self.grid_pinpoints], self.tile)
+    def load(self, refs: tuple[ImageRef, ...], shape: tuple[int, int, bool]) -> np.ndarray:
+        """The image's tiles, `[1 + rows * cols, 3, tile, tile]` (mimo.data.anyres_tiles.tile_image), or its one
+        square tile when not tiled (`square_tile`)."""
+        image = np.asarray(open_rgb(refs[0]))
+        return tile_image(image, [list(p) for p in self.grid_pinpoints], self.tile) if shape[2] else \
+            square_tile(image, self.tile)
 
 
 class AnyResImageTextData(ItemImageTextData):
@@ -75,11 +81,13 @@ class AnyResImageTextData(ItemImageTextData):
 
     def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
         spec = self.media[0]
-        ids, labels, counts, sizes, tiles, _ = self._rows(items, n, bad)
+        ids, labels, counts, shapes, tiles, _ = self._rows(items, n, bad)
+        vit = stacked_tiles(tiles, [x[:2] for x in shapes], spec.tile)
+        if spec.max_tiles:  # OneVision: which images are tiled (mimo.models.anyres.tiled_images)
+            vit["tiled"] = torch.tensor([x[2] for x in shapes], dtype=torch.bool)
         return {"input_ids": ids, "labels": labels,
                 "position_ids": torch.arange(self.seq_len).expand(n, self.seq_len).contiguous(),
-                "modality_inputs": {spec.name: {spec.encoder: stacked_tiles(tiles, sizes, spec.tile)}},
-                COUNTS: {spec.name: counts}}
+                "modality_inputs": {spec.name: {spec.encoder: vit}}, COUNTS: {spec.name: counts}}
 
 
 def build_anyres_data(cfg: Config, model: MimoModel) -> AnyResImageTextData:

@@ -55,8 +55,9 @@ class NativeSpec:
     def tokens(self) -> int:
         return self.cfg.min_pixels // (self.cfg.patch * self.cfg.merge) ** 2
 
-    def item(self, refs: tuple[ImageRef, ...]) -> tuple[int, int, int]:
-        """An item's grid, from its first image's header. Raises BadSample."""
+    def item(self, refs: tuple[ImageRef, ...], items: int) -> tuple[int, int, int]:
+        """An item's grid, from its first image's header (the sample's number of `items` changes no grid). Raises
+        BadSample."""
         return grid_of(header_size(refs[0]), len(refs), self.cfg)
 
     def rows(self, grid: tuple[int, int, int]) -> int:
@@ -71,7 +72,8 @@ class NativeSpec:
         """The LM ids of items of `shapes`, one after another (each between the markers, if any)."""
         return [i for x in shapes for i in item_ids(self.rows(x), self.token_id, self.cfg)]
 
-    def load(self, refs: tuple[ImageRef, ...]) -> np.ndarray:
+    def load(self, refs: tuple[ImageRef, ...], grid: tuple[int, int, int]) -> np.ndarray:
+        """The item's patches (of its `grid`, which its pixels give again)."""
         return load_item(refs, self.cfg)[0]
 
     def step(self, fps: float) -> float:
@@ -91,15 +93,15 @@ def record_items(rec: Record) -> list[tuple[ImageRef, ...]]:
 
 class ItemSamples(_Samples):
     """One request: the row's text after as many placeholders as its images or video give (each item's run in
-    order; `media[0].item` and `.rows`), every item's shape and the video's fps always, their pixels
-    (`media[0].load`) where this rank encodes them."""
+    order; `media[0].item`, told the sample's item count, and `.rows`), every item's shape and the video's fps
+    always, their pixels (`media[0].load` of each item and its shape) where this rank encodes them."""
 
     def __getitem__(self, request: tuple[int, int, bool, frozenset[str]]) -> Item:
         row, index, want_text, wanted = request
         rec, spec = self.records[index], self.media[0]
         try:
             items = record_items(rec)
-            shapes = [spec.item(refs) for refs in items]
+            shapes = [spec.item(refs, len(items)) for refs in items]
             n = sum(spec.rows(x) for x in shapes)
             ids, labels = encode_text(rec, self.tok, 0, spec.token_id, self.seq_len, spec.ids(shapes))
             if ids.count(spec.token_id) != n:
@@ -112,7 +114,7 @@ class ItemSamples(_Samples):
             outside = [i for i in ids if i != spec.token_id and not 0 <= i < self.vocab] if self.vocab else []
             if outside:
                 raise BadSample(f"token id {outside[0]} lies outside the LM's vocabulary [0, {self.vocab})")
-            pixels = [spec.load(refs) for refs in items] if spec.name in wanted else None
+            pixels = [spec.load(refs, x) for refs, x in zip(items, shapes)] if spec.name in wanted else None
         except BadSample as e:
             return row, None, None, {}, f"sample '{rec.key}': {e}", SKIP
         except Exception as e:  # any other error must reach every rank, not only this one

@@ -20,7 +20,7 @@ from mimo.train.gate import check_data_set
 from mimo.train.trainer import Trainer
 from tests.support.anyres_run import ANYRES
 from tests.support.tiny_run import tiny_config, train_losses
-from tests.unit.test_anyres_tiles import hf_counts, hf_image_processor
+from tests.unit.test_anyres_tiles import hf_counts, hf_image_processor, hf_onevision_counts
 from tests.unit.test_native_data import write_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -74,6 +74,34 @@ def test_batches_hold_transformers_tiles_and_placeholder_counts(tmp_path):
     with torch.no_grad():
         out = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
     assert torch.isfinite(out.loss_sum)
+
+
+def test_onevision_batches_give_a_several_image_sample_square_tiles(tmp_path):
+    """Under anyres_max_9 the two-image sample's images are one mid-grey square tile each (transformers'
+    `batch_num_images` rule): the tiles equal OneVision's image processor given the samples' image lists, the
+    placeholder runs its processor's `replace_image_token` counts, and the batch says which images are tiled."""
+    trainer = Trainer(tiny_config(tmp_path, *jsonl(tmp_path), "--model.modalities.images.anyres_max_tiles=9"))
+    data, model = trainer.data, trainer.model
+    reader = data.reader(data)
+    items = [reader[(r, r, True, frozenset({"images"}))] for r in range(7)]
+    batch = data._assemble(items, 7, torch.zeros(7, dtype=torch.bool))
+    check_batch(model, batch)
+    inputs = batch["modality_inputs"]["images"]["vit"]
+    nested = [[Image.open(tmp_path / f"i{k}.png")] for k in range(5)] + [[Image.open(tmp_path / f"i{k}.png")
+                                                                          for k in (0, 1)]]
+    ref = hf_image_processor("onevision", PINPOINTS, 16)(nested, return_tensors="pt")
+    assert inputs["tiled"].tolist() == [True] * 5 + [False, False]
+    assert inputs["pixel_values"].shape == ref["pixel_values"].shape
+    assert (inputs["pixel_values"] - ref["pixel_values"]).abs().max() <= 1e-6
+    rows = hf_onevision_counts(ref, 9, PINPOINTS, 16, 8)
+    assert rows[5:] == [5, 5]  # the overview tile's 4 rows and a newline row each
+    assert (batch["input_ids"] == TOKEN).sum(1).tolist() == [*rows[:5], rows[5] + rows[6], 0]
+    with torch.no_grad():
+        out = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
+    assert torch.isfinite(out.loss_sum)
+    losses = train_losses(tmp_path / "run", *jsonl(tmp_path), "--model.modalities.images.anyres_max_tiles=9",
+                          "--train.steps=2")
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
 
 
 def test_webdataset_shards_tile_as_the_manifest_does(tmp_path):

@@ -43,6 +43,17 @@ def hf_counts(max_tiles: int, sizes: list[tuple[int, int]] = SIZES, pinpoints: l
     return [cls._get_number_of_features(ns, h, w, tile, tile) for h, w in sizes]
 
 
+def hf_onevision_counts(processed, max_tiles: int, pinpoints: list[list[int]] = PINPOINTS, tile: int = TILE,
+                        patch: int = PATCH) -> list[int]:
+    """Placeholders per image of an image processor's batch `processed` (its `batch_num_images` saying which
+    images share a prompt) as LlavaOnevisionProcessor's `replace_image_token` expands each `<image>`."""
+    ns = SimpleNamespace(num_image_tokens=(tile // patch) ** 2, vision_feature_select_strategy="full", image_token="x",
+                         _get_number_of_features=lambda h, w, *_: hf_counts(max_tiles, [(h, w)], pinpoints, tile,
+                                                                            patch)[0])
+    images = len(processed["image_sizes"])
+    return [len(tf.LlavaOnevisionProcessor.replace_image_token(ns, processed, i)) for i in range(images)]
+
+
 def hf_image_processor(family: str, pinpoints: list[list[int]] = PINPOINTS, tile: int = TILE):
     """LLaVA-NeXT's (or OneVision's) image processor as mimo export writes it (bicubic, [-1, 1] pixels)."""
     size = {"height": tile, "width": tile}
@@ -110,10 +121,8 @@ def test_several_images_of_a_prompt_equal_transformers(family):
     counts = [anyres_rows(x.shape[:2], TILE, PATCH, PINPOINTS, max_tiles, (TILE // PATCH) ** 2, t)
               for x, t in zip(pics, tiled)]
     if max_tiles:
-        ns = SimpleNamespace(num_image_tokens=(TILE // PATCH) ** 2, vision_feature_select_strategy="full",
-                             image_token="x", _get_number_of_features=lambda *a: hf_counts(max_tiles, [a[:2]])[0])
         assert ref["batch_num_images"].tolist() == [2, 1]
-        want = [len(tf.LlavaOnevisionProcessor.replace_image_token(ns, ref, i)) for i in range(3)]
+        want = hf_onevision_counts(ref, max_tiles)
     else:
         want = hf_counts(0, [x.shape[:2] for x in pics])
     assert counts == want and len(set(counts)) > 1
