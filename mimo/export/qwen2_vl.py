@@ -18,13 +18,15 @@ from mimo.config.schema import LLMConfig, NativeViTConfig
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import hf_act, text_architecture
 from mimo.export.stream import LiveSource, SourceOf, gather_entries, write_hf_dir
-from mimo.export.tokens import run_tokenizer, token_ids
+from mimo.export.tokens import run_tokenizer, token_ids, with_token
 from mimo.hf.names import llm_names
 from mimo.models.multimodal import MimoModel
 from mimo.models.native_vit import NativeVisionTower, PatchMerger
 
 ARCHITECTURES = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
                  "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration")}
+VISION_TOKENS = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+"""Qwen2-VL's tokenizer names of the native table's vision markers."""
 
 
 def native_parts(model: MimoModel) -> tuple[str, NativeVisionTower, PatchMerger]:
@@ -69,12 +71,22 @@ def qwen_vl_vision_config(v: NativeViTConfig, out: int, field: str) -> dict[str,
                 fullatt_block_indexes=list(v.full_attention_layers), tokens_per_second=int(v.tokens_per_second))
 
 
+def with_vision_markers(tok: Any, v: NativeViTConfig, field: str, where: str) -> Any:
+    """`tok` with `<|vision_start|>` / `<|vision_end|>` at the ids of `v` (the `field` table), lowest id first;
+    as it is when `v` has no markers. Refused where another token holds an id (mimo.export.tokens.with_token)."""
+    for key in sorted(VISION_TOKENS, key=lambda k: getattr(v, k)):
+        if getattr(v, key) >= 0:
+            tok = with_token(tok, VISION_TOKENS[key], getattr(v, key), where, f"the model's {key}", f"{field}.{key}")
+    return tok
+
+
 def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
                     tokenizer: str | None = None, source_of: SourceOf = LiveSource,
                     max_shard_bytes: int | None = None) -> Path:
     """Tower + merger + LM as a Qwen2-VL / Qwen2.5-VL directory that transformers loads with the same logits.
-    With `tokenizer` (`byte` or a Hugging Face tokenizer directory) also its files, bos/eos/pad ids and
-    generation_config.json (no Qwen processor yet: feed `pixel_values` and `grid_thw` as mimo's data makes them).
+    With `tokenizer` (`byte` or a Hugging Face tokenizer directory) also its files (the vision markers, if any,
+    named as Qwen2-VL's tokenizer names them), bos/eos/pad ids and generation_config.json (no Qwen processor yet:
+    feed `pixel_values` and `grid_thw` as mimo's data makes them).
     Tensors stream one at a time from `source_of(module)` (default: the model's own)."""
     tf = require_transformers()
     name, tower, merger = native_parts(model)
@@ -84,13 +96,15 @@ def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype 
     tensors.update(gather_entries(merger, {n: f"model.visual.merger.{n}" for n in merger.state_dict()}, dtype,
                                   source_of))
     dt = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    tok = run_tokenizer(tokenizer, None) if tokenizer else None
+    field = f"model.modalities.{name}.native"
+    tok = with_vision_markers(run_tokenizer(tokenizer, None), v, field, f"tokenizer '{tokenizer}'") if tokenizer \
+        else None
     ids = token_ids(tok) if tok is not None else {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     image = model.special_token_ids[name]
     config_class, arch = ARCHITECTURES[v.family]
     config = getattr(tf, config_class)(
         text_config=qwen_vl_text_config(lm.cfg, dt, ids),
-        vision_config=qwen_vl_vision_config(v, lm.cfg.hidden, f"model.modalities.{name}.native"),
+        vision_config=qwen_vl_vision_config(v, lm.cfg.hidden, field),
         image_token_id=image, video_token_id=v.video_token_id if v.video_token_id >= 0 else image + 1,
         vision_start_token_id=v.vision_start_token_id, vision_end_token_id=v.vision_end_token_id,
         tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)

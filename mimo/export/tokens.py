@@ -51,21 +51,27 @@ def byte_tokenizer(image_token_id: int | None = None) -> Any:
 
 
 def with_image_token(tok: Any, image_token_id: int, where: str) -> Any:
-    """`tok` with `<image>` at `image_token_id`: kept if there, appended if the id is the next free one (filler
-    tokens before it if ids are free below it); refused if another token holds the id."""
+    """`tok` with `<image>` at `image_token_id` (`with_token`)."""
+    return with_token(tok, IMAGE, image_token_id, where, "the model's image placeholder",
+                      "model.modalities.<m>.token_id")
+
+
+def with_token(tok: Any, token: str, token_id: int, where: str, what: str, field: str) -> Any:
+    """`tok` with the special token `token` at `token_id` (`what` the model uses it for, set by config `field`):
+    kept if there, appended if the id is the next free one (filler tokens before it if ids are free below it);
+    refused if another token holds the id."""
     vocab = tok.get_vocab()
-    if IMAGE in vocab:
-        if vocab[IMAGE] != image_token_id:
-            raise ValueError(f"{where} has '{IMAGE}' at id {vocab[IMAGE]}, but the model's placeholder is "
-                             f"{image_token_id}; set model.modalities.<m>.token_id = {vocab[IMAGE]}")
+    if token in vocab:
+        if vocab[token] != token_id:
+            raise ValueError(f"{where} has '{token}' at id {vocab[token]}, but {what} is {token_id}; set "
+                             f"{field} = {vocab[token]}")
         return tok
-    if image_token_id < len(tok):
-        raise ValueError(f"{where} holds '{tok.convert_ids_to_tokens(image_token_id)}' at id {image_token_id}, the "
-                         f"model's image placeholder; train with a free id (>= {len(tok)}) so the export can name "
-                         f"it '{IMAGE}'")
-    filler = [f"<|mimo_reserved_{i}|>" for i in range(len(tok), image_token_id)]
-    tok.add_tokens(filler + [IMAGE], special_tokens=True)
-    assert tok.convert_tokens_to_ids(IMAGE) == image_token_id
+    if token_id < len(tok):
+        raise ValueError(f"{where} holds '{tok.convert_ids_to_tokens(token_id)}' at id {token_id}, {what}; train "
+                         f"with a free id for {field} (>= {len(tok)}) so the export can name it '{token}'")
+    filler = [f"<|mimo_reserved_{i}|>" for i in range(len(tok), token_id)]
+    tok.add_tokens(filler + [token], special_tokens=True)
+    assert tok.convert_tokens_to_ids(token) == token_id
     return tok
 
 

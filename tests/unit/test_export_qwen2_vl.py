@@ -1,16 +1,19 @@
 """Qwen-VL out: an imported checkpoint exported again, and a mimo-built native-resolution model, load in
-transformers with the same fp32 logits (images of two sizes and a video in one batch)."""
+transformers with the same fp32 logits (images of two sizes and a video in one batch); the vision markers' ids
+survive the round trip and are named in an exported tokenizer."""
 
 import pytest
 import torch
 
+from mimo.config.load import load_config
 from mimo.export import export_qwen2_vl
 from mimo.hf.qwen2_vl import import_qwen2_vl, qwen_vl_inputs
 from mimo.models.build import build_model
 from mimo.models.mrope import mrope_positions
-from tests.support.configs import tiny_native_vlm
+from tests.support.configs import CONFIGS, tiny_native_vlm
 from tests.support.hf_helpers import TOL, rel_diff, transformers
 from tests.unit.test_hf_qwen2_vl import END, IMG, START, VID, batch, tiny_qwen_vl
+from tests.unit.test_native_data import TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,3 +48,22 @@ def test_a_mimo_model_exports_to_transformers(family, tmp_path):
         assert torch.equal(mine["position_ids"], mrope_positions(ids, 60, grids, 2))
         ours = model(**mine).logits
     assert rel_diff(ours, ref) <= TOL
+
+
+def test_the_vision_markers_are_named_in_the_exported_tokenizer(tmp_path):
+    """A run's markers (here 263 and 262, above the byte tokenizer's ids) become Qwen2-VL's <|vision_start|> and
+    <|vision_end|> in the exported tokenizer and config; an id the tokenizer holds already is refused."""
+    native = "--model.modalities.images.native"
+    marks = [f"{native}.vision_start_token_id=263", f"{native}.vision_end_token_id=262"]
+    model = build_model(load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, *marks]).model)
+    out = export_qwen2_vl(model, tmp_path / "out", tokenizer="byte")
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>"]) == [263, 262]
+    assert tok("<|vision_start|>hi<|vision_end|>").input_ids == [256, 263, *b"hi", 262]
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert (config.vision_start_token_id, config.vision_end_token_id) == (263, 262)
+    model = build_model(load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, f"{native}.vision_start_token_id=258",
+                                                                          f"{native}.vision_end_token_id=262"]).model)
+    with pytest.raises(ValueError, match=r"tokenizer 'byte' holds '<\|pad\|>' at id 258, the model's "
+                                         r"vision_start_token_id.*model.modalities.images.native"):
+        export_qwen2_vl(model, tmp_path / "refused", tokenizer="byte")
