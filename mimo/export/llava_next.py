@@ -123,7 +123,9 @@ def save_anyres_processor(tok: Any, sub: AnyResSubmodules, directory: Path) -> N
     # LlavaOnevisionProcessor cannot be built without torchvision (its video processor needs it), so its config is
     # written as the class saves it; the video processor prepares frames as the image processor does.
     frames = {k: v for k, v in images.to_dict().items() if k not in ("image_grid_pinpoints", "image_processor_type")}
-    config = dict(common, processor_class="LlavaOnevisionProcessor", num_image_tokens=(vit.image // vit.patch) ** 2,
+    # num_image_tokens counts the tower's outputs, its class token included: 'default' drops it again.
+    tower_rows = (vit.image // vit.patch) ** 2 + int(vit.drops_first_token)
+    config = dict(common, processor_class="LlavaOnevisionProcessor", num_image_tokens=tower_rows,
                   vision_aspect_ratio=f"anyres_max_{sub.max_tiles}", video_token=VIDEO,
                   image_processor=images.to_dict(),
                   video_processor=dict(frames, video_processor_type="LlavaOnevisionVideoProcessor"))

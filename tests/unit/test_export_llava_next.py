@@ -37,6 +37,7 @@ TOWERS = {"clip": {}, "siglip": dict(class_token=False, pre_norm=False, patch_bi
 CASES = {"next_clip": ("clip", 0, "LlavaNextForConditionalGeneration"),
          "next_siglip": ("siglip", 0, "LlavaNextForConditionalGeneration"),
          "onevision_siglip": ("siglip", 9, "LlavaOnevisionForConditionalGeneration"),
+         "onevision_clip": ("clip", 9, "LlavaOnevisionForConditionalGeneration"),
          "onevision_shrunk": ("siglip", 1, "LlavaOnevisionForConditionalGeneration")}
 
 
@@ -67,7 +68,7 @@ def mimo_inputs(sub: AnyResSubmodules, inputs) -> dict:
 def processed(out, max_tiles: int):
     """The exported processor's batch: `AutoProcessor` for LLaVA-NeXT. LlavaOnevisionProcessor needs torchvision,
     which this environment lacks, so for OneVision its image processor, its token count (the class's own
-    `_get_number_of_features`, given the saved processor_config.json) and the tokenizer make the batch."""
+    `replace_image_token`, given the saved processor_config.json) and the tokenizer make the batch."""
     texts = ["<image>" + p for p in PROMPTS]
     if not max_tiles:
         return transformers.AutoProcessor.from_pretrained(out)(text=texts, images=images(), padding=True,
@@ -77,10 +78,9 @@ def processed(out, max_tiles: int):
     pixels = transformers.AutoImageProcessor.from_pretrained(out)(images(), return_tensors="pt")
     counter = object.__new__(transformers.LlavaOnevisionProcessor)
     counter.image_processor = transformers.LlavaOnevisionImageProcessorPil(**saved["image_processor"])
-    counter.num_image_tokens, counter.vision_aspect_ratio = saved["num_image_tokens"], saved["vision_aspect_ratio"]
-    side = pixels.pixel_values.shape[-1]
-    counts = [counter._get_number_of_features(h, w, side, side) for h, w in pixels.image_sizes.tolist()]
-    texts = [t.replace("<image>", "<image>" * n) for t, n in zip(texts, counts)]
+    for key in ("num_image_tokens", "vision_aspect_ratio", "vision_feature_select_strategy", "image_token"):
+        setattr(counter, key, saved[key])
+    texts = [t.replace("<image>", counter.replace_image_token(pixels, i)) for i, t in enumerate(texts)]
     tokens = transformers.AutoTokenizer.from_pretrained(out)(texts, padding=True, return_tensors="pt")
     return transformers.BatchFeature({**tokens, **pixels})
 

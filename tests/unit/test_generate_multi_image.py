@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 8
 SIZES = [(20, 40), (40, 24), (12, 44)]  # (height, width): the first two share a prompt
 PROMPTS = ["<image>what is left<image> of this?", "<image>a"]
-CASES = {"next_clip": ("clip", 0), "onevision_siglip": ("siglip", 9)}
+CASES = {"next_clip": ("clip", 0), "onevision_siglip": ("siglip", 9), "onevision_clip": ("clip", 9)}
 
 
 def anyres_run(tmp_path, tower: str, max_tiles: int):
