@@ -240,8 +240,19 @@ def _calibrate(cfg, out: str) -> int:
     print(f"mimo: profile of {profile.device} written to {out}: products {profile.matmul_tflops:.1f} TFLOP/s "
           f"(+{profile.matmul_fixed_s * 1e6:.1f} us each), attention {profile.attention_tflops:.1f} TFLOP/s, memory "
           f"{profile.memory_gbps:.0f} GB/s, layer factors "
-          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(profile.layer_factor.items())))
+          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(profile.layer_factor.items()))
+          + _captured_summary(profile.captured))
     return 0
+
+
+def _captured_summary(captured: dict) -> str:
+    """The CUDA-graph timed figures of a calibration (none on a CPU) for its one-line report."""
+    if not captured:
+        return ""
+    fixed = (f"products +{captured['matmul_fixed_s'] * 1e6:.1f} us, attention "
+             f"+{captured['attention_fixed_s'] * 1e6:.1f} us each, ") if "matmul_fixed_s" in captured else ""
+    factors = ", ".join(f"{k} {v:.2f}" for k, v in sorted(captured["layer_factor"].items()))
+    return f"; in a CUDA graph {fixed}layer factors {factors}"
 
 
 RUN_HELP = ("a run folder written by `mimo train` (its newest complete checkpoint) or one of its "

@@ -1,5 +1,6 @@
 """A captured step (train.step_graph) is predicted from the profile's CUDA-graph timed figures, an eager step
-from the eager ones: the selection (`Profile.under`) and a decoder layer by hand each way."""
+from the eager ones: the selection (`Profile.under`), a decoder layer by hand each way, and what
+`mimo plan --calibrate` records (the captured figures only on CUDA)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from mimo.config.load import load_config
 from mimo.config.schema import ModuleLayoutConfig
 from mimo.parallel.grid import Grid
+from mimo.planner import calibrate as cal
 from mimo.planner.candidates import layout_of
 from mimo.planner.cost import KERNELS_BACKWARD, KERNELS_FORWARD, decoder_layer
 from mimo.planner.memory import module_sizes
@@ -83,3 +85,35 @@ def test_profiles_without_captured_figures_still_load_and_predict_as_before(tmp_
     assert shipped.under(True) is shipped and shipped.captured == {}
     PROFILE.save(tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == PROFILE
+
+
+def test_captured_layer_factors_are_graph_time_over_the_captured_model(monkeypatch):
+    """On the CPU with graph_timed standing in (CUDA graphs need CUDA): each eager key gets a captured factor,
+    the graph's seconds over the model of a captured step at the captured lines, and its seconds recorded."""
+    cfg = load_config("configs/demo_vlm.toml", TINY)
+    monkeypatch.setattr(cal, "graph_timed", lambda fn: 1e-3)
+    monkeypatch.setattr(cal, "timed", lambda fn, device, reps, warmup: 4e-3)
+    graph_lines = dataclasses.replace(PROFILE, layer_factor={}, captured={}, matmul_fixed_s=1e-6)
+    eager_lines = dataclasses.replace(graph_lines, matmul_fixed_s=0.0)
+    factors, graphed, shapes, layers = cal.layer_factors(cfg, "cpu", eager_lines, graph_lines)
+    assert set(graphed) == set(factors) == {"decoder.eager", "vit.eager", "audio.eager"}
+    for key, factor in graphed.items():
+        kind = key.split(".")[0]
+        assert factor == pytest.approx(1e-3 / cal.modelled_layer(cfg, kind, graph_lines, shapes[kind], False, True))
+        assert factors[key] == pytest.approx(4e-3 / cal.modelled_layer(cfg, kind, eager_lines, shapes[kind], False))
+        assert layers[f"{key}.graph"] == 1e-3 and layers[key] == 4e-3
+    assert cal.modelled_layer(cfg, "vit", graph_lines, shapes["vit"], False, True) < \
+        cal.modelled_layer(cfg, "vit", graph_lines, shapes["vit"], False)  # no host launches when captured
+
+
+def test_a_layer_that_cannot_be_captured_keeps_its_eager_factor(monkeypatch):
+    cfg = load_config("configs/demo_vlm.toml", TINY)
+
+    def refuse(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cal, "graph_timed", refuse)
+    monkeypatch.setattr(cal, "timed", lambda fn, device, reps, warmup: 4e-3)
+    factors, graphed, _, layers = cal.layer_factors(cfg, "cpu", PROFILE, PROFILE)
+    assert graphed == {} and set(factors) == {"decoder.eager", "vit.eager", "audio.eager"}
+    assert layers["vit.eager.graph"].startswith("failed: RuntimeError: operation not permitted")
