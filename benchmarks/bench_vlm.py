@@ -30,6 +30,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -47,6 +48,10 @@ DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckp
 CPU_OFF = ("train.device=cpu", "train.grad_table=false", "train.step_graph=false", "train.compile=false")
 """Overrides of every row off CUDA: the keys that need a GPU (and compilation, minutes on a CPU)."""
 DATA_PARALLEL_OFF = tuple(f"train.{key}=false" for key in ONE_PROCESS_ONLY)
+TRAIN_KEYS = ("device", "dtype", "compile", "encoder_compile", "chunked_loss", "loss_rows_only", "fuse_qkv",
+              "attention_backend", "master_weights", "grad_table", "lm_update_early", "step_graph",
+              "activation_checkpointing")
+"""The train keys each mimo row records (what ran)."""
 
 
 def preset_overrides(spec: str) -> list[str]:
@@ -72,20 +77,26 @@ def build_trainer(preset: str, spec: str, out: Path, steps: int, data_parallel: 
     return Trainer(cfg)
 
 
-def timed_steps(trainer: Trainer, warmup: int, steps: int) -> dict:
-    """`Trainer.train_step` timed as the baseline times its steps; the first step's time (compilation) too."""
-    times, first, rec = [], 0.0, {}
-    sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
+def time_steps(step: Callable[[int], float | torch.Tensor], cuda: bool, warmup: int, steps: int) -> dict:
+    """`step(i)` (it returns the step's loss) for warm-up + timed steps, timed as the baseline times its steps
+    (synchronise around each, median after warm-up); the first step's time (compilation) and the last loss too."""
+    times, first, loss = [], 0.0, float("nan")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for i in range(warmup + steps):
         sync()
         t0 = time.perf_counter()
-        rec = trainer.train_step(i)
+        loss = step(i)
         sync()
         if i == 0:
             first = time.perf_counter() - t0
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return {"step_s_median": statistics.median(times), "first_step_s": first, "final_loss": rec["loss"]}
+    return {"step_s_median": statistics.median(times), "first_step_s": first, "final_loss": float(loss)}
+
+
+def timed_steps(trainer: Trainer, warmup: int, steps: int) -> dict:
+    """`Trainer.train_step` timed by `time_steps`."""
+    return time_steps(lambda i: trainer.train_step(i)["loss"], trainer.device.type == "cuda", warmup, steps)
 
 
 def profile_step(trainer: Trainer, step: int, trace: Path, rows: int = 30) -> str:
@@ -135,10 +146,7 @@ def worker(args: argparse.Namespace) -> dict | None:
         "params_m": round(sum(x.numel() for x in trainer.model.parameters()) / 1e6, 1),
         "final_loss": round(timing["final_loss"], 4),
         "first_step_s": round(timing["first_step_s"], 2),
-        "train": {k: getattr(t, k) for k in ("device", "dtype", "compile", "encoder_compile", "chunked_loss",
-                                             "loss_rows_only", "fuse_qkv", "attention_backend", "master_weights",
-                                             "grad_table", "lm_update_early", "step_graph",
-                                             "activation_checkpointing")},
+        "train": {k: getattr(t, k) for k in TRAIN_KEYS},
     }
     if not math.isfinite(result["final_loss"]):
         raise RuntimeError(f"loss is not finite: {result['final_loss']}")
@@ -191,6 +199,31 @@ def table(rows: list[dict], baselines: list[dict]) -> str:
     return "\n".join(lines)
 
 
+Job = tuple[list[tuple[str, list[str]]], bool]
+"""(alternatives: (label, command) each run only if the one before failed, whether it is a baseline)."""
+
+
+def run_jobs(jobs: list[Job], log: Path, jsonl: Path, timeout: float, fail_fast: bool) -> tuple[list[dict], list[dict]]:
+    """Run every job's alternatives until one gives a row (each in its own subprocess, `timeout` seconds each),
+    appending each row to `jsonl` and each run's output to `log`; (system rows, baseline rows). `fail_fast`
+    skips the baselines when every system row failed."""
+    rows, baselines = [], []
+    for alternatives, is_baseline in jobs:
+        if is_baseline and fail_fast and rows and all("error" in r for r in rows):
+            print(f"skipping {alternatives[0][0]}: every mimo run failed (--fail-fast)", flush=True)
+            continue
+        for label, cmd in alternatives:
+            print(f"running {label} ...", flush=True)
+            r = {"system": label, **run_row(cmd, label, log, timeout), "label": label}
+            print(json.dumps(r), flush=True)
+            with jsonl.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            (baselines if is_baseline else rows).append(r)
+            if "error" not in r:
+                break
+    return rows, baselines
+
+
 def driver(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -203,20 +236,7 @@ def driver(args: argparse.Namespace) -> None:
     # A mimo spec "A|B" runs B only if A failed (e.g. "|ckpt_layers=12": checkpointing only if needed).
     jobs = [([(mimo_label(a, n), mimo_cmd(args, a, n)) for a in s.split("|")], False) for s in specs for n in nprocs]
     jobs += [([(baseline_label(f), baseline_cmd(args, f))], True) for f in flags]
-    rows, baselines = [], []
-    for alternatives, is_baseline in jobs:
-        if is_baseline and args.fail_fast and rows and all("error" in r for r in rows):
-            print(f"skipping {alternatives[0][0]}: every mimo run failed (--fail-fast)", flush=True)
-            continue
-        for label, cmd in alternatives:
-            print(f"running {label} ...", flush=True)
-            r = {"system": label, **run_row(cmd, label, log, args.timeout), "label": label}
-            print(json.dumps(r), flush=True)
-            with jsonl.open("a") as f:
-                f.write(json.dumps(r) + "\n")
-            (baselines if is_baseline else rows).append(r)
-            if "error" not in r:
-                break
+    rows, baselines = run_jobs(jobs, log, jsonl, args.timeout, args.fail_fast)
     text = (f"preset `{args.preset}`, {args.steps} timed steps after {args.warmup} warm-up; tokens/s over all GPUs, "
             "'per GPU x' columns: tokens/s per GPU over the baseline's tokens/s (one GPU)\n\n")
     text += table(rows + baselines, baselines)
