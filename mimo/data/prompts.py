@@ -99,7 +99,11 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[PromptRequest]]:
             raise ConfigError(f"--prompts '{p}' line {number} needs a \"prompt\" string, e.g. "
                               '{"prompt": "what color?", "image": "a.png"}')
         image = row.get("image") or []
-        images = tuple(str(p.parent / x) for x in ([image] if isinstance(image, str) else image))
+        image = [image] if isinstance(image, str) else image
+        if not isinstance(image, list) or not all(isinstance(x, str) and x for x in image):
+            raise ConfigError(f"--prompts '{p}' line {number}: \"image\" is a path or a list of paths (one per "
+                              f"<image> marker), e.g. \"image\": [\"a.png\", \"b.png\"]; got {row['image']!r}")
+        images = tuple(str(p.parent / x) for x in image)
         audio = str(p.parent / row["audio"]) if row.get("audio") else None
         requests.append(PromptRequest(row["prompt"], images, audio))
     return [], requests

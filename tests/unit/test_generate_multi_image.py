@@ -117,3 +117,6 @@ def test_image_markers_that_do_not_match_the_images_are_refused(tmp_path, capsys
         err = refused("--prompts", tmp_path / "p.jsonl")
         assert f"marker(s) for {len(row['image']) if isinstance(row['image'], list) else 1} image(s); write one " \
                "<image> where each image goes" in err
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "<image>a", "image": [3]}) + "\n")
+    assert "line 1: \"image\" is a path or a list of paths (one per <image> marker)" in refused("--prompts",
+                                                                                             tmp_path / "p.jsonl")
