@@ -30,8 +30,9 @@ def import_llava_next(source: Source, dtype: DTypeSpec = "auto",
 
 def import_llava_onevision(source: Source, dtype: DTypeSpec = "auto",
                            device: DeviceSpec = "cpu") -> tuple[ModelConfig, MimoModel]:
-    """A `LlavaOnevisionForConditionalGeneration` checkpoint, as `import_llava_next` (single-image samples: every
-    image tiled; its anyres_max_N limit shrinks larger grids)."""
+    """A `LlavaOnevisionForConditionalGeneration` checkpoint, as `import_llava_next`: its anyres_max_N limit shrinks
+    larger grids, and an image of a several-image prompt (transformers' `batch_num_images` > 1) is one square tile
+    and a newline row, which the encoder inputs' `tiled` [n] bool flags say (mimo.models.anyres.tiled_images)."""
     return _import_anyres(source, dtype, device, "llava_onevision")
 
 
