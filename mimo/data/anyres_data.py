@@ -1,8 +1,8 @@
 """Real image-text data for an anyres modality (mimo.models.anyres): JSONL or WebDataset samples with images of any
-size (JSONL `"image": [...]`: several, or none), each tiled as LLaVA-NeXT tiles it (mimo.data.anyres_tiles; under
-OneVision an image of a several-image sample is one square tile instead, mimo.models.anyres.tiled_images), so every
-image has its own number of placeholders (`anyres_rows` of its size, which the encoded file's header gives without
-decoding it).
+size (JSONL `"image": [...]`: several, or none; WebDataset `key.0.png`, `key.1.png`, ...: several), each tiled as
+LLaVA-NeXT tiles it (mimo.data.anyres_tiles; under OneVision an image of a several-image sample is one square tile
+instead, mimo.models.anyres.tiled_images), so every image has its own number of placeholders (`anyres_rows` of its
+size, which the encoded file's header gives without decoding it).
 
 The reading, sharding and agreed skips are the native-resolution reader's (mimo.data.native_data.ItemSamples); a
 sample with a video is skipped and counted. A batch holds plain `position_ids` `[B, S]`, each usable row's images as

@@ -1,7 +1,7 @@
 """Real image/video-text data for a native-resolution (`kind = "native_vision"`) modality: JSONL or WebDataset
-samples with images of any size (JSONL `"image": [...]`: several, or none), or one video's frames (JSONL
-`"video"`), each resized within the tower's [min_pixels, max_pixels] (mimo.data.native_images), so every sample
-has its own number of placeholders.
+samples with images of any size (JSONL `"image": [...]`: several, or none; WebDataset `key.0.png`, ...: several),
+or one video's frames (JSONL `"video"`), each resized within the tower's [min_pixels, max_pixels]
+(mimo.data.native_images), so every sample has its own number of placeholders.
 
 The rest is `ImageTextData`'s (order, sharding, agreed skips): a rank that reads a row's text reads only its
 images' headers for the grids (the placeholders and M-RoPE positions follow from them); a rank that encodes them

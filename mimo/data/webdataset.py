@@ -2,9 +2,10 @@
 
 A sample holds one image (`.jpg`, `.png`, ...) and/or one clip (`.wav`, `.flac`, ...) and its text:
 `key.txt` (a caption or transcript) or `key.json` (`{"caption": ...}`, LLaVA `{"conversations": [...]}` or
-chat `{"messages": [...]}`). Indexing reads tar headers and the small text members only; images and clips
-stay in the shard and are read later by offset, so any sample can be fetched directly (a deterministic,
-resumable order needs no streaming).
+chat `{"messages": [...]}`). Several images of one sample (for native-resolution and anyres models, as a JSONL
+`"image": [...]` list) are numbered members `key.0.jpg`, `key.1.png`, ..., in that order. Indexing reads tar
+headers and the small text members only; images and clips stay in the shard and are read later by offset, so
+any sample can be fetched directly (a deterministic, resumable order needs no streaming).
 A shard that is cut short keeps the samples before the damage; the damage is reported.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 from mimo.data.samples import AUDIO_EXTS, IMAGE_EXTS, ImageRef, Record, record_from_json
@@ -75,21 +77,40 @@ def read_shard(path: Path) -> tuple[list[Record], str]:
     return [_record(str(path), key, members, texts.get(key, {})) for key, members in groups.items()], problem
 
 
+def _numbered_images(members: dict[str, tarfile.TarInfo]) -> list[tuple[int, tarfile.TarInfo]]:
+    """A sample's `key.<n>.<image ext>` members as (n, member), by n."""
+    found = []
+    for ext, member in members.items():
+        number, dot, rest = ext[1:].partition(".")
+        if number.isdigit() and dot and f".{rest}" in IMAGE_EXTS:
+            found.append((int(number), member))
+    return sorted(found, key=lambda x: x[0])
+
+
 def _record(path: str, key: str, members: dict[str, tarfile.TarInfo], texts: dict[str, bytes]) -> Record:
+    """A sample's record: one image, or several numbered ones (`images`, `image` None), and/or a clip."""
     images = [m for ext, m in members.items() if ext in IMAGE_EXTS]
+    numbered = _numbered_images(members)
     clips = [m for ext, m in members.items() if ext in AUDIO_EXTS]
     image = ImageRef(path, images[0].offset_data, images[0].size) if images else None
     audio = ImageRef(path, clips[0].offset_data, clips[0].size) if clips else None
-    if image is None and audio is None:
-        return Record(key, problem=f"sample '{key}' in '{path}' has no image or audio member")
+    where = f"sample '{key}' in '{path}'"
+    if numbered and (images or [n for n, _ in numbered] != list(range(len(numbered)))):
+        return Record(key, problem=f"{where} numbers its images {[n for n, _ in numbered]} beside {len(images)} "
+                                   "unnumbered; name several images of a sample key.0.<ext>, key.1.<ext>, ...")
+    several = tuple(ImageRef(path, m.offset_data, m.size) for _, m in numbered)
+    if image is None and audio is None and not several:
+        return Record(key, problem=f"{where} has no image or audio member")
     try:
         if ".json" in texts:
-            return record_from_json(key, json.loads(texts[".json"].decode("utf-8")), image, audio)
-        if ".txt" in texts:
-            return Record(key, image, caption=texts[".txt"].decode("utf-8").strip(), audio=audio)
+            rec = record_from_json(key, json.loads(texts[".json"].decode("utf-8")), image, audio)
+        elif ".txt" in texts:
+            rec = Record(key, image, caption=texts[".txt"].decode("utf-8").strip(), audio=audio)
+        else:
+            return Record(key, image, problem=f"{where} has no .txt or .json member")
     except (UnicodeDecodeError, ValueError) as e:
-        return Record(key, image, problem=f"sample '{key}' in '{path}' has unreadable text ({e})")
-    return Record(key, image, problem=f"sample '{key}' in '{path}' has no .txt or .json member")
+        return Record(key, image, problem=f"{where} has unreadable text ({e})")
+    return replace(rec, images=several) if several else rec
 
 
 def read_webdataset(spec: str, field: str = "data.path") -> tuple[list[Record], list[str]]:
