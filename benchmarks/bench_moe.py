@@ -1,17 +1,18 @@
 """Train an MoE VLM with `mimo train`'s Trainer and the same model in Hugging Face transformers, in one invocation.
 
-    python -m benchmarks.bench_moe --out runs/bench_moe [--size full|tiny] [--steps 6 --warmup 2] [--timeout 240]
-        [--mimo OVERRIDES]... [--baseline FLAGS]...
+    python -m benchmarks.bench_moe --out runs/bench_moe [--size full|tiny] [--steps 6 --warmup 2]
+        [--timeout 240] [--budget 480] [--mimo OVERRIDES]... [--baseline FLAGS]...
 
-The H200 command (one GPU, one invocation; mimo, then hf eager, hf bf16-weights and hf compile in turn, each
-at most --timeout seconds; expected ~100 s for mimo (its first step compiles, ~60 s), ~50 s for each eager
-transformers row and ~200 s for the compiled one (cold torch.compile ~150 s), so ~400 s in all):
+The H200 command (one GPU, one invocation: mimo, then hf eager, hf bf16-weights and hf compile in turn, each at
+most --timeout seconds and all of them --budget seconds, so that the call ends within a 10-minute limit):
 
-    python -m benchmarks.bench_moe --out runs/bench_moe --size full --steps 6 --warmup 2 --timeout 240
+    python -m benchmarks.bench_moe --out runs/bench_moe --size full --steps 6 --warmup 2 --timeout 240 --budget 480
 
-(`--baseline compile` alone halves that.) Expected peak memory on one H200 (141 GiB): mimo ~94 GiB (`mimo plan
-benchmarks/presets/moe_small.toml --gpus 1`: 44.7 GiB of weights, gradients and AdamW states at 16 B a parameter,
-~48 GiB of activations), transformers about the same (16 B a parameter too: fp32 weights, gradients, moments).
+Expected: ~100 s for mimo (its first step compiles, ~60 s), ~50 s for each eager transformers row and ~200 s for
+the compiled one (cold torch.compile ~150 s), ~400 s in all (`--baseline compile` alone halves that). Peak
+memory on one H200 (141 GiB): mimo ~94 GiB (`mimo plan benchmarks/presets/moe_small.toml --gpus 1`: 44.7 GiB of
+weights, gradients and AdamW states at 16 B a parameter, ~48 GiB of activations), transformers about the same
+(16 B a parameter too: fp32 weights, gradients and moments).
 
 The workload is benchmarks/presets/moe_small.toml (`--size full`, 3.0 B parameters: the `small` preset's ViT, an
 MLP projector and a Qwen3-MoE-shaped LM of 24 layers, hidden 2048, 16 experts of width 768 each, top-2, vocab
@@ -154,7 +155,7 @@ def driver(args: argparse.Namespace) -> None:
     flags = args.baseline if args.baseline is not None else DEFAULT_BASELINES
     jobs = [([(mimo_label(a, 1), mimo_cmd(args, a)) for a in s.split("|")], False) for s in specs]
     jobs += [([(baseline_label(f), baseline_cmd(args, f))], True) for f in flags]
-    rows, baselines = run_jobs(jobs, log, jsonl, args.timeout, fail_fast=False)
+    rows, baselines = run_jobs(jobs, log, jsonl, args.timeout, fail_fast=False, budget=args.budget)
     text = header(args) + table(rows + baselines, baselines)
     (out / f"{stem}.md").write_text(text + "\n")
     print(text)
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"hf_moe_worker switches to run (repeatable); '' = eager; default: {DEFAULT_BASELINES}")
     ap.add_argument("--out", default="runs/bench_moe", help="folder for the table, the JSON lines and the log")
     ap.add_argument("--timeout", type=float, default=240, help="seconds allowed to each run")
+    ap.add_argument("--budget", type=float, default=480,
+                    help="seconds allowed to all the runs together (a run out of time may take 60 s more to stop); "
+                         "those left without time are skipped rows")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--options", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -203,18 +203,22 @@ Job = tuple[list[tuple[str, list[str]]], bool]
 """(alternatives: (label, command) each run only if the one before failed, whether it is a baseline)."""
 
 
-def run_jobs(jobs: list[Job], log: Path, jsonl: Path, timeout: float, fail_fast: bool) -> tuple[list[dict], list[dict]]:
-    """Run every job's alternatives until one gives a row (each in its own subprocess, `timeout` seconds each),
+def run_jobs(jobs: list[Job], log: Path, jsonl: Path, timeout: float, fail_fast: bool,
+             budget: float = math.inf) -> tuple[list[dict], list[dict]]:
+    """Run every job's alternatives until one gives a row (each in its own subprocess, `timeout` seconds each,
+    less where fewer of the `budget` seconds of all the runs are left; a run with none left is a skipped row),
     appending each row to `jsonl` and each run's output to `log`; (system rows, baseline rows). `fail_fast`
     skips the baselines when every system row failed."""
-    rows, baselines = [], []
+    rows, baselines, start = [], [], time.monotonic()
     for alternatives, is_baseline in jobs:
         if is_baseline and fail_fast and rows and all("error" in r for r in rows):
             print(f"skipping {alternatives[0][0]}: every mimo run failed (--fail-fast)", flush=True)
             continue
         for label, cmd in alternatives:
+            left = min(timeout, budget - (time.monotonic() - start))
             print(f"running {label} ...", flush=True)
-            r = {"system": label, **run_row(cmd, label, log, timeout), "label": label}
+            r = run_row(cmd, label, log, left) if left >= 1 else {"error": "skipped: no time left of --budget"}
+            r = {"system": label, **r, "label": label}
             print(json.dumps(r), flush=True)
             with jsonl.open("a") as f:
                 f.write(json.dumps(r) + "\n")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.bench_moe import MODALITY, active_params, moe_config, step_work
-from benchmarks.bench_vlm import build_trainer
+from benchmarks.bench_vlm import build_trainer, run_jobs
 from benchmarks.loss_check import REFERENCE
 from mimo.export.hf import export_llava
 
@@ -36,6 +36,18 @@ def test_bench_moe_runs_mimo_and_transformers_on_tiny(tmp_path):
     assert rows["hf eager"]["params_m"] == rows["mimo"]["params_m"]
     table = (tmp_path / "moe_tiny.md").read_text()
     assert "| mimo |" in table and "x hf eager" in table and table in r.stdout
+
+
+def test_runs_with_no_time_left_of_the_budget_are_skipped_rows(tmp_path):
+    row = [sys.executable, "-c", "print('{\"tokens_per_s\": 1.0}')"]
+    jobs = [([("a", row)], False), ([("b", row)], True)]
+    log, jsonl = tmp_path / "log", tmp_path / "jsonl"
+    rows, baselines = run_jobs(jobs, log, jsonl, timeout=60, fail_fast=False)
+    assert rows[0]["tokens_per_s"] == 1.0 and baselines[0]["label"] == "b" and "error" not in baselines[0]
+    log.write_text("")
+    rows, baselines = run_jobs(jobs, log, jsonl, timeout=60, fail_fast=False, budget=0.5)
+    assert [r["error"] for r in rows + baselines] == ["skipped: no time left of --budget"] * 2
+    assert log.read_text() == ""  # nothing ran
 
 
 def test_the_hf_worker_computes_mimos_loss_on_the_same_weights_and_batch(tmp_path):
