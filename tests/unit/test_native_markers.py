@@ -1,7 +1,8 @@
 """Qwen2-VL's vision markers on mimo's native data path: with native.vision_start_token_id / vision_end_token_id
 set (here from the Qwen2-VL checkpoint that model.llm.hf_path names), a sample of two images of different sizes
 gives the input_ids and pixels of transformers' Qwen2VLProcessor (its PIL image processor; the video processor
-needs torchvision), the positions of `get_rope_index` and Qwen2VLForConditionalGeneration's fp32 logits; a video is
+needs torchvision), the positions of `get_rope_index` and Qwen2VLForConditionalGeneration's fp32 logits (and
+Qwen2.5-VL's); a video is
 wrapped alike, neither markers nor placeholders are loss targets, and `mimo generate`'s prompts take the markers."""
 
 import json
@@ -31,15 +32,17 @@ TWO_IMAGES = "<|vision_start|><|image_pad|><|vision_end|>" * 2 + "two pictures<|
 MIN_PIXELS, MAX_PIXELS = 256, 4096
 
 
-class ImageProcessorOnly(transformers.Qwen2VLProcessor):
-    """transformers' Qwen2-VL processor, its text expansion untouched, without a video processor."""
-
-    def check_argument_for_proper_class(self, name, arg):
-        return None if arg is None else super().check_argument_for_proper_class(name, arg)
+PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
 
 
-def qwen_processor():
-    """The byte tokenizer in Hugging Face form with Qwen2-VL's tokens at IDS, under Qwen2VLProcessor."""
+def qwen_processor(family: str = "qwen2_vl"):
+    """The byte tokenizer in Hugging Face form with Qwen2-VL's tokens at IDS, under the family's processor (its
+    text expansion untouched, without a video processor)."""
+
+    class ImageProcessorOnly(getattr(transformers, PROCESSORS[family])):
+        def check_argument_for_proper_class(self, name, arg):
+            return None if arg is None else super().check_argument_for_proper_class(name, arg)
+
     tok = byte_tokenizer()
     tok.add_tokens([f"<|r{i}|>" for i in range(len(tok), IDS["image_token_id"])] + QWEN_TOKENS, special_tokens=True)
     assert tok.convert_tokens_to_ids(QWEN_TOKENS) == list(IDS.values())
@@ -48,10 +51,10 @@ def qwen_processor():
     return ImageProcessorOnly(image_processor=images, tokenizer=tok)
 
 
-def marked_batch(tmp_path):
+def marked_batch(tmp_path, family: str = "qwen2_vl"):
     """(the Qwen2-VL checkpoint, the run's config, mimo's model built from it, the batch of a two-image row and a
     3-frame video row, the two images' paths)."""
-    hf = tiny_qwen_vl("qwen2_vl", vocab=320)
+    hf = tiny_qwen_vl(family, vocab=320)
     for config in (hf.config, hf.model.config):
         for k, v in IDS.items():
             setattr(config, k, v)
@@ -72,9 +75,10 @@ def marked_batch(tmp_path):
     return hf, cfg, model, batch, images
 
 
-def test_two_images_match_qwen2_vl_processor_rope_index_and_logits(tmp_path):
-    hf, _, model, batch, images = marked_batch(tmp_path)
-    ref = qwen_processor()(text=[TWO_IMAGES], images=[Image.open(p) for p in images], return_tensors="pt")
+@pytest.mark.parametrize("family", list(PROCESSORS))
+def test_two_images_match_qwen2_vl_processor_rope_index_and_logits(family, tmp_path):
+    hf, _, model, batch, images = marked_batch(tmp_path, family)
+    ref = qwen_processor(family)(text=[TWO_IMAGES], images=[Image.open(p) for p in images], return_tensors="pt")
     n = ref["input_ids"].shape[1]
     ids, visual = batch["input_ids"], batch["modality_inputs"]["images"]["visual"]
     assert torch.equal(ids[0, :n], ref["input_ids"][0]) and (ids[0, n:] == ByteTokenizer.PAD).all()
