@@ -2,8 +2,8 @@
 set (here from the Qwen2-VL checkpoint that model.llm.hf_path names), a sample of two images of different sizes
 gives the input_ids and pixels of transformers' Qwen2VLProcessor (its PIL image processor; the video processor
 needs torchvision), the positions of `get_rope_index` and Qwen2VLForConditionalGeneration's fp32 logits (and
-Qwen2.5-VL's); a video is
-wrapped alike, neither markers nor placeholders are loss targets, and `mimo generate`'s prompts take the markers."""
+Qwen2.5-VL's); a video is wrapped alike, neither markers nor placeholders are loss targets, and `mimo generate`'s
+prompts take the markers."""
 
 import json
 
