@@ -11,8 +11,9 @@ most --timeout seconds and all of them --budget seconds, so that the call ends w
 Expected: ~100 s for mimo (its first step compiles, ~60 s), ~50 s for each eager transformers row and ~200 s for
 the compiled one (cold torch.compile ~150 s), ~400 s in all (`--baseline compile` alone halves that). Peak
 memory on one H200 (141 GiB): mimo ~94 GiB (`mimo plan benchmarks/presets/moe_small.toml --gpus 1`: 44.7 GiB of
-weights, gradients and AdamW states at 16 B a parameter, ~48 GiB of activations), transformers about the same
-(16 B a parameter too: fp32 weights, gradients and moments).
+weights, gradients and AdamW states at 16 B a parameter, ~48 GiB of activations); transformers more, ~110-120
+GiB by a hand count, not measured (16 B a parameter too, but under autocast its experts' activations are fp32,
+and its full fp32 logits take ~20 GiB).
 
 The workload is benchmarks/presets/moe_small.toml (`--size full`, 3.0 B parameters: the `small` preset's ViT, an
 MLP projector and a Qwen3-MoE-shaped LM of 24 layers, hidden 2048, 16 experts of width 768 each, top-2, vocab
