@@ -5,9 +5,11 @@
 SRC holds images (.jpg .jpeg .png .webp .bmp .gif, in sub-folders too) and, beside each, its text
 with the same name: `cat.txt` (a caption) or `cat.json` (`{"caption": ...}` or chat
 `{"conversations": [...]}`). DST receives `shard-000000.tar`, `shard-000001.tar`, ... with members
-`<key>.<image ext>` (the original bytes, not re-encoded) and `<key>.txt` / `<key>.json`. Samples
-go in sorted path order, so the same folder always gives the same shards. An image without text is
-reported and left out. Each shard is written under a temporary name and renamed when complete.
+`<key>.<image ext>` (the original bytes, not re-encoded) and `<key>.txt` / `<key>.json`. Numbered images
+without text of their own, `cat.0.jpg`, `cat.1.png`, ... beside `cat.txt`, are one sample of several images
+(members `<key>.0.jpg`, `<key>.1.png`, ..., in number order). Samples go in sorted path order, so the same
+folder always gives the same shards. An image without text is reported and left out. Each shard is written
+under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -22,18 +24,34 @@ from pathlib import Path
 from mimo.data.samples import IMAGE_EXTS
 
 
-def find_samples(src: Path) -> tuple[list[tuple[str, Path, Path]], list[Path]]:
-    """([(key, image, text file)] in sorted order, images that have no text file)."""
-    pairs, missing = [], []
+def _text_of(stem: Path) -> Path | None:
+    return next((t for t in (stem.with_name(stem.name + ".json"), stem.with_name(stem.name + ".txt")) if t.is_file()),
+                None)
+
+
+def find_samples(src: Path) -> tuple[list[tuple[str, list[tuple[str, Path]], Path]], list[Path]]:
+    """([(key, [(member suffix, image)], text file)] in sorted order, images that have no text file): an image
+    with its own text is a sample (suffix `.jpg`); numbered ones (`cat.0.jpg`, `cat.1.png`) with none share `cat`'s
+    text (suffixes `.0.jpg`, `.1.png`, ... in number order)."""
+    groups: dict[Path, tuple[list[tuple[int, Path]], Path]] = {}
+    missing = []
     for image in sorted(p for p in src.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTS):
-        text = next((t for t in (image.with_suffix(".json"), image.with_suffix(".txt")) if t.is_file()), None)
-        if text is None:
-            missing.append(image)
+        stem, number = image.with_suffix(""), -1
+        text = _text_of(stem)
+        if text is None and stem.suffix[1:].isdigit():
+            stem, number = stem.with_suffix(""), int(stem.suffix[1:])
+            text = _text_of(stem)
+        if text is None or (stem in groups and (number < 0 or groups[stem][0][0][0] < 0)):
+            missing.append(image)  # no text, or an unnumbered image and numbered ones of one name
             continue
-        rel = image.relative_to(src).with_suffix("")
-        key = "/".join(part.replace(".", "_") for part in rel.parts)
-        pairs.append((key, image, text))
-    return pairs, missing
+        groups.setdefault(stem, ([], text))[0].append((number, image))
+    samples = []
+    for stem, (images, text) in groups.items():
+        key = "/".join(part.replace(".", "_") for part in stem.relative_to(src).parts)
+        ordered = sorted(images, key=lambda x: x[0])
+        samples.append((key, [(f".{n}" * (number >= 0) + image.suffix.lower(), image)
+                              for n, (number, image) in enumerate(ordered)], text))
+    return samples, missing
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -52,7 +70,8 @@ def make_shards(src: str | Path, dst: str | Path, samples_per_shard: int = 1000)
         raise ValueError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
     pairs, missing = find_samples(src)
     for image in missing:
-        print(f"make_shards: '{image}' has no .txt or .json beside it; left out", file=sys.stderr)
+        print(f"make_shards: '{image}' has no .txt or .json beside it (or is unnumbered beside numbered images of "
+              "its name); left out", file=sys.stderr)
     if not pairs:
         raise ValueError(f"SRC '{src}' holds no image with a caption file (e.g. cat.jpg + cat.txt)")
     dst.mkdir(parents=True, exist_ok=True)
@@ -61,8 +80,9 @@ def make_shards(src: str | Path, dst: str | Path, samples_per_shard: int = 1000)
         final = dst / f"shard-{n:06d}.tar"
         tmp = final.with_name(final.name + ".tmp")
         with tarfile.open(tmp, "w") as tar:
-            for key, image, text in pairs[lo : lo + samples_per_shard]:
-                _add(tar, key + image.suffix.lower(), image.read_bytes())
+            for key, images, text in pairs[lo : lo + samples_per_shard]:
+                for suffix, image in images:
+                    _add(tar, key + suffix, image.read_bytes())
                 _add(tar, key + text.suffix, text.read_bytes())
         os.replace(tmp, final)
         shards.append(final)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from mimo.config.load import load_config
+from mimo.data.make_shards import find_samples, make_shards
 from mimo.data.webdataset import read_shard
 from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS
@@ -22,8 +24,8 @@ from tests.unit.test_native_data import TINY, write_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SAMPLES = [("one", [0], "picture 0"), ("two", [1, 3], "two"), ("three", [4, 2, 0], "three of them")]
-"""(key, indices into SIZES of its images in order, caption)."""
+SAMPLES = [("s0", [0], "picture 0"), ("s1", [1, 3], "two"), ("s2", [4, 2, 0], "three of them")]
+"""(key, indices into SIZES of its images in order, caption): s0 a plain `s0.png`, the others numbered images."""
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
@@ -36,14 +38,21 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
 
 
 def write_both(tmp_path: Path) -> tuple[str, str]:
-    """SAMPLES as a JSONL manifest of image lists and as one shard of numbered members (in the same order)."""
+    """SAMPLES as a JSONL manifest (image lists, s0's a plain path) and as the shards make_shards writes of a folder
+    of `s0.png`, `s1.0.png`, `s1.1.png`, ... beside `s0.txt`, `s1.txt`, ..."""
     paths = [Path(write_image(tmp_path / f"i{k}.png", s, k)) for k, s in enumerate(SIZES)]
-    lines = [{"image": [str(paths[k]) for k in images], "caption": text} for _, images, text in SAMPLES]
+    lines = [{"image": [str(paths[k]) for k in images] if len(images) > 1 else str(paths[images[0]]), "caption": text}
+             for _, images, text in SAMPLES]
     manifest = tmp_path / "lists.jsonl"  # beside tests.unit.test_anyres_data's m.jsonl
     manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    members = [(f"{key}.{n}.png", paths[k].read_bytes()) for key, images, _ in SAMPLES for n, k in enumerate(images)]
-    members += [(f"{key}.txt", text.encode()) for key, _, text in SAMPLES]
-    return str(manifest), str(write_tar(tmp_path / "shard.tar", members))
+    src = tmp_path / "src"
+    src.mkdir()
+    for key, images, text in SAMPLES:
+        for n, k in enumerate(images):
+            shutil.copy(paths[k], src / (f"{key}.{n}.png" if len(images) > 1 else f"{key}.png"))
+        (src / f"{key}.txt").write_text(text)
+    make_shards(src, tmp_path / "shards")
+    return str(manifest), str(tmp_path / "shards")
 
 
 def batch_of(tmp_path: Path, kind: str, name: str, path: str) -> dict:
@@ -70,8 +79,8 @@ def leaves(tree: dict, prefix: str = "") -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", ["anyres", "native"])
 def test_numbered_images_read_as_the_manifest_list_does(tmp_path, kind):
     manifest, shard = write_both(tmp_path)
-    records, problem = read_shard(Path(shard))
-    assert problem == "" and [len(r.images) for r in records] == [1, 2, 3] and all(r.image is None for r in records)
+    records, problem = read_shard(Path(shard) / "shard-000000.tar")
+    assert problem == "" and [len(r.images) for r in records] == [0, 2, 3] and records[0].image is not None
     got, ref = (leaves(batch_of(tmp_path, kind, *source)) for source in (("webdataset", shard), ("jsonl", manifest)))
     assert got["modality_counts.images"].tolist() == [1, 2, 3] and got.keys() == ref.keys()
     for key, value in got.items():
@@ -90,3 +99,17 @@ def test_misnumbered_images_are_a_skipped_sample(tmp_path, names, numbers):
     shard = write_tar(tmp_path / "s.tar", [(n, b"x") for n in names] + [("k.txt", b"a caption")])
     (record,), problem = read_shard(shard)
     assert problem == "" and f"numbers its images {numbers} unnumbered; name several images" in record.problem
+
+
+def test_make_shards_numbers_images_that_share_a_caption(tmp_path):
+    """`a.0.png`, `a.1.png` beside `a.txt` are one sample of two (in number order, 10 before 2 read as numbers);
+    `b.2023.png` beside its own `b.2023.txt` stays a plain image; an unnumbered `a.png` beside `a`'s numbered ones
+    and `c.0.png` without `c.txt` are left out."""
+    for name in ("a.10.png", "a.2.png", "a.png", "b.2023.png", "c.0.png"):
+        write_image(tmp_path / name, (8, 8), 0)
+    for name in ("a.txt", "b.2023.txt"):
+        (tmp_path / name).write_text("x")
+    samples, missing = find_samples(tmp_path)
+    assert [(key, [(suffix, image.name) for suffix, image in images]) for key, images, _ in samples] == [
+        ("a", [(".0.png", "a.2.png"), (".1.png", "a.10.png")]), ("b_2023", [(".png", "b.2023.png")])]
+    assert [p.name for p in missing] == ["a.png", "c.0.png"]
