@@ -88,7 +88,7 @@ def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype 
     named as Qwen2-VL's tokenizer names them), bos/eos/pad ids and generation_config.json (no Qwen processor yet:
     feed `pixel_values` and `grid_thw` as mimo's data makes them).
     Tensors stream one at a time from `source_of(module)` (default: the model's own)."""
-    tf = require_transformers()
+    require_transformers()
     name, tower, merger = native_parts(model)
     lm, v = model.language_model, tower.cfg
     tensors = gather_entries(lm, llm_names(lm, "model.language_model.", ""), dtype, source_of)
@@ -100,13 +100,20 @@ def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype 
     tok = with_vision_markers(run_tokenizer(tokenizer, None), v, field, f"tokenizer '{tokenizer}'") if tokenizer \
         else None
     ids = token_ids(tok) if tok is not None else {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
-    image = model.special_token_ids[name]
+    config = qwen_vl_hf_config(lm.cfg, v, model.special_token_ids[name], dt, ids, field)
+    return write_hf_dir(directory, tensors, config, max_shard_bytes, None if tok is None else tok.save_pretrained, ids)
+
+
+def qwen_vl_hf_config(llm: LLMConfig, v: NativeViTConfig, image: int, dtype: str, ids: dict[str, int | None],
+                      field: str) -> Any:
+    """The transformers config (Qwen2VLConfig or Qwen2_5_VLConfig, by the tower's `family`) of an LM with M-RoPE
+    under a native-resolution tower whose placeholder is `image` (field: the tower's table, for errors)."""
+    tf = require_transformers()
     config_class, arch = ARCHITECTURES[v.family]
     config = getattr(tf, config_class)(
-        text_config=qwen_vl_text_config(lm.cfg, dt, ids),
-        vision_config=qwen_vl_vision_config(v, lm.cfg.hidden, field),
+        text_config=qwen_vl_text_config(llm, dtype, ids), vision_config=qwen_vl_vision_config(v, llm.hidden, field),
         image_token_id=image, video_token_id=v.video_token_id if v.video_token_id >= 0 else image + 1,
         vision_start_token_id=v.vision_start_token_id, vision_end_token_id=v.vision_end_token_id,
-        tie_word_embeddings=lm.cfg.tie_embeddings, dtype=dt)
+        tie_word_embeddings=llm.tie_embeddings, dtype=dtype)
     config.architectures = [arch]
-    return write_hf_dir(directory, tensors, config, max_shard_bytes, None if tok is None else tok.save_pretrained, ids)
+    return config
