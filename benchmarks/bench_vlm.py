@@ -94,6 +94,25 @@ def time_steps(step: Callable[[int], float | torch.Tensor], cuda: bool, warmup: 
     return {"step_s_median": statistics.median(times), "first_step_s": first, "final_loss": float(loss)}
 
 
+def train_step(model: torch.nn.Module, batches: list[dict], device: torch.device,
+               compile_model: bool = False) -> Callable[[int], torch.Tensor]:
+    """A Hugging Face baseline's step i for `time_steps`, as hf_vlm_baseline.py makes it: the model's loss on
+    batch i modulo their number (torch.compile'd with `compile_model`) under bf16 autocast, its backward, AdamW's
+    step (lr 1e-5, torch's defaults otherwise, fused on CUDA) and zeroed gradients."""
+    fwd = torch.compile(model) if compile_model else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+
+    def step(i: int) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = fwd(**batches[i % len(batches)]).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
 def timed_steps(trainer: Trainer, warmup: int, steps: int) -> dict:
     """`Trainer.train_step` timed by `time_steps`."""
     return time_steps(lambda i: trainer.train_step(i)["loss"], trainer.device.type == "cuda", warmup, steps)
@@ -248,6 +267,17 @@ def driver(args: argparse.Namespace) -> None:
     print(text)
 
 
+def add_driver_args(ap: argparse.ArgumentParser, out: str, timeout: float) -> None:
+    """The switches every benchmark of mimo against a baseline takes: --no-baseline, --out, --timeout, --fail-fast,
+    and the hidden --worker (this process is one run) with its --options (the mimo run's overrides)."""
+    ap.add_argument("--no-baseline", action="store_true", help="run mimo only")
+    ap.add_argument("--out", default=out, help="folder for the table, the JSON lines and the log")
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds allowed to each run")
+    ap.add_argument("--fail-fast", action="store_true", help="skip the baselines when every mimo run failed")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--options", default="", help=argparse.SUPPRESS)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
@@ -262,15 +292,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--nproc", action="append", type=int, metavar="N",
                     help="GPUs of each mimo run, data-parallel through torchrun (repeatable, for a scaling table); "
                          "default 1. The baselines always run on one GPU")
-    ap.add_argument("--no-baseline", action="store_true", help="run mimo only")
-    ap.add_argument("--out", default="runs/bench", help="folder for the table, the JSON lines and the log")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds allowed to each run")
-    ap.add_argument("--fail-fast", action="store_true", help="skip the baselines when every mimo run failed")
+    add_driver_args(ap, "runs/bench", 900)
     ap.add_argument("--profile", action="store_true",
                     help="after timing, profile one mimo step and log its most expensive kernels")
     ap.add_argument("--trace-dir", help="where --profile writes Chrome traces (default: OUT/traces)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--options", default="", help=argparse.SUPPRESS)
     ap.add_argument("--data-parallel", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.no_baseline:
