@@ -1,7 +1,7 @@
 """Lane imbalance (max / mean of the data lanes' step costs) before and after `data.balance_lanes`, on CPU.
 
 The mix: per 8 samples, 1 with a large image and 7 with a small one, over 4 data lanes, rows shuffled (a seeded
-draw per trial). Two cost models:
+draw per trial). Three cost models:
 
 - `native`: images at their own size on a Qwen2.5-VL-7B-shaped native_vision tower (32 layers, hidden 1280, MLP
   3420, patch 14, 112-pixel windows, full attention in layers 7, 15, 23 and 31) over a 1008 x 1008 image (a 72 x 72
@@ -9,10 +9,14 @@ draw per trial). Two cost models:
   Qwen2.5-7B-shaped LM; per row `native_flops` (mimo/models/flops.py, what `mimo train` balances by) plus `lm_flops`
   over the row. Two LM terms: `padded`, every row as long as the longest (1,424 tokens), as `mimo train`'s rows
   are; `own`, each row as long as its tokens (what packing or variable-length rows would give).
+- `anyres`: LLaVA-NeXT-7B-shaped, a CLIP ViT-L/14-336 tower tiling at LLaVA-NeXT's five pinpoints into a
+  Vicuna-7B-shaped LM, a 672 x 672 image (5 tiles, 2,928 rows) or a 336 x 336 one (3 tiles, 1,176 rows) plus
+  128 text tokens; per row `anyres_flops` (what `mimo train` balances an anyres image by: its tiles) plus
+  `lm_flops`, rows `padded` to the longest or at their `own` length as for `native`.
 - `fixed`: what `mimo train` balances today: preset `small` (a 336 x 336 ViT, one image size), rows of one
   length, the large sample being 3 images and the small ones 1; costs from `LaneBalancer` on real batches.
 
-    python -m benchmarks.bench_lanes     # native: 200 trials per shape; fixed: 20 (real batches, 1.4 MB an image)
+    python -m benchmarks.bench_lanes   # native, anyres: 200 trials per shape; fixed: 20 (real batches, 1.4 MB each)
 """
 
 from __future__ import annotations
@@ -24,15 +28,19 @@ import statistics
 import torch
 
 from benchmarks.workload import MODALITY, images_seq_len, load_preset, model_config
-from mimo.config.schema import LLMConfig, NativeViTConfig
+from mimo.config.schema import LLMConfig, ModalityConfig, NativeViTConfig, ViTConfig
 from mimo.data.lanes import LaneBalancer, balanced_order, lane_imbalance
-from mimo.models.flops import lm_flops, native_flops
+from mimo.models.anyres import anyres_rows
+from mimo.models.flops import anyres_flops, lm_flops, native_flops
 
 LANES = 4
 QWEN25_VIT = NativeViTConfig(family="qwen2_5_vl", patch=14, merge=2, hidden=1280, layers=32, heads=16, mlp=3420,
                              window=112, full_attention_layers=[7, 15, 23, 31])
 QWEN25_LM = LLMConfig(vocab=152064, hidden=3584, layers=28, heads=28, kv_heads=4, mlp=18944)
 TEXT_TOKENS = 128
+LLAVA_NEXT = ModalityConfig(vit=ViTConfig(image=336, patch=14, hidden=1024, layers=24, heads=16, mlp=4096),
+                            anyres_grid_pinpoints=[[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]])
+VICUNA_7B = LLMConfig(vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=32, mlp=11008)
 
 
 def native_cost(side: int, padded: bool) -> int:
@@ -41,6 +49,13 @@ def native_cost(side: int, padded: bool) -> int:
     tokens = grid * grid // 4
     row = (1008 // QWEN25_VIT.patch) ** 2 // 4 + TEXT_TOKENS if padded else tokens + TEXT_TOKENS
     return native_flops(QWEN25_VIT, (1, grid, grid), QWEN25_LM.hidden) + lm_flops(QWEN25_LM, row)
+
+
+def anyres_cost(side: int, padded: bool) -> int:
+    """Forward FLOPs of a sample with one `side` x `side` anyres image and TEXT_TOKENS of text (see the docstring)."""
+    vit, pinpoints = LLAVA_NEXT.vit, LLAVA_NEXT.anyres_grid_pinpoints
+    rows = anyres_rows((672, 672) if padded else (side, side), vit.image, vit.patch, pinpoints, 0, vit.tokens_per_image)
+    return anyres_flops(LLAVA_NEXT, (side, side), VICUNA_7B.hidden) + lm_flops(VICUNA_7B, rows + TEXT_TOKENS)
 
 
 def mix(rows: int, large: int, small: int, rng: random.Random) -> list[int]:
@@ -56,10 +71,10 @@ def figures(trials: list[tuple[float, float]]) -> str:
             f"after mean {statistics.mean(after):.3f} max {max(after):.3f}")
 
 
-def native(rows: int, microbatches: int, trials: int, padded: bool) -> str:
-    """The lanes' figures, and with several microbatches the bins' (one lane's share of one microbatch)."""
+def shuffled(rows: int, microbatches: int, trials: int, large: int, small: int) -> str:
+    """The lanes' figures over `trials` mixes of `large` and `small` samples, and with several microbatches the
+    bins' (one lane's share of one microbatch)."""
     rng = random.Random(0)
-    large, small = native_cost(1008, padded), native_cost(224, padded)
     lanes, bins = [], []
     for _ in range(trials):
         costs = mix(rows, large, small, rng)
@@ -93,14 +108,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
     args = parser.parse_args()
-    for padded in (True, False):
-        ratio = native_cost(1008, padded) / native_cost(224, padded)
-        print(f"native {'padded' if padded else 'own'} rows: large / small sample cost {ratio:.2f}")
+    costs = {"native": lambda padded: (native_cost(1008, padded), native_cost(224, padded)),
+             "anyres": lambda padded: (anyres_cost(672, padded), anyres_cost(336, padded))}
+    for kind, cost in costs.items():
+        for padded in (True, False):
+            large, small = cost(padded)
+            print(f"{kind} {'padded' if padded else 'own'} rows: large / small sample cost {large / small:.2f}")
     for rows, microbatches in ((8, 1), (32, 1), (32, 4), (64, 1)):
         shape = f"{rows} rows, {LANES} lanes x {microbatches} microbatch(es)"
-        for padded in (True, False):
-            name = "padded" if padded else "own   "
-            print(f"native {name} {shape}: {native(rows, microbatches, args.trials, padded)}")
+        for kind, cost in costs.items():
+            for padded in (True, False):
+                name = "padded" if padded else "own   "
+                print(f"{kind} {name} {shape}: {shuffled(rows, microbatches, args.trials, *cost(padded))}")
         print(f"fixed  {shape}: {fixed(rows, microbatches, max(1, args.trials // 10))}")
 
 
