@@ -4,8 +4,11 @@ Qwen2.5-VL on the same batches, in one invocation: the native-resolution through
     python -m benchmarks.bench_native --out DIR [--size full|tiny] [--steps 6 --warmup 2] [--timeout 300]
         [--mimo OVERRIDES]... [--baseline FLAGS]...
 
-On one H200: `python -m benchmarks.bench_native --out runs/bench_native` (about 2.2 B parameters, see
-benchmarks/presets/native_full.toml; `--size tiny` is the CPU tests' miniature).
+On one H200: `python -m benchmarks.bench_native --out runs/bench_native` (2.2 B parameters, see
+benchmarks/presets/native_full.toml; `--size tiny` is the CPU tests' miniature). Expected there: mimo's run ~100 s
+(its first step compiles, ~60 s) at ~82 GiB (`mimo plan benchmarks/presets/native_full.toml --gpus 1`: 33 GiB of
+weights, gradients and AdamW states, 47 GiB of activations), each eager transformers run ~40 s at ~90-100 GiB (16 B
+a parameter too, plus fp32 logits of 8,192 x 151,936 and their gradient); `--baseline compile` adds ~150 s.
 
 The data (benchmarks/native_workload.py): a seeded JSONL manifest of PNGs that the driver writes under DIR/data, one
 global batch of rows, row 0 with one large image, every other row with two or three small ones; each side trains on

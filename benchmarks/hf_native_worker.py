@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
                         device.type == "cuda", args.warmup, args.steps)
     label = "+".join(["hf-transformers-qwen2.5-vl", attn] + [f for f in ("compile", "grad_ckpt") if getattr(args, f)])
     print(json.dumps(result_row(label, args.size, cfg, batches, timing, model, device, args.peak_tflops,
-                                attn=attn, compile=args.compile, grad_ckpt=args.grad_ckpt)), flush=True)
+                                attn=attn, compile=args.compile, grad_ckpt=args.grad_ckpt,
+                                transformers=require_transformers().__version__)), flush=True)
 
 
 if __name__ == "__main__":
