@@ -19,6 +19,7 @@ from mimo.config.schema import NativeViTConfig
 from mimo.models import init
 from mimo.models.layers import MLP, RMSNorm, SwiGLU
 from mimo.models.sample_rows import leading_rows
+from mimo.models.segment_attention import Segments, segment_attention, segments
 
 
 def patch_coordinates(grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
@@ -32,16 +33,18 @@ def patch_coordinates(grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
     return torch.cat(out) if out else torch.zeros(0, 4, dtype=torch.long)
 
 
-def block_masks(coords: torch.Tensor, window_patches: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Bool `[1, 1, N, N]` masks (True = may attend): same frame of the same item; and, with `window_patches`
-    > 0, also the same `window_patches`-patch square window of it (Qwen2.5-VL's windows)."""
-    frame = coords[:, 0] * (int(coords[:, 1].max()) + 1 if len(coords) else 1) + coords[:, 1]
-    same_frame = frame[:, None] == frame[None, :]
+def block_segments(coords: torch.Tensor, window_patches: int) -> tuple[Segments, Segments | None]:
+    """The attention segments of `coords`' patches: each frame of each item; and, with `window_patches` > 0,
+    each `window_patches`-patch square window of a frame (Qwen2.5-VL's windows)."""
+    if len(coords) == 0:
+        return segments(coords[:, 0]), None
+    item, frame, row, col = coords.unbind(-1)
+    frame_id = item * (int(frame.max()) + 1) + frame
     if window_patches <= 0:
-        return same_frame[None, None], None
-    win_r, win_c = coords[:, 2] // window_patches, coords[:, 3] // window_patches
-    same_window = same_frame & (win_r[:, None] == win_r[None, :]) & (win_c[:, None] == win_c[None, :])
-    return same_frame[None, None], same_window[None, None]
+        return segments(frame_id), None
+    win_r, win_c = row // window_patches, col // window_patches
+    across, down = int(win_c.max()) + 1, int(win_r.max()) + 1
+    return segments(frame_id), segments((frame_id * down + win_r) * across + win_c)
 
 
 def vision_rope(coords: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,13 +74,11 @@ class PackedAttention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], segs: Segments) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.heads, -1).unbind(1)
         q, k = rotate(q, *rope), rotate(k, *rope)
-        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, heads, N, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(out[0].transpose(0, 1).reshape(n, -1))
+        return self.proj(segment_attention(q, k, v, segs).reshape(n, -1))
 
 
 class NativeViTBlock(nn.Module):
@@ -92,8 +93,8 @@ class NativeViTBlock(nn.Module):
         self.mlp = SwiGLU(cfg.hidden, cfg.mlp, cfg.act, bias=True) if qwen25 else MLP(cfg.hidden, cfg.mlp, cfg.hidden,
                                                                                         cfg.act)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rope, mask)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], segs: Segments) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rope, segs)
         return x + self.mlp(self.norm2(x))
 
 
@@ -159,7 +160,8 @@ class NativeVisionTower(nn.Module):
             raise ValueError(f"grid_thw {grid_thw.tolist()} gives {len(coords)} patches, pixel_values holds "
                              f"{len(pixel_values)}")
         device = pixel_values.device
-        full, windowed = (m.to(device) if m is not None else None for m in block_masks(coords, self.window_patches()))
+        full, windowed = block_segments(coords, self.window_patches())
+        full, windowed = full.to(device), windowed.to(device) if windowed is not None else None
         rope = tuple(t.to(device) for t in vision_rope(coords, cfg.hidden // cfg.heads, cfg.rope_theta))
         x = self.patch_embed(pixel_values)
         for key, block in self.blocks.items():
