@@ -8,6 +8,10 @@ length) of each group. `segment_attention` then gathers q, k and v once, runs on
 the groups are Python ints and two index tensors, so the blocks make no host syncs. The cost is the segments'
 own (sum of length^2), not N^2; with few distinct lengths (windows are at most window^2 patches and ragged only
 at a frame's right and bottom edges) it is a handful of kernels per block.
+
+`segment_attention` stays outside torch.compile (`torch.compiler.disable`): its loop over the groups would make
+Dynamo recompile a block for every new grouping, i.e. every batch of new image sizes, until its recompile limit;
+outside, a compiled block is two graphs (up to the attention, after it) that every batch reuses.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def segments(ids: torch.Tensor) -> Segments:
     return Segments(perm, torch.argsort(perm), tuple(groups))
 
 
+@torch.compiler.disable
 def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segs: Segments) -> torch.Tensor:
     """Softmax attention of `[N, heads, D]` q, k, v within each segment of `segs` (scale 1/sqrt(D)), `[N, heads, D]`
     in packed order: what SDPA over the whole sequence with a same-segment mask gives."""
