@@ -11,6 +11,8 @@ merges each run of merge^2 rows into one LM row. Module names follow transformer
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,7 +20,7 @@ from torch import nn
 from mimo.config.schema import NativeViTConfig
 from mimo.models import init
 from mimo.models.layers import MLP, RMSNorm, SwiGLU
-from mimo.models.sample_rows import leading_rows
+from mimo.models.sample_rows import leading_row_index
 from mimo.models.segment_attention import Segments, segment_attention, segments
 
 
@@ -146,28 +148,53 @@ class NativeVisionTower(nn.Module):
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """`pixel_values` `[N, C*T*P*P]` packed, or `[n, most patches, C*T*P*P]` padded per item (the data
         pipeline's, so that batches split by items); `grid_thw` `[n, 3]`."""
-        cfg = self.cfg
-        if pixel_values.dim() not in (2, 3) or pixel_values.shape[-1] != cfg.patch_pixels:
-            raise ValueError(f"pixel_values must be [patches, {cfg.patch_pixels}] (channels x temporal_patch x "
-                             f"patch^2) or [items, patches, {cfg.patch_pixels}], got {tuple(pixel_values.shape)}")
-        coords = patch_coordinates(grid_thw.cpu(), cfg.merge)
-        if pixel_values.dim() == 3:
-            pixel_values = leading_rows(pixel_values, grid_thw.prod(-1), "pixel_values (padded per item)")
-        if len(coords) == 0:  # a stand-in input of a batch without images: one merge cell of zeros
-            pixel_values = pixel_values.new_zeros(cfg.merge**2, cfg.patch_pixels)
-            coords = torch.zeros(len(pixel_values), 4, dtype=torch.long)
-        if len(coords) != len(pixel_values):
-            raise ValueError(f"grid_thw {grid_thw.tolist()} gives {len(coords)} patches, pixel_values holds "
-                             f"{len(pixel_values)}")
-        device = pixel_values.device
-        full, windowed = block_segments(coords, self.window_patches())
-        full, windowed = full.to(device), windowed.to(device) if windowed is not None else None
-        rope = tuple(t.to(device) for t in vision_rope(coords, cfg.hidden // cfg.heads, cfg.rope_theta))
+        lay = tower_layout(self.cfg, self.window_patches(), pixel_values, grid_thw)
+        if lay.stand_in:  # a batch without images: one merge cell of zeros
+            pixel_values = pixel_values.new_zeros(self.cfg.merge**2, self.cfg.patch_pixels)
+        elif lay.rows is not None:
+            pixel_values = pixel_values.flatten(0, 1)[lay.rows]
         x = self.patch_embed(pixel_values)
         for key, block in self.blocks.items():
-            full_layer = windowed is None or int(key) in cfg.full_attention_layers
-            x = block(x, rope, full if full_layer else windowed)
+            full_layer = lay.windowed is None or int(key) in self.cfg.full_attention_layers
+            x = block(x, lay.rope, lay.full if full_layer else lay.windowed)
         return x
+
+
+@dataclass(frozen=True)
+class TowerLayout:
+    """What the tower's forward needs from `grid_thw`, on the input's device: `stand_in` (no patches: run a
+    stand-in), `rows` (the patches of padded `pixel_values` `[n * K]` to keep; None for packed ones), the rotary
+    tables, the segments of the full-attention and (None without windows) of the windowed layers."""
+
+    stand_in: bool
+    rows: torch.Tensor | None
+    rope: tuple[torch.Tensor, torch.Tensor]
+    full: Segments
+    windowed: Segments | None
+
+
+@torch.compiler.disable
+def tower_layout(cfg: NativeViTConfig, window_patches: int, pixel_values: torch.Tensor,
+                 grid_thw: torch.Tensor) -> TowerLayout:
+    """The `TowerLayout` of one forward, checked and built on the host (reading `grid_thw` there once, its one
+    sync if it is on a GPU), outside torch.compile: `encoder_compile = "whole"` traces the rest unbroken by it."""
+    if pixel_values.dim() not in (2, 3) or pixel_values.shape[-1] != cfg.patch_pixels:
+        raise ValueError(f"pixel_values must be [patches, {cfg.patch_pixels}] (channels x temporal_patch x "
+                         f"patch^2) or [items, patches, {cfg.patch_pixels}], got {tuple(pixel_values.shape)}")
+    grid, device = grid_thw.cpu(), pixel_values.device
+    coords = patch_coordinates(grid, cfg.merge)
+    rows = None
+    if pixel_values.dim() == 3:
+        rows = leading_row_index(pixel_values.shape, grid.prod(-1), "pixel_values (padded per item)").to(device)
+    patches = len(pixel_values) if rows is None else len(rows)
+    stand_in = len(coords) == 0
+    if stand_in:
+        coords = torch.zeros(cfg.merge**2, 4, dtype=torch.long)
+    elif len(coords) != patches:
+        raise ValueError(f"grid_thw {grid.tolist()} gives {len(coords)} patches, pixel_values holds {patches}")
+    full, windowed = block_segments(coords, window_patches)
+    rope = tuple(t.to(device) for t in vision_rope(coords, cfg.hidden // cfg.heads, cfg.rope_theta))
+    return TowerLayout(stand_in, rows, rope, full.to(device), None if windowed is None else windowed.to(device))
 
 
 class PatchMerger(nn.Module):

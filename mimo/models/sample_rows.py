@@ -20,16 +20,28 @@ from torch import nn
 OUTPUT_LENGTHS = "output_lengths"
 
 
+def _check_counts(shape: torch.Size, counts: torch.Tensor, what: str) -> None:
+    if len(shape) < 3 or counts.dim() != 1 or shape[0] != counts.shape[0]:
+        raise ValueError(f"{what} must be [n, K, ...] with one count per entry; got shape {tuple(shape)} and "
+                         f"{tuple(counts.shape)} counts")
+    if counts.numel() and int(counts.max()) > shape[1]:
+        raise ValueError(f"{what}: an entry needs {int(counts.max())} rows but only {shape[1]} are given; pad "
+                         "every entry to the longest one")
+
+
 def leading_rows(x: torch.Tensor, counts: torch.Tensor, what: str) -> torch.Tensor:
     """Rows `x[i, :counts[i]]` of a `[n, K, ...]` tensor, concatenated in order into `[sum(counts), ...]`."""
-    if x.dim() < 3 or counts.dim() != 1 or x.shape[0] != counts.shape[0]:
-        raise ValueError(f"{what} must be [n, K, ...] with one count per entry; got shape {tuple(x.shape)} and "
-                         f"{tuple(counts.shape)} counts")
-    if counts.numel() and int(counts.max()) > x.shape[1]:
-        raise ValueError(f"{what}: an entry needs {int(counts.max())} rows but only {x.shape[1]} are given; pad "
-                         "every entry to the longest one")
+    _check_counts(x.shape, counts, what)
     keep = torch.arange(x.shape[1], device=x.device)[None, :] < counts.to(x.device)[:, None]
     return x[keep]
+
+
+def leading_row_index(shape: torch.Size, counts: torch.Tensor, what: str) -> torch.Tensor:
+    """`leading_rows` as an index, on the host: the rows of `x.flatten(0, 1)` (`x` of `shape`) it keeps, for
+    `counts` on the host. Gathering them needs no sync and traces under torch.compile."""
+    _check_counts(shape, counts, what)
+    rows = torch.arange(shape[1])
+    return (torch.arange(shape[0])[:, None] * shape[1] + rows)[rows[None, :] < counts[:, None]]
 
 
 def run_encoder(encoder: nn.Module, kwargs: dict[str, torch.Tensor], name: str) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """`train.compile` with `train.encoder_compile = "blocks"` compiles each block of the native-resolution tower (its
 `blocks`, not `layers`); the compiled tower gives the eager tower's rows, and batches of new image sizes (new
-segment groupings) after the first two reuse the compiled graphs: segment attention runs outside them."""
+segment groupings) after the first two reuse the compiled graphs: segment attention and the host layout run outside
+them, so the whole tower compiles too without `.item()` breaks."""
 
 import pytest
 import torch
@@ -62,3 +63,29 @@ def test_activation_checkpointing_of_images_checkpoints_the_native_tower():
         grads.append(x.grad)
     assert all("forward" in vars(b) for b in transformer_blocks(model, "images"))  # checkpoint_blocks' forward
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-6)
+
+
+def test_whole_tower_compiles_with_no_break_but_its_host_layout_and_attention():
+    """`encoder_compile = "whole"` on padded per-item pixels (the data pipeline's): the grid is read and the
+    layout built once per forward outside the graph, so Dynamo breaks only at the two disabled functions (no
+    `.item()`, no data-dependent shape) and, after the second batch, new image sizes add no graphs."""
+    torch.manual_seed(0)
+    cfg = Config(model=tiny_native_vlm(layers=3, full_attention_layers=[1]),
+                 train=TrainConfig(compile=True, compile_backend="eager", encoder_compile="whole"))
+    plain, model = build_model(cfg.model).eval(), build_model(cfg.model).eval()
+    model.load_state_dict(plain.state_dict())
+    torch.compiler.reset()
+    counters.clear()
+    apply_fast_paths(cfg, model)
+    tower, eager = (next(iter(m.modality_submodules["images"].encoders.values())) for m in (model, plain))
+    graphs = []
+    for grids in GRIDS:
+        g = torch.tensor(grids)
+        pixels = torch.randn(len(grids), int(g.prod(-1).max()), tower.cfg.patch_pixels)
+        with torch.no_grad():
+            torch.testing.assert_close(tower(pixels, g), eager(pixels, g), rtol=0, atol=1e-6)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert {reason.split("\n")[0] for reason in counters["graph_break"]} == {
+        "Skip calling `torch.compiler.disable()`d function"}
+    assert graphs[0] > 0 and graphs[1] == graphs[2] == graphs[3]
+    torch.compiler.reset()
