@@ -34,10 +34,7 @@ def tile_image(image: np.ndarray, grid_pinpoints: list[list[int]], tile: int) ->
     pil = Image.fromarray(image)
     target = select_best_resolution(image.shape[:2], grid_pinpoints)
     h, w = fit_size(image.shape[:2], target)
-    resized = np.asarray(pil.resize((w, h), Image.BICUBIC))
-    top, left = (target[0] - h) // 2, (target[1] - w) // 2
-    canvas = np.zeros((*target, 3), dtype=np.uint8)
-    canvas[top: top + h, left: left + w] = resized
+    canvas = centred(np.asarray(pil.resize((w, h), Image.BICUBIC)), target, 0)
     tiles = [np.asarray(pil.resize((tile, tile), Image.BICUBIC))]
     tiles += [canvas[i: i + tile, j: j + tile] for i in range(0, target[0], tile) for j in range(0, target[1], tile)]
     return np.stack([image_tensor_values(t) for t in tiles])
@@ -46,12 +43,19 @@ def tile_image(image: np.ndarray, grid_pinpoints: list[list[int]], tile: int) ->
 def square_tile(image: np.ndarray, tile: int) -> np.ndarray:
     """uint8 `[H, W, 3]` -> float32 `[1, 3, tile, tile]`: the image centred on a mid-grey (127) square of its longer
     side, resized (bicubic) to the tile, in [-1, 1]."""
-    height, width = image.shape[:2]
-    side = max(height, width)
-    canvas = np.full((side, side, 3), 127, dtype=np.uint8)
-    top, left = (side - height) // 2, (side - width) // 2
-    canvas[top: top + height, left: left + width] = image
+    side = max(image.shape[:2])
+    canvas = centred(image, (side, side), 127)
     return image_tensor_values(np.asarray(Image.fromarray(canvas).resize((tile, tile), Image.BICUBIC)))[None]
+
+
+def centred(image: np.ndarray, shape: tuple[int, int], fill: int) -> np.ndarray:
+    """uint8 `[h, w, 3]` -> uint8 `[*shape, 3]`: the image in the middle of a canvas of `fill` (any odd pixel of
+    margin below and to the right)."""
+    height, width = image.shape[:2]
+    canvas = np.full((*shape, 3), fill, dtype=np.uint8)
+    top, left = (shape[0] - height) // 2, (shape[1] - width) // 2
+    canvas[top: top + height, left: left + width] = image
+    return canvas
 
 
 def tiled_inputs(images: list[np.ndarray], grid_pinpoints: list[list[int]], tile: int,
