@@ -19,6 +19,11 @@ from mimo.models.llm import DecoderLM
 from mimo.models.loss import cross_entropy_sum
 from mimo.models.sample_rows import leading_rows, run_encoder
 
+BLOCK_STACKS = ("layers", "blocks")
+"""The attributes a model keeps its `nn.ModuleDict` of transformer blocks in: `layers` (the LM, ViT, audio and the
+other towers), `blocks` (the native-resolution tower, named as transformers' Qwen-VL so weights map one to one).
+Where FSDP cuts its units (mimo.parallel.data) and the fast paths find blocks (mimo.perf.apply)."""
+
 TEXT = "text"
 
 Crossing = Callable[..., torch.Tensor]

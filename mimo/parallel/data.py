@@ -23,7 +23,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-from mimo.models.multimodal import MimoModel, MimoOutput
+from mimo.models.multimodal import BLOCK_STACKS, MimoModel, MimoOutput
 from mimo.parallel.comm import collective_device
 
 ModalityInputs = dict[str, dict[str, dict[str, torch.Tensor]]]
@@ -142,7 +142,8 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
     forward and backward, not from the first forward to the last backward as the root's parameters are;
     the child's own FSDP_ENTRY_METHODS are registered on its unit), then the root.
 
-    Blocks are the children of every `layers` ModuleDict/ModuleList (LM decoder layers, ViT blocks).
+    Blocks are the children of every ModuleDict/ModuleList named in BLOCK_STACKS (LM decoder layers, ViT and
+    native-tower blocks).
     Gradients are reduce-scattered with a plain SUM (no 1/dp divide). Each rank holds a distinct
     shard, so parameters keep their REPLICAS (e.g. from TP) unchanged and `local_grad_sq` counts every
     shard once. Unused parameters of a unit that ran reduce-scatter zeros, keeping collectives alike.
@@ -164,7 +165,7 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
               "mp_policy": mp_policy or MixedPrecisionPolicy()}
     containers = [m for name, m in module.named_modules()
-                  if name.rsplit(".", 1)[-1] == "layers" and isinstance(m, (nn.ModuleDict, nn.ModuleList))]
+                  if name.rsplit(".", 1)[-1] in BLOCK_STACKS and isinstance(m, (nn.ModuleDict, nn.ModuleList))]
     for unit, unit_mesh in inner_units:
         fully_shard(unit, **{**kwargs, "mesh": unit_mesh})
     for container in reversed(containers):

@@ -24,7 +24,7 @@ from torch.distributed import ProcessGroup
 from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import IGNORE_INDEX
-from mimo.models.multimodal import MimoModel
+from mimo.models.multimodal import BLOCK_STACKS, MimoModel
 from mimo.parallel.data import FSDP_ENTRY_METHODS
 from mimo.parallel.layout import Layout
 from mimo.parallel.tensor import enter_head
@@ -92,19 +92,14 @@ def install_chunked_loss(model: MimoModel, tp: tuple[ProcessGroup, bool] | None)
     model.loss_fn = chunked_lm_loss
 
 
-ENCODER_BLOCK_STACKS = ("layers", "blocks")
-"""The attributes an encoder keeps its `nn.ModuleDict` of transformer blocks in: `layers` (ViT, audio and the
-other towers), `blocks` (the native-resolution tower, named as transformers' Qwen-VL so weights map one to one)."""
-
-
 def transformer_blocks(model: MimoModel, module: str) -> list[nn.Module]:
     """The transformer blocks of one module: the LM's decoder layers ("language"), or the blocks of each
-    encoder of a modality, under any of ENCODER_BLOCK_STACKS (this rank's copies; blocks a pipeline stage
+    encoder of a modality, under any of BLOCK_STACKS (this rank's copies; blocks a pipeline stage
     released are never called)."""
     if module == "language":
         return list(model.language_model.layers.values())
     encoders = model.modality_submodules[module].encoders.values()
-    stacks = [getattr(e, name) for e in encoders for name in ENCODER_BLOCK_STACKS
+    stacks = [getattr(e, name) for e in encoders for name in BLOCK_STACKS
               if isinstance(getattr(e, name, None), nn.ModuleDict)]
     return [block for stack in stacks for block in stack.values()]
 

@@ -2,17 +2,22 @@
 and a skipped sample train with the single process's losses and gradients on colocated layouts (two data lanes,
 plain, cost-balanced or FSDP; the LM under tp2 with sequence parallel, or cp2, with M-RoPE) and a non-colocated one
 (the tower on one rank, the LM on another: the LM's rank reads only image headers, the tower's only pixels, and the
-pipeline bridge carries each sample's own number of rows), also with Qwen2-VL's vision markers around each item."""
+pipeline bridge carries each sample's own number of rows), also with Qwen2-VL's vision markers around each item.
+FSDP gives each of the tower's `blocks` its own unit, as it does the LM's and the ViT's `layers`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from torch.distributed.fsdp import FSDPModule
 
 from mimo.config.load import load_config
+from mimo.models.build import build_model
+from mimo.parallel.data import apply_fsdp
+from mimo.parallel.grid import Grid
 from mimo.train.trainer import Trainer
-from tests.support.configs import CONFIGS
+from tests.support.configs import CONFIGS, tiny_native_vlm
 from tests.support.dist import run_distributed
 from tests.support.parity import assert_trains_like, trainer_steps
 from tests.unit.test_native_data import TINY, manifest
@@ -52,3 +57,14 @@ def test_native_data_trains_like_one_process(layout, tmp_path):
     results = run_distributed(_rank, 2, str(tmp_path / layout), data, LAYOUTS[layout], timeout=300)
     losses, grads = results[0]
     assert_trains_like(layout, (losses, grads), reference, 1e-5)
+
+
+def _native_units(rank: int, world: int) -> list[bool]:
+    model = build_model(tiny_native_vlm(layers=2))
+    apply_fsdp(model.modality_submodules["images"], Grid(dp=world).build("dp").device_mesh("dp"))
+    tower = next(iter(model.modality_submodules["images"].encoders.values()))
+    return [isinstance(block, FSDPModule) for block in tower.blocks.values()]
+
+
+def test_fsdp_shards_each_native_block_as_its_own_unit():
+    assert run_distributed(_native_units, 2, timeout=120) == [[True, True]] * 2
