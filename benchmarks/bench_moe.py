@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -55,6 +54,7 @@ from benchmarks.bench_vlm import (
     mimo_label,
     run_jobs,
     table,
+    throughput_fields,
     timed_steps,
 )
 from mimo.config.load import load_config
@@ -97,18 +97,7 @@ def active_params(cfg: Config) -> int:
 
 def result_fields(timing: dict, cfg: Config, model: torch.nn.Module, device: torch.device, peak: float) -> dict:
     """One row's measured fields from `time_steps`'s timing, shared by the mimo and the Hugging Face rows."""
-    tokens, flops = step_work(cfg)
-    step_s = timing["step_s_median"]
-    tflops = flops / step_s / 1e12
-    out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-           "step_s_median": round(step_s, 5), "tokens_per_s": round(tokens / step_s, 1),
-           "model_tflops": round(tflops, 2), "mfu": round(tflops / peak, 4),
-           "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
-           "params_m": round(sum(x.numel() for x in model.parameters()) / 1e6, 1),
-           "final_loss": round(timing["final_loss"], 4), "first_step_s": round(timing["first_step_s"], 2)}
-    if not math.isfinite(out["final_loss"]):
-        raise RuntimeError(f"loss is not finite: {out['final_loss']}")
-    return out
+    return throughput_fields(timing, *step_work(cfg), model, device, peak)
 
 
 def worker(args: argparse.Namespace) -> dict:

@@ -113,6 +113,25 @@ def train_step(model: torch.nn.Module, batches: list[dict], device: torch.device
     return step
 
 
+def throughput_fields(timing: dict, tokens: int, flops: float, model: torch.nn.Module, device: torch.device,
+                      peak_tflops: float) -> dict:
+    """One run's measured fields from `time_steps`'s `timing`, a step's `tokens` and model `flops`: throughput,
+    MFU against `peak_tflops`, peak memory (CUDA), parameters, the last loss and the first step's time. Raises
+    RuntimeError on a non-finite loss."""
+    step_s = timing["step_s_median"]
+    tflops = flops / step_s / 1e12
+    cuda = device.type == "cuda"
+    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+           "step_s_median": round(step_s, 5), "tokens_per_s": round(tokens / step_s, 1),
+           "model_tflops": round(tflops, 2), "mfu": round(tflops / peak_tflops, 4),
+           "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+           "params_m": round(sum(x.numel() for x in model.parameters()) / 1e6, 1),
+           "final_loss": round(timing["final_loss"], 4), "first_step_s": round(timing["first_step_s"], 2)}
+    if not math.isfinite(out["final_loss"]):
+        raise RuntimeError(f"loss is not finite: {out['final_loss']}")
+    return out
+
+
 def timed_steps(trainer: Trainer, warmup: int, steps: int) -> dict:
     """`Trainer.train_step` timed by `time_steps`."""
     return time_steps(lambda i: trainer.train_step(i)["loss"], trainer.device.type == "cuda", warmup, steps)

@@ -11,13 +11,13 @@ seeded order of rows: the same shapes each step, other grids and pixels per row.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
+from benchmarks.bench_vlm import throughput_fields
 from mimo.config.load import load_config
 from mimo.config.schema import Config
 from mimo.data.batching import COUNTS
@@ -124,19 +124,8 @@ def step_tokens(cfg: Config) -> int:
 def result_row(system: str, size: str, cfg: Config, batches: list[dict], timing: dict, model: torch.nn.Module,
                device: torch.device, peak_tflops: float, **extra: object) -> dict:
     """One side's JSON row from bench_vlm.timed_steps' `timing`: throughput in LM tokens (rows x seq_len) and
-    model FLOPs (`step_flops`) per second of the median step. Raises RuntimeError on a non-finite loss."""
-    step_s = timing["step_s_median"]
-    tflops = step_flops(cfg, batches) / step_s / 1e12
-    cuda = device.type == "cuda"
+    model FLOPs (`step_flops`) per second of the median step (bench_vlm.throughput_fields). Raises RuntimeError
+    on a non-finite loss."""
     patches = sum(int(b["modality_inputs"][IMAGES]["visual"]["grid_thw"].prod(-1).sum()) for b in batches)
-    row = {"system": system, "size": size, "device": torch.cuda.get_device_name() if cuda else "cpu",
-           "torch": torch.__version__, "step_s_median": round(step_s, 5),
-           "tokens_per_s": round(step_tokens(cfg) / step_s, 1), "model_tflops": round(tflops, 2),
-           "mfu": round(tflops / peak_tflops, 4),
-           "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-           "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
-           "patches_per_step": patches // len(batches), "final_loss": round(timing["final_loss"], 4),
-           "first_step_s": round(timing["first_step_s"], 2), **extra}
-    if not math.isfinite(row["final_loss"]):
-        raise RuntimeError(f"loss is not finite: {row['final_loss']}")
-    return row
+    fields = throughput_fields(timing, step_tokens(cfg), step_flops(cfg, batches), model, device, peak_tflops)
+    return {"system": system, "size": size, **fields, "patches_per_step": patches // len(batches), **extra}
