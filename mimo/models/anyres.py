@@ -169,7 +169,10 @@ class AnyResSubmodules(ModalitySubmodules):
 
 
 def image_layout(inputs: dict[str, torch.Tensor]) -> tuple[list[tuple[int, int]], list[bool]]:
-    """(each image's (height, width), whether it is tiled) of AnyResSubmodules' encoder inputs."""
-    sizes = [(int(h), int(w)) for h, w in inputs["image_sizes"].tolist()]
-    tiled = inputs["tiled"].tolist() if "tiled" in inputs else [True] * len(sizes)
-    return sizes, [bool(t) for t in tiled]
+    """(each image's (height, width), whether it is tiled) of AnyResSubmodules' encoder inputs, read to the host
+    in one transfer (on a GPU, the forward's one sync)."""
+    layout = inputs["image_sizes"]
+    if "tiled" in inputs:
+        layout = torch.cat([layout, inputs["tiled"].to(layout.dtype)[:, None]], dim=1)
+    rows = layout.tolist()
+    return [(int(r[0]), int(r[1])) for r in rows], [len(r) < 3 or bool(r[2]) for r in rows]
