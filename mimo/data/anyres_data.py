@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from mimo.config.schema import Config
-from mimo.data.anyres_tiles import square_tile, stacked_tiles, tile_image
+from mimo.data.anyres_tiles import image_tiles, stacked_tiles
 from mimo.data.batching import COUNTS
 from mimo.data.image_text import Item, build_image_text_data
 from mimo.data.native_data import ItemImageTextData
@@ -69,11 +69,9 @@ class AnyResSpec:
         return [self.token_id] * sum(self.rows(x) for x in shapes)
 
     def load(self, refs: tuple[ImageRef, ...], shape: tuple[int, int, bool]) -> np.ndarray:
-        """The image's tiles, `[1 + rows * cols, 3, tile, tile]` (mimo.data.anyres_tiles.tile_image), or its one
-        square tile when not tiled (`square_tile`)."""
-        image = np.asarray(open_rgb(refs[0]))
-        return tile_image(image, [list(p) for p in self.grid_pinpoints], self.tile) if shape[2] else \
-            square_tile(image, self.tile)
+        """The image's tiles, `[1 + rows * cols, 3, tile, tile]`, or its one square tile when not tiled
+        (mimo.data.anyres_tiles.image_tiles)."""
+        return image_tiles(np.asarray(open_rgb(refs[0])), [list(p) for p in self.grid_pinpoints], self.tile, shape[2])
 
 
 class AnyResImageTextData(ItemImageTextData):
@@ -82,9 +80,8 @@ class AnyResImageTextData(ItemImageTextData):
     def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
         spec = self.media[0]
         ids, labels, counts, shapes, tiles, _ = self._rows(items, n, bad)
-        vit = stacked_tiles(tiles, [x[:2] for x in shapes], spec.tile)
-        if spec.max_tiles:  # OneVision: which images are tiled (mimo.models.anyres.tiled_images)
-            vit["tiled"] = torch.tensor([x[2] for x in shapes], dtype=torch.bool)
+        flags = [x[2] for x in shapes] if spec.max_tiles else None  # OneVision's: mimo.models.anyres.tiled_images
+        vit = stacked_tiles(tiles, [x[:2] for x in shapes], spec.tile, flags)
         return {"input_ids": ids, "labels": labels,
                 "position_ids": torch.arange(self.seq_len).expand(n, self.seq_len).contiguous(),
                 "modality_inputs": {spec.name: {spec.encoder: vit}}, COUNTS: {spec.name: counts}}

@@ -58,6 +58,11 @@ def centred(image: np.ndarray, shape: tuple[int, int], fill: int) -> np.ndarray:
     return canvas
 
 
+def image_tiles(image: np.ndarray, grid_pinpoints: list[list[int]], tile: int, tiled: bool = True) -> np.ndarray:
+    """An image's tiles: its `tile_image` when `tiled`, else its one `square_tile` (mimo.models.anyres.tiled_images)."""
+    return tile_image(image, grid_pinpoints, tile) if tiled else square_tile(image, tile)
+
+
 def tiled_inputs(images: list[np.ndarray], grid_pinpoints: list[list[int]], tile: int,
                  tiled: list[bool] | None = None) -> dict[str, torch.Tensor]:
     """An anyres modality's ViT inputs for `images` (uint8 `[H, W, 3]` each): `pixel_values` `[n, most tiles, 3,
@@ -65,17 +70,18 @@ def tiled_inputs(images: list[np.ndarray], grid_pinpoints: list[list[int]], tile
     batch splits by images as any encoder input (mimo.data.batching). With `tiled` (one flag an image), an image
     not tiled gets its `square_tile` and the inputs a `tiled` `[n]` bool tensor."""
     flags = [True] * len(images) if tiled is None else tiled
-    tiles = [tile_image(x, grid_pinpoints, tile) if t else square_tile(x, tile) for x, t in zip(images, flags)]
-    out = stacked_tiles(tiles, [x.shape[:2] for x in images], tile)
-    return out if tiled is None else {**out, "tiled": torch.tensor(flags, dtype=torch.bool)}
+    tiles = [image_tiles(x, grid_pinpoints, tile, t) for x, t in zip(images, flags)]
+    return stacked_tiles(tiles, [x.shape[:2] for x in images], tile, tiled)
 
 
-def stacked_tiles(tiled: list[np.ndarray | None], sizes: list[tuple[int, int]], tile: int) -> dict[str, torch.Tensor]:
-    """`tiled_inputs` of images already tiled (`tile_image`) and of `sizes`; an image of None tiles (one this rank
-    does not encode) is all zeros."""
+def stacked_tiles(tiled: list[np.ndarray | None], sizes: list[tuple[int, int]], tile: int,
+                  flags: list[bool] | None = None) -> dict[str, torch.Tensor]:
+    """`tiled_inputs` of images already tiled (`image_tiles`) and of `sizes` (and, given, their `tiled` `flags`);
+    an image of None tiles (one this rank does not encode) is all zeros."""
     most = max([len(t) for t in tiled if t is not None], default=1)
     pixels = torch.zeros(len(tiled), most, 3, tile, tile)
     for i, t in enumerate(tiled):
         if t is not None:
             pixels[i, : len(t)] = torch.from_numpy(t)
-    return {"pixel_values": pixels, "image_sizes": torch.tensor(sizes, dtype=torch.long).reshape(-1, 2)}
+    out = {"pixel_values": pixels, "image_sizes": torch.tensor(sizes, dtype=torch.long).reshape(-1, 2)}
+    return out if flags is None else {**out, "tiled": torch.tensor(flags, dtype=torch.bool)}
