@@ -20,28 +20,25 @@ from torch import nn
 OUTPUT_LENGTHS = "output_lengths"
 
 
-def _check_counts(shape: torch.Size, counts: torch.Tensor, what: str) -> None:
+def leading_row_index(shape: torch.Size, counts: torch.Tensor, what: str) -> torch.Tensor:
+    """The rows of `x.flatten(0, 1)` (`x` of `shape` `[n, K, ...]`) that are each entry's first `counts[i]`, in
+    order, as an index on the host for `counts` on the host. Gathering them needs no sync and traces under
+    torch.compile."""
     if len(shape) < 3 or counts.dim() != 1 or shape[0] != counts.shape[0]:
         raise ValueError(f"{what} must be [n, K, ...] with one count per entry; got shape {tuple(shape)} and "
                          f"{tuple(counts.shape)} counts")
     if counts.numel() and int(counts.max()) > shape[1]:
         raise ValueError(f"{what}: an entry needs {int(counts.max())} rows but only {shape[1]} are given; pad "
                          "every entry to the longest one")
+    rows = torch.arange(shape[1])
+    return (torch.arange(shape[0])[:, None] * shape[1] + rows)[rows[None, :] < counts[:, None]]
 
 
 def leading_rows(x: torch.Tensor, counts: torch.Tensor, what: str) -> torch.Tensor:
-    """Rows `x[i, :counts[i]]` of a `[n, K, ...]` tensor, concatenated in order into `[sum(counts), ...]`."""
-    _check_counts(x.shape, counts, what)
-    keep = torch.arange(x.shape[1], device=x.device)[None, :] < counts.to(x.device)[:, None]
-    return x[keep]
-
-
-def leading_row_index(shape: torch.Size, counts: torch.Tensor, what: str) -> torch.Tensor:
-    """`leading_rows` as an index, on the host: the rows of `x.flatten(0, 1)` (`x` of `shape`) it keeps, for
-    `counts` on the host. Gathering them needs no sync and traces under torch.compile."""
-    _check_counts(shape, counts, what)
-    rows = torch.arange(shape[1])
-    return (torch.arange(shape[0])[:, None] * shape[1] + rows)[rows[None, :] < counts[:, None]]
+    """Rows `x[i, :counts[i]]` of a `[n, K, ...]` tensor, concatenated in order into `[sum(counts), ...]`: the
+    `leading_row_index` of `counts` read to the host (one sync where they are on a GPU)."""
+    index = leading_row_index(x.shape, counts.cpu(), what)
+    return x.flatten(0, 1)[index.to(x.device)]
 
 
 def run_encoder(encoder: nn.Module, kwargs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
