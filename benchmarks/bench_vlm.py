@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -94,16 +95,17 @@ def time_steps(step: Callable[[int], float | torch.Tensor], cuda: bool, warmup: 
     return {"step_s_median": statistics.median(times), "first_step_s": first, "final_loss": float(loss)}
 
 
-def train_step(model: torch.nn.Module, batches: list[dict], device: torch.device,
-               compile_model: bool = False) -> Callable[[int], torch.Tensor]:
+def train_step(model: torch.nn.Module, batches: list[dict], device: torch.device, compile_model: bool = False,
+               opt: torch.optim.Optimizer | None = None, autocast: bool = True) -> Callable[[int], torch.Tensor]:
     """A Hugging Face baseline's step i for `time_steps`, as hf_vlm_baseline.py makes it: the model's loss on
-    batch i modulo their number (torch.compile'd with `compile_model`) under bf16 autocast, its backward, AdamW's
-    step (lr 1e-5, torch's defaults otherwise, fused on CUDA) and zeroed gradients."""
+    batch i modulo their number (torch.compile'd with `compile_model`) under bf16 autocast (none without
+    `autocast`), its backward, `opt`'s step (default AdamW, lr 1e-5, torch's defaults otherwise, fused on CUDA)
+    and zeroed gradients."""
     fwd = torch.compile(model) if compile_model else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+    opt = opt if opt is not None else torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
 
     def step(i: int) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16) if autocast else nullcontext():
             loss = fwd(**batches[i % len(batches)]).loss
         loss.backward()
         opt.step()

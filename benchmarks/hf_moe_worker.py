@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import nullcontext
 
 import torch
 import transformers
 
 from benchmarks.bench_moe import MODALITY, SIZES, moe_config, result_fields
-from benchmarks.bench_vlm import time_steps
+from benchmarks.bench_vlm import time_steps, train_step
 from mimo.config.schema import Config
 
 IGNORE = -100
@@ -88,22 +87,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.bf16_weights:
         model.to(torch.bfloat16)
     model.train()
-    fwd = torch.compile(model) if args.compile else model
     o = cfg.optim
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay,
                             fused=device == "cuda")
     gen = torch.Generator().manual_seed(1)
     batches = [make_batch(cfg, device, gen) for _ in range(2)]
-    autocast = nullcontext() if args.bf16_weights else torch.autocast(device, dtype=torch.bfloat16)
-
-    def step(i: int) -> torch.Tensor:
-        with autocast:
-            loss = fwd(**batches[i % len(batches)]).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
+    step = train_step(model, batches, torch.device(device), args.compile, opt, autocast=not args.bf16_weights)
     timing = time_steps(step, device == "cuda", args.warmup, args.steps)
     name = "hf-transformers-llava-qwen3moe" + "".join(f"+{k}" for k in ("compile", "bf16_weights") if getattr(args, k))
     fields = result_fields(timing, cfg, model, torch.device(device), args.peak_tflops)
