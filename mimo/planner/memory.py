@@ -60,6 +60,7 @@ from mimo.config.schema import LANGUAGE, Config, ModuleLayoutConfig
 from mimo.hf.build import resolve_hf_architecture
 from mimo.models.build import build_model
 from mimo.models.moe import MoEFeedForward
+from mimo.models.multimodal import BLOCK_STACKS
 from mimo.parallel.expert.layout import EXPERT_WEIGHTS
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
@@ -83,7 +84,9 @@ LOGIT_BYTES = 8
 RESIDUAL_BYTES = 4
 """A checkpointed layer's saved input, per token per hidden unit: the residual stream is fp32."""
 
-_LAYER = re.compile(r"^(language_model|modality_submodules\.[^.]+\.encoders\.[^.]+)\.layers\.\d+\.")
+_LAYER = re.compile(rf"^(language_model|modality_submodules\.[^.]+\.encoders\.[^.]+)\.({'|'.join(BLOCK_STACKS)})"
+                    r"\.\d+\.")
+"""A parameter of a transformer block (an FSDP unit of its own), of the LM or an encoder."""
 
 
 @dataclass(frozen=True)

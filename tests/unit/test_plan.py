@@ -7,7 +7,8 @@ import tomllib
 
 from mimo.cli import main
 from mimo.config.load import load_config
-from mimo.config.schema import ModuleLayoutConfig
+from mimo.config.schema import Config, ModuleLayoutConfig
+from mimo.models.build import build_model
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.planner.candidates import (
@@ -24,12 +25,14 @@ from mimo.planner.candidates import (
 from mimo.planner.memory import (
     GIB,
     HOST_FIXED_BYTES,
+    STATE_BYTES,
     estimate,
     host_estimate,
     largest_parameter_bytes,
     module_sizes,
 )
 from mimo.planner.report import render
+from tests.support.configs import tiny_native_vlm
 
 # A text-only LM small enough to count by hand (no biases, untied head):
 #   embedding 64 x 32 = 2048, head 2048, final norm 32;
@@ -262,3 +265,13 @@ def test_host_estimate_by_phase_matches_hand_computation():
     gathered = (32 + 9280) * 8
     assert est["train"] == usage.states + usage.activations + gathered + HOST_FIXED_BYTES
     assert est["export"] == 2 * largest + HOST_FIXED_BYTES
+
+
+def test_a_native_towers_blocks_are_its_layer_state():
+    """The native tower keeps its blocks in `blocks` (FSDP units, as `layers` are): counted per layer, not as
+    state every rank holds whole."""
+    cfg = Config(model=tiny_native_vlm(layers=2))
+    tower = next(iter(build_model(cfg.model).modality_submodules["images"].encoders.values()))
+    blocks = sum(p.numel() for p in tower.blocks.parameters()) * STATE_BYTES
+    size = module_sizes(cfg)["images"]
+    assert size.layers == 2 and size.layer_sharded + size.layer_replicated == blocks
