@@ -1,7 +1,7 @@
 """Train an MoE VLM with `mimo train`'s Trainer and the same model in Hugging Face transformers, in one invocation.
 
     python -m benchmarks.bench_moe --out runs/bench_moe [--size full|tiny] [--steps 6 --warmup 2]
-        [--timeout 240] [--budget 480] [--mimo OVERRIDES]... [--baseline FLAGS]...
+        [--timeout 240] [--budget 480] [--mimo OVERRIDES]... [--baseline FLAGS]... [--no-baseline] [--fail-fast]
 
 The H200 command (one GPU, one invocation: mimo, then hf eager, hf bf16-weights and hf compile in turn, each at
 most --timeout seconds and all of them --budget seconds, so that the call ends within a 10-minute limit):
@@ -49,6 +49,7 @@ import torch
 from benchmarks.bench_vlm import (
     PRESETS,
     TRAIN_KEYS,
+    add_driver_args,
     baseline_label,
     build_trainer,
     mimo_label,
@@ -142,10 +143,10 @@ def driver(args: argparse.Namespace) -> None:
     log.write_text("")
     jsonl.write_text("")
     specs = args.mimo if args.mimo is not None else DEFAULT_MIMO
-    flags = args.baseline if args.baseline is not None else DEFAULT_BASELINES
+    flags = [] if args.no_baseline else args.baseline if args.baseline is not None else DEFAULT_BASELINES
     jobs = [([(mimo_label(a, 1), mimo_cmd(args, a)) for a in s.split("|")], False) for s in specs]
     jobs += [([(baseline_label(f), baseline_cmd(args, f))], True) for f in flags]
-    rows, baselines = run_jobs(jobs, log, jsonl, args.timeout, fail_fast=False, budget=args.budget)
+    rows, baselines = run_jobs(jobs, log, jsonl, args.timeout, args.fail_fast, budget=args.budget)
     text = header(args) + table(rows + baselines, baselines)
     (out / f"{stem}.md").write_text(text + "\n")
     print(text)
@@ -161,13 +162,10 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"dotted overrides of the TOML to run (repeatable); default: {DEFAULT_MIMO}")
     ap.add_argument("--baseline", action="append", metavar="FLAGS",
                     help=f"hf_moe_worker switches to run (repeatable); '' = eager; default: {DEFAULT_BASELINES}")
-    ap.add_argument("--out", default="runs/bench_moe", help="folder for the table, the JSON lines and the log")
-    ap.add_argument("--timeout", type=float, default=240, help="seconds allowed to each run")
+    add_driver_args(ap, "runs/bench_moe", 240)
     ap.add_argument("--budget", type=float, default=480,
                     help="seconds allowed to all the runs together (a run out of time may take 60 s more to stop); "
                          "those left without time are skipped rows")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--options", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
