@@ -54,6 +54,7 @@ from benchmarks.bench_vlm import (
     build_trainer,
     mimo_label,
     run_jobs,
+    switches,
     table,
     throughput_fields,
     timed_steps,
@@ -121,8 +122,7 @@ def mimo_cmd(args: argparse.Namespace, spec: str) -> list[str]:
 
 
 def baseline_cmd(args: argparse.Namespace, flags: str) -> list[str]:
-    switches = [f"--{f.strip()}" for f in flags.split(",") if f.strip()]
-    return [sys.executable, "-m", "benchmarks.hf_moe_worker", *common_args(args), *switches]
+    return [sys.executable, "-m", "benchmarks.hf_moe_worker", *common_args(args), *switches(flags)]
 
 
 def header(args: argparse.Namespace) -> str:

@@ -69,8 +69,7 @@ def mimo_cmd(args: argparse.Namespace, spec: str) -> list[str]:
 
 
 def hf_cmd(args: argparse.Namespace, flags: str) -> list[str]:
-    switches = [f"--{f.strip()}" for f in flags.split(",") if f.strip()]
-    return [sys.executable, "-m", "benchmarks.hf_native_worker", *common_args(args), *switches]
+    return [sys.executable, "-m", "benchmarks.hf_native_worker", *common_args(args), *vlm.switches(flags)]
 
 
 def common_args(args: argparse.Namespace) -> list[str]:

@@ -205,10 +205,14 @@ def mimo_cmd(args: argparse.Namespace, spec: str, nproc: int) -> list[str]:
             *(["--profile", "--trace-dir", args.trace_dir or str(Path(args.out) / "traces")] if args.profile else [])]
 
 
+def switches(flags: str) -> list[str]:
+    """A baseline's comma-separated FLAGS as its worker's switches ("compile,grad-ckpt" -> --compile --grad-ckpt)."""
+    return [f"--{f.strip()}" for f in flags.split(",") if f.strip()]
+
+
 def baseline_cmd(args: argparse.Namespace, flags: str) -> list[str]:
-    switches = [f"--{f.strip()}" for f in flags.split(",") if f.strip()]
     return [sys.executable, str(BASELINE_SCRIPT), "--preset", args.preset, "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops), *switches]
+            "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops), *switches(flags)]
 
 
 def mimo_label(spec: str, nproc: int) -> str:
