@@ -53,7 +53,7 @@ from benchmarks.bench_vlm import (
     baseline_label,
     build_trainer,
     mimo_label,
-    run_jobs,
+    run_logged,
     switches,
     table,
     throughput_fields,
@@ -136,17 +136,12 @@ def header(args: argparse.Namespace) -> str:
 
 
 def driver(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = SIZES[args.size]
-    log, jsonl = out / f"{stem}.log", out / f"{stem}.jsonl"
-    log.write_text("")
-    jsonl.write_text("")
+    out, stem = Path(args.out), SIZES[args.size]
     specs = args.mimo if args.mimo is not None else DEFAULT_MIMO
     flags = [] if args.no_baseline else args.baseline if args.baseline is not None else DEFAULT_BASELINES
     jobs = [([(mimo_label(a, 1), mimo_cmd(args, a)) for a in s.split("|")], False) for s in specs]
     jobs += [([(baseline_label(f), baseline_cmd(args, f))], True) for f in flags]
-    rows, baselines = run_jobs(jobs, log, jsonl, args.timeout, args.fail_fast, budget=args.budget)
+    rows, baselines = run_logged(out, stem, jobs, args.timeout, args.fail_fast, budget=args.budget)
     text = header(args) + table(rows + baselines, baselines)
     (out / f"{stem}.md").write_text(text + "\n")
     print(text)

@@ -95,18 +95,13 @@ def verdict(rows: list[dict], baselines: list[dict]) -> str:
 def driver(args: argparse.Namespace, baseline_flags: list[str] | None) -> None:
     """The manifest, then every mimo spec's run (its alternatives in turn) and every baseline's (None:
     default_baselines()), then the table."""
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = preset(args.size)
-    log, jsonl = out / f"{name}.log", out / f"{name}.jsonl"
-    log.write_text("")
-    jsonl.write_text("")
+    out, name = Path(args.out), preset(args.size)
     write_manifest(args.size, out, args.seed)
     specs = args.mimo if args.mimo is not None else [DEFAULT_MIMO]
     flags = baseline_flags if baseline_flags is not None else default_baselines()
     jobs = [([(vlm.mimo_label(a, 1), mimo_cmd(args, a)) for a in s.split("|")], False) for s in specs]
     jobs += [([(vlm.baseline_label(f), hf_cmd(args, f))], True) for f in flags]
-    rows, baselines = vlm.run_jobs(jobs, log, jsonl, args.timeout, args.fail_fast)
+    rows, baselines = vlm.run_logged(out, name, jobs, args.timeout, args.fail_fast)
     text = (f"`{name}` (benchmarks/presets/{name}.toml), {args.batches} batches of mixed image sizes cycled, "
             f"{args.steps} timed steps after {args.warmup} warm-up; tokens: rows x seq_len; "
             "'per GPU x' columns: tokens/s over the baseline's\n\n")

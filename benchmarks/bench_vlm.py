@@ -272,19 +272,25 @@ def run_jobs(jobs: list[Job], log: Path, jsonl: Path, timeout: float, fail_fast:
     return rows, baselines
 
 
-def driver(args: argparse.Namespace) -> None:
-    out = Path(args.out)
+def run_logged(out: Path, stem: str, jobs: list[Job], timeout: float, fail_fast: bool,
+               budget: float = math.inf) -> tuple[list[dict], list[dict]]:
+    """`run_jobs` into `out` (made if missing), which holds only this invocation's STEM.log and STEM.jsonl."""
     out.mkdir(parents=True, exist_ok=True)
-    log, jsonl = out / f"{args.preset}.log", out / f"{args.preset}.jsonl"
+    log, jsonl = out / f"{stem}.log", out / f"{stem}.jsonl"
     log.write_text("")
     jsonl.write_text("")
+    return run_jobs(jobs, log, jsonl, timeout, fail_fast, budget)
+
+
+def driver(args: argparse.Namespace) -> None:
+    out = Path(args.out)
     specs = args.mimo if args.mimo is not None else [""]
     nprocs = args.nproc or [1]
     flags = args.baseline if args.baseline is not None else DEFAULT_BASELINES.get(args.preset, [""])
     # A mimo spec "A|B" runs B only if A failed (e.g. "|ckpt_layers=12": checkpointing only if needed).
     jobs = [([(mimo_label(a, n), mimo_cmd(args, a, n)) for a in s.split("|")], False) for s in specs for n in nprocs]
     jobs += [([(baseline_label(f), baseline_cmd(args, f))], True) for f in flags]
-    rows, baselines = run_jobs(jobs, log, jsonl, args.timeout, args.fail_fast)
+    rows, baselines = run_logged(out, args.preset, jobs, args.timeout, args.fail_fast)
     text = (f"preset `{args.preset}`, {args.steps} timed steps after {args.warmup} warm-up; tokens/s over all GPUs, "
             "'per GPU x' columns: tokens/s per GPU over the baseline's tokens/s (one GPU)\n\n")
     text += table(rows + baselines, baselines)
