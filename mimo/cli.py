@@ -58,7 +58,7 @@ def collective_failed(e: RuntimeError) -> bool:
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.data.prompts import pair_inputs, read_prompt_file
+    from mimo.data.prompts import check_out_request, pair_inputs, read_prompt_file
     from mimo.train.checkpoint.weights import load_run
     from mimo.train.threads import set_threads
 
@@ -71,17 +71,18 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
         raise ConfigError(f"--prompts '{args.prompts}' is JSONL: name each prompt's \"image\" and \"audio\" "
                           "there, not with --image/--audio")
     requests = requests or pair_inputs(texts, args.image or [], args.audio or [])
+    if args.out:
+        check_out_request(requests, args.max_new_tokens)
     cfg, model = load_run(args.run)
     set_threads(cfg.train.threads)
     if args.out:
         if not model.output_token_ids:
             raise ConfigError(f"--out writes an image, but the run '{args.run}' has no Out path; train one with "
                               "model.modalities.<m>.output_token_id set, e.g. configs/demo_text_to_image.toml")
-        if len(requests) != 1:
-            raise ConfigError(f"--out draws one prompt; got {len(requests)} prompts")
         print(write_image(model, requests[0].text, args.out))
         return 0
-    for text in generate_text(cfg, model, requests, args.max_new_tokens, args.run):
+    steps = DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
+    for text in generate_text(cfg, model, requests, steps, args.run):
         print(text)
     return 0
 
@@ -255,6 +256,9 @@ def _captured_summary(captured: dict) -> str:
     return f"; in a CUDA graph {fixed}layer factors {factors}"
 
 
+DEFAULT_NEW_TOKENS = 32
+"""`mimo generate`'s longest text answer when --max-new-tokens is not given."""
+
 RUN_HELP = ("a run folder written by `mimo train` (its newest complete checkpoint) or one of its "
             "checkpoints/step_* folders, finished or not")
 
@@ -307,9 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "goes; repeat it for a batch")
     g.add_argument("--prompts", help="a file of prompts: one per line, or .jsonl lines of {\"prompt\": ..., \"image\": "
                    "..., \"audio\": ...} (paths relative to the file)")
-    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--max-new-tokens", type=int, help=f"longest text answer (default {DEFAULT_NEW_TOKENS}); "
+                   "not with --out")
     g.add_argument("--out", help="write an image here instead of text (a run with an Out path, e.g. "
-                   "runs/demo_text_to_image; the prompt says what to draw)")
+                   "runs/demo_text_to_image; one --prompt says what to draw; no --image/--audio)")
     g.set_defaults(func=cmd_generate)
     e = sub.add_parser("eval", help="held-out accuracy of a trained run",
                        description="Evaluate a trained run on its held-out set (exact match, greedy).")

@@ -109,6 +109,22 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[PromptRequest]]:
     return [], requests
 
 
+def check_out_request(requests: list[PromptRequest], max_new_tokens: int | None) -> None:
+    """Refuses what `mimo generate --out` would drop: the Out path draws one text prompt in a single forward (no
+    image or clip is read, no tokens are decoded), so an image, a clip, several prompts or --max-new-tokens
+    would be silently ignored."""
+    if max_new_tokens is not None:
+        raise ConfigError("--max-new-tokens sets the length of a text answer; --out draws an image in one pass "
+                          "and decodes no tokens: drop --max-new-tokens, or drop --out for a text answer")
+    if len(requests) != 1:
+        raise ConfigError(f"--out draws one prompt; got {len(requests)} prompts: give one --prompt")
+    r = requests[0]
+    if r.images or r.audio:
+        flag = "--image" if r.images else "--audio"
+        raise ConfigError(f"--out draws from the prompt's text alone and reads no image or sound; drop {flag} "
+                          "(or the JSONL line's \"image\"/\"audio\"), or drop --out to ask about it in text")
+
+
 def missing_input_warnings(cfg: Config, requests: list[PromptRequest]) -> list[str]:
     """A `mimo: warning:` line for each prompt that asks about an image or a sound it was not given: a demo
     question about one, a literal <image> / <audio>, or a data set whose every sample held one (real data

@@ -121,3 +121,23 @@ def test_decode_audio_mixes_channels_and_resamples(tmp_path):
     assert clip.dtype == np.float32 and clip.shape == (16000,)
     reference = 0.5 * np.sin(2 * np.pi * 200 * np.arange(16000) / 16000)
     assert np.abs(clip[:15990] - reference[:15990]).max() < 2e-3
+
+
+def test_out_refuses_inputs_it_would_drop(avlm_run, capsys, tmp_path):
+    """--out draws from one text prompt in one pass: an image, a clip (flags or JSONL), several prompts or
+    --max-new-tokens are refused before the run loads (a missing --run folder is never read)."""
+    _, _, _, tmp = avlm_run
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "a red square", "image": str(tmp / "img.png")}) + "\n")
+    cases = [(["--prompt", "a red square", "--image", tmp / "img.png"], "drop --image"),
+             (["--prompt", "a red square", "--audio", tmp / "beeps.wav"], "drop --audio"),
+             (["--prompts", tmp_path / "p.jsonl"], "drop --image (or the JSONL line's \"image\"/\"audio\")"),
+             (["--prompt", "a", "--prompt", "b"], "--out draws one prompt; got 2 prompts"),
+             (["--prompt", "a red square", "--max-new-tokens", "8"], "drop --max-new-tokens")]
+    for flags, message in cases:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "--run", str(tmp_path / "no_run"), "--out", str(tmp_path / "x.png"),
+                  *map(str, flags)])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and message in err and "Traceback" not in err
+        assert not (tmp_path / "x.png").exists()
