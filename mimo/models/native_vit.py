@@ -173,7 +173,7 @@ class TowerLayout:
     windowed: Segments | None
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable, Dynamo imported at the first call (segment_attention.py)
 def tower_layout(cfg: NativeViTConfig, window_patches: int, pixel_values: torch.Tensor,
                  grid_thw: torch.Tensor) -> TowerLayout:
     """The `TowerLayout` of one forward, checked and built on the host (reading `grid_thw` there once, its one
