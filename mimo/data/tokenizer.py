@@ -48,13 +48,14 @@ def require_transformers() -> Any:
 IMAGE = "<image>"
 
 
-def load_tokenizer(path: str | Path) -> Any:
-    """The `transformers` tokenizer saved in `path` (tokenizer.json etc.); never downloads."""
+def load_tokenizer(path: str | Path, **options: Any) -> Any:
+    """The `transformers` tokenizer saved in `path` (tokenizer.json etc.); never downloads. `options` (e.g.
+    padding_side) are init options: they override the saved ones and are saved again with the tokenizer."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"tokenizer directory '{p}' does not exist; pass a folder holding tokenizer.json "
                                 "(data.tokenizer, or the LM's model.llm.hf_path)")
-    return require_transformers().AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    return require_transformers().AutoTokenizer.from_pretrained(str(p), local_files_only=True, **options)
 
 
 def format_llava_prompt(tokenizer: Any, question: str, images: int = 1) -> str:

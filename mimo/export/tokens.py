@@ -77,11 +77,13 @@ def with_token(tok: Any, token: str, token_id: int, where: str, what: str, field
 
 def run_tokenizer(spec: str, image_token_id: int | None) -> Any:
     """The tokenizer a run trained with (`data.tokenizer`: `byte` or a Hugging Face directory) as a Hugging
-    Face tokenizer, with `<image>` at the placeholder id when there is one."""
+    Face tokenizer that pads on the left (with EOS when it has no pad token), with `<image>` at the placeholder
+    id when there is one."""
     if spec == "byte":
         return byte_tokenizer(image_token_id)
-    tok = load_tokenizer(spec)
-    tok.padding_side = "left"
+    # An init option, not the attribute: save_pretrained writes only init options, and a right-padding export
+    # would decode batches of prompts of different lengths wrongly under `generate`.
+    tok = load_tokenizer(spec, padding_side="left")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok if image_token_id is None else with_image_token(tok, image_token_id, f"tokenizer '{spec}'")

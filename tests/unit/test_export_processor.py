@@ -1,6 +1,7 @@
 """A run's export is complete: `AutoProcessor` + `LlavaForConditionalGeneration` (and `AutoTokenizer` +
 `AutoModelForCausalLM` for --lm-only) load it as they are and greedy-decode a batch of prompts of different
-lengths to the same text as `mimo generate`; ids, generation config, `<image>` token and file modes are set."""
+lengths to the same text as `mimo generate`, for a run on the byte tokenizer and on a Hugging Face one; ids,
+generation config, `<image>` token and file modes are set."""
 
 import json
 import stat
@@ -12,7 +13,7 @@ from PIL import Image
 
 from mimo.cli import main
 from mimo.config.load import dump_toml
-from mimo.config.schema import Config, ModalityConfig, ModelConfig, ViTConfig
+from mimo.config.schema import Config, DataConfig, ModalityConfig, ModelConfig, ViTConfig
 from mimo.data.shapes import image_tensor_values
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.export.tokens import with_image_token
@@ -31,15 +32,18 @@ TOWERS = {"clip": {}, "siglip_default": dict(class_token=False, pre_norm=False, 
                                              drop_first_patch=True)}
 
 
-def make_run(tmp_path, tower: str):
+def make_run(tmp_path, tower: str, vocab: int = ByteTokenizer.vocab_size, token_id: int = ByteTokenizer.IMAGE,
+             tokenizer: str = "byte"):
+    """A saved tiny LLaVA run (data.tokenizer = `tokenizer`, placeholder `token_id`) and three images of
+    different sizes."""
     vit = ViTConfig(image=16, patch=4, hidden=16, heads=2, mlp=32, **TOWERS[tower])
-    cfg = ModelConfig(llm=tiny_llm(vocab=ByteTokenizer.vocab_size, init_std=0.2),
-                      modalities={"images": ModalityConfig(token_id=ByteTokenizer.IMAGE, vit=vit)})
+    cfg = ModelConfig(llm=tiny_llm(vocab=vocab, init_std=0.2),
+                      modalities={"images": ModalityConfig(token_id=token_id, vit=vit)})
     torch.manual_seed(0)
     model = perturb(build_model(cfg), scale=0.3)
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.toml").write_text(dump_toml(Config(model=cfg)))
+    (run / "config.toml").write_text(dump_toml(Config(model=cfg, data=DataConfig(tokenizer=str(tokenizer)))))
     save_weights(model, run)
     images = []
     for i, size in enumerate((16, 24, 13)):
@@ -57,8 +61,8 @@ def cli(capsys, *args) -> str:
     return capsys.readouterr().out
 
 
-def mimo_generate(capsys, run, images=()) -> str:
-    flags = [f for p in PROMPTS for f in ("--prompt", p)] + [f for i in images for f in ("--image", i)]
+def mimo_generate(capsys, run, images=(), prompts=PROMPTS) -> str:
+    flags = [f for p in prompts for f in ("--prompt", p)] + [f for i in images for f in ("--image", i)]
     return cli(capsys, "generate", "--run", run, "--max-new-tokens", STEPS, *flags)
 
 
@@ -115,3 +119,33 @@ def test_image_token_is_added_at_the_placeholder_id(tmp_path):
         with_image_token(tiny_tokenizer(tmp_path / "b", words=words), 9, "t")
     with pytest.raises(ValueError, match="token_id = 3"):
         with_image_token(tiny_tokenizer(tmp_path / "c"), 20, "t")
+
+
+def test_hf_tokenizer_run_exports_its_tokenizer(tmp_path, capsys):
+    # A run on a Hugging Face tokenizer without `<image>`: the export appends it at the run's placeholder id.
+    words = [w for w in WORDS if w != "<image>"]
+    image = len(words)
+    run_tok = tiny_tokenizer(tmp_path / "tok", words=words)
+    run, images = make_run(tmp_path, "clip", vocab=image + 1, token_id=image, tokenizer=tmp_path / "tok")
+    prompts = ["what is this?", "this", "what?"]
+    out = tmp_path / "llava"
+    cli(capsys, "export", "--run", run, "--to", out)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok.convert_tokens_to_ids("<image>") == image and len(tok) == image + 1
+    proc = transformers.AutoProcessor.from_pretrained(out)
+    inputs = proc(text=["<image>" + p for p in prompts], images=[Image.open(i) for i in images], padding=True,
+                  return_tensors="pt")
+    # What mimo's data and `mimo generate` build with the run's own tokenizer: BOS, placeholders, text, left-padded
+    # with EOS (the tokenizer has no pad token).
+    _, model = load_run(run)
+    n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
+    bos, eos = run_tok.bos_token_id, run_tok.eos_token_id
+    ids, mask = left_pad([[bos] + [image] * n + run_tok.encode(p, add_special_tokens=False) for p in prompts], eos)
+    assert torch.equal(inputs.input_ids, ids) and torch.equal(inputs.attention_mask, mask)
+    hf = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
+    made = hf.generate(**inputs, max_new_tokens=STEPS, do_sample=False)[:, inputs.input_ids.shape[1]:].tolist()
+    ours = greedy_generate(model, ids, {"images": {"vit": {"pixel_values": inputs.pixel_values}}}, STEPS, eos,
+                           attention_mask=mask)
+    assert ours == [row[:row.index(eos) + 1] if eos in row else row for row in made]
+    texts = proc.batch_decode(made, skip_special_tokens=True)
+    assert mimo_generate(capsys, run, images, prompts) == "".join(t + "\n" for t in texts)
