@@ -9,22 +9,25 @@ vision markers `native.vision_start_token_id` / `vision_end_token_id` (-1 when t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mimo.config.schema import LLMConfig, NativeViTConfig
+from mimo.data.native_images import CLIP_MEAN, CLIP_STD
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import hf_act, text_architecture
 from mimo.export.stream import LiveSource, SourceOf, gather_entries, write_hf_dir
-from mimo.export.tokens import run_tokenizer, token_ids, with_token
+from mimo.export.tokens import BICUBIC, byte_tokenizer, run_tokenizer, token_ids, with_token
 from mimo.hf.names import llm_names
 from mimo.models.multimodal import MimoModel
 from mimo.models.native_vit import NativeVisionTower, PatchMerger
 
 ARCHITECTURES = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
                  "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration")}
+PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
 VISION_TOKENS = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
 """Qwen2-VL's tokenizer names of the native table's vision markers."""
 
@@ -71,13 +74,58 @@ def qwen_vl_vision_config(v: NativeViTConfig, out: int, field: str) -> dict[str,
                 fullatt_block_indexes=list(v.full_attention_layers), tokens_per_second=int(v.tokens_per_second))
 
 
-def with_vision_markers(tok: Any, v: NativeViTConfig, field: str, where: str) -> Any:
-    """`tok` with `<|vision_start|>` / `<|vision_end|>` at the ids of `v` (the `field` table), lowest id first;
-    as it is when `v` has no markers. Refused where another token holds an id (mimo.export.tokens.with_token)."""
-    for key in sorted(VISION_TOKENS, key=lambda k: getattr(v, k)):
-        if getattr(v, key) >= 0:
-            tok = with_token(tok, VISION_TOKENS[key], getattr(v, key), where, f"the model's {key}", f"{field}.{key}")
+def vision_tokens(v: NativeViTConfig, image: int, field: str) -> dict[str, tuple[int, str]]:
+    """{Qwen2-VL's token name: (id, the config field that sets it)}: `<|image_pad|>` / `<|video_pad|>` at the
+    placeholder ids (`image`, the video's) and `<|vision_start|>` / `<|vision_end|>` at the ids of `v` (the `field`
+    table) if it has them. Refuses two names at one id."""
+    video = v.video_token_id if v.video_token_id >= 0 else image + 1
+    marks = {"<|image_pad|>": (image, f"{field.removesuffix('.native')}.token_id"),
+             "<|video_pad|>": (video, f"{field}.video_token_id")}
+    marks.update({VISION_TOKENS[k]: (getattr(v, k), f"{field}.{k}") for k in VISION_TOKENS if getattr(v, k) >= 0})
+    ids = [i for i, _ in marks.values()]
+    if len(set(ids)) != len(ids):
+        held = ", ".join(f"{token} {i} ({key})" for token, (i, key) in marks.items())
+        raise ValueError(f"Qwen-VL's tokenizer names each vision token at an id of its own; the model has {held}: "
+                         f"give each of these fields its own id")
+    return marks
+
+
+def qwen_vl_tokenizer(spec: str, v: NativeViTConfig, image: int, field: str) -> Any:
+    """The run's tokenizer (`byte` or a Hugging Face directory) with Qwen2-VL's vision tokens at the model's ids
+    (vision_tokens), lowest id first; refused where another token holds an id (mimo.export.tokens.with_token)."""
+    marks = vision_tokens(v, image, field)
+    if spec == "byte":
+        return byte_tokenizer({i: token for token, (i, _) in marks.items()})
+    tok = run_tokenizer(spec, None)
+    for token, (token_id, key) in sorted(marks.items(), key=lambda kv: kv[1][0]):
+        tok = with_token(tok, token, token_id, f"tokenizer '{spec}'", f"the model's {token}", key)
     return tok
+
+
+def qwen_vl_image_processor(v: NativeViTConfig) -> Any:
+    """Qwen2-VL's image processor as mimo's native data path (mimo.data.native_images): smart_resize within
+    [min_pixels, max_pixels] to multiples of patch x merge, bicubic, / 255, CLIP mean and std, the tower's patches."""
+    return require_transformers().Qwen2VLImageProcessorPil(
+        size={"shortest_edge": v.min_pixels, "longest_edge": v.max_pixels}, patch_size=v.patch,
+        temporal_patch_size=v.temporal_patch, merge_size=v.merge, resample=BICUBIC, do_rescale=True,
+        rescale_factor=1 / 255, do_normalize=True, image_mean=CLIP_MEAN.tolist(), image_std=CLIP_STD.tolist(),
+        do_convert_rgb=True)
+
+
+def save_qwen_vl_processor(tok: Any, v: NativeViTConfig, directory: Path) -> None:
+    """preprocessor_config.json, processor_config.json as `Qwen2VLProcessor` / `Qwen2_5_VLProcessor` saves it
+    (its chat template in chat_template.jinja) and the tokenizer's files. The processor class cannot be built
+    without torchvision (its video processor needs it), so its config is written as the class writes it; the video
+    processor prepares frames as the image processor does."""
+    images = qwen_vl_image_processor(v)
+    images.save_pretrained(directory)
+    frames = {k: x for k, x in images.to_dict().items() if k != "image_processor_type"}
+    config = {"processor_class": PROCESSORS[v.family], "image_processor": images.to_dict(),
+              "video_processor": dict(frames, video_processor_type="Qwen2VLVideoProcessor")}
+    (directory / "processor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tok.save_pretrained(directory)
+    if isinstance(getattr(tok, "chat_template", None), str):
+        (directory / "chat_template.jinja").write_text(tok.chat_template)
 
 
 def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,
@@ -85,8 +133,8 @@ def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype 
                     max_shard_bytes: int | None = None) -> Path:
     """Tower + merger + LM as a Qwen2-VL / Qwen2.5-VL directory that transformers loads with the same logits.
     With `tokenizer` (`byte` or a Hugging Face tokenizer directory) also its files (the vision markers, if any,
-    named as Qwen2-VL's tokenizer names them), bos/eos/pad ids and generation_config.json (no Qwen processor yet:
-    feed `pixel_values` and `grid_thw` as mimo's data makes them).
+    named as Qwen2-VL's tokenizer names them), bos/eos/pad ids, generation_config.json and the Qwen processor
+    (save_qwen_vl_processor), whose image processor gives mimo's pixels and grids.
     Tensors stream one at a time from `source_of(module)` (default: the model's own)."""
     require_transformers()
     name, tower, merger = native_parts(model)
@@ -97,11 +145,12 @@ def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype 
                                   source_of))
     dt = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     field = f"model.modalities.{name}.native"
-    tok = with_vision_markers(run_tokenizer(tokenizer, None), v, field, f"tokenizer '{tokenizer}'") if tokenizer \
-        else None
+    image = model.special_token_ids[name]
+    tok = qwen_vl_tokenizer(tokenizer, v, image, field) if tokenizer else None
     ids = token_ids(tok) if tok is not None else {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
-    config = qwen_vl_hf_config(lm.cfg, v, model.special_token_ids[name], dt, ids, field)
-    return write_hf_dir(directory, tensors, config, max_shard_bytes, None if tok is None else tok.save_pretrained, ids)
+    files = None if tok is None else lambda out: save_qwen_vl_processor(tok, v, out)
+    config = qwen_vl_hf_config(lm.cfg, v, image, dt, ids, field)
+    return write_hf_dir(directory, tensors, config, max_shard_bytes, files, ids)
 
 
 def qwen_vl_hf_config(llm: LLMConfig, v: NativeViTConfig, image: int, dtype: str, ids: dict[str, int | None],

@@ -23,9 +23,11 @@ PIXEL_MEAN = PIXEL_STD = [0.5, 0.5, 0.5]
 BICUBIC = 3
 
 
-def byte_tokenizer(image_token_id: int | None = None) -> Any:
+def byte_tokenizer(named: dict[int, str] | None = None) -> Any:
     """mimo's ByteTokenizer as a `PreTrainedTokenizerFast`: ids 0-255 are bytes, then the special tokens at
-    their ids (the image placeholder named `<image>`); encoding prepends BOS, as `mimo generate` does."""
+    their ids, `named` ({id: name}, e.g. the image placeholder as `<image>`) replacing the byte tokenizer's own
+    names from IMAGE (259) up; encoding prepends BOS, as `mimo generate` does. Refuses a name at a byte or at
+    BOS/EOS/PAD."""
     tf = require_transformers()
     import tokenizers
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -36,11 +38,12 @@ def byte_tokenizer(image_token_id: int | None = None) -> Any:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
     names = dict(BYTE_SPECIALS)
-    if image_token_id is not None:
-        if image_token_id < 256:
-            raise ValueError(f"the image placeholder id {image_token_id} is a byte of the byte tokenizer; give "
-                             f"model.modalities.<m>.token_id an id of 256 or more (ByteTokenizer.IMAGE = 259)")
-        names[image_token_id] = IMAGE
+    for i, name in (named or {}).items():
+        if i < ByteTokenizer.IMAGE:
+            held = f"byte {i}" if i < 256 else f"'{BYTE_SPECIALS[i]}'"
+            raise ValueError(f"tokenizer 'byte' holds {held} at id {i}, where the model has '{name}'; train with "
+                             f"an id of {ByteTokenizer.IMAGE} or more for it (ByteTokenizer.IMAGE = 259)")
+        names[i] = name
     for i in range(256, max(names) + 1):
         tok.add_special_tokens([names.get(i, f"<|reserved_{i}|>")])
     bos = BYTE_SPECIALS[ByteTokenizer.BOS]
@@ -80,7 +83,7 @@ def run_tokenizer(spec: str, image_token_id: int | None) -> Any:
     Face tokenizer that pads on the left (with EOS when it has no pad token), with `<image>` at the placeholder
     id when there is one."""
     if spec == "byte":
-        return byte_tokenizer(image_token_id)
+        return byte_tokenizer(None if image_token_id is None else {image_token_id: IMAGE})
     # An init option, not the attribute: save_pretrained writes only init options, and a right-padding export
     # would decode batches of prompts of different lengths wrongly under `generate`.
     tok = load_tokenizer(spec, padding_side="left")
