@@ -90,8 +90,8 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
 def generate_text(cfg, model, requests: list, max_new_tokens: int, run: str) -> list[str]:
     """`mimo generate`: each prompt (after its image and clip, if any) decoded greedily, all in one left-padded
     batch (M-RoPE positions for a native-resolution run). The run's tokenizer (the one `mimo export` ships)
-    encodes it as training did: BOS, placeholders, text. A prompt that asks about an input it lacks gets a
-    warning on stderr first."""
+    encodes it as training did: BOS, placeholders, text; decoding drops EOS, special tokens and placeholders. A
+    prompt that asks about an input it lacks gets a warning on stderr first."""
     from mimo.data.prompts import missing_input_warnings, prompt_batch, prompt_positions
     from mimo.data.samples import special_ids
     from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
@@ -110,7 +110,9 @@ def generate_text(cfg, model, requests: list, max_new_tokens: int, run: str) -> 
                            position_ids=prompt_positions(cfg, ids, mask, modality_inputs))
     if spec == "byte":
         return [tok.decode(o) for o in outs]
-    return [tok.decode([i for i in o if i != eos], skip_special_tokens=True) for o in outs]
+    # Placeholders are special tokens in the exported tokenizer, so `batch_decode` there skips them too.
+    drop = {eos, *model.special_token_ids.values()}
+    return [tok.decode([i for i in o if i not in drop], skip_special_tokens=True) for o in outs]
 
 
 def write_image(model, prompt: str, path: str, scale: int = 4) -> str:

@@ -61,13 +61,17 @@ def with_image_token(tok: Any, image_token_id: int, where: str) -> Any:
 
 def with_token(tok: Any, token: str, token_id: int, where: str, what: str, field: str) -> Any:
     """`tok` with the special token `token` at `token_id` (`what` the model uses it for, set by config `field`):
-    kept if there, appended if the id is the next free one (filler tokens before it if ids are free below it);
-    refused if another token holds the id."""
+    kept if there (made a special token if it is a plain one), appended if the id is the next free one (filler
+    tokens before it if ids are free below it); refused if another token holds the id."""
     vocab = tok.get_vocab()
     if token in vocab:
         if vocab[token] != token_id:
             raise ValueError(f"{where} has '{token}' at id {vocab[token]}, but {what} is {token_id}; set "
                              f"{field} = {vocab[token]}")
+        if token not in tok.get_added_vocab():
+            # A plain vocabulary entry would be split by the pre-tokenizer, so a processor could not find it in
+            # text: made a special token at the same id.
+            tok.add_tokens([token], special_tokens=True)
         return tok
     if token_id < len(tok):
         raise ValueError(f"{where} holds '{tok.convert_ids_to_tokens(token_id)}' at id {token_id}, {what}; train "

@@ -121,17 +121,20 @@ def test_image_token_is_added_at_the_placeholder_id(tmp_path):
         with_image_token(tiny_tokenizer(tmp_path / "c"), 20, "t")
 
 
-def test_hf_tokenizer_run_exports_its_tokenizer(tmp_path, capsys):
-    # A run on a Hugging Face tokenizer without `<image>`: the export appends it at the run's placeholder id.
-    words = [w for w in WORDS if w != "<image>"]
-    image = len(words)
+@pytest.mark.parametrize("in_vocab", [False, True])
+def test_hf_tokenizer_run_exports_its_tokenizer(in_vocab, tmp_path, capsys):
+    # A run on a Hugging Face tokenizer without `<image>` (the export appends it at the run's placeholder id) or
+    # with it as a plain word (the export makes it a special token, which text cannot split).
+    words = WORDS if in_vocab else [w for w in WORDS if w != "<image>"]
+    image = words.index("<image>") if in_vocab else len(words)
     run_tok = tiny_tokenizer(tmp_path / "tok", words=words)
-    run, images = make_run(tmp_path, "clip", vocab=image + 1, token_id=image, tokenizer=tmp_path / "tok")
+    run, images = make_run(tmp_path, "clip", vocab=len(words) + (not in_vocab), token_id=image,
+                           tokenizer=tmp_path / "tok")
     prompts = ["what is this?", "this", "what?"]
     out = tmp_path / "llava"
     cli(capsys, "export", "--run", run, "--to", out)
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    assert tok.convert_tokens_to_ids("<image>") == image and len(tok) == image + 1
+    assert tok.convert_tokens_to_ids("<image>") == image and len(tok) == len(words) + (not in_vocab)
     proc = transformers.AutoProcessor.from_pretrained(out)
     inputs = proc(text=["<image>" + p for p in prompts], images=[Image.open(i) for i in images], padding=True,
                   return_tensors="pt")
