@@ -15,6 +15,10 @@ from mimo.models.llm import DecoderLM
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-5
+PIL = {"backend": "pil"}
+"""transformers' PIL image backend, which prepares an exported processor's pixels exactly as mimo's data path (PIL)
+does. Where torchvision is installed transformers picks its torchvision backend by default, whose resize rounds
+within one 8-bit level of PIL's (held by test_export_processor / test_export_qwen_processor)."""
 
 
 def rel_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:

@@ -19,8 +19,8 @@ def test_image_text_to_text_pipeline_writes_what_mimo_generate_prints(tower, tmp
     pipe = transformers.pipeline("image-text-to-text", model=str(out), device="cpu", dtype=torch.float32)
     # The processor expands each `<image>` into the tower's placeholders; one batch, left-padded, like mimo's.
     texts = ["<image>" + p for p in PROMPTS]
-    # do_sample goes through generate_kwargs: the pipeline hands its other keywords to the processor.
-    ask = dict(max_new_tokens=STEPS, generate_kwargs={"do_sample": False})
+    # Through generate_kwargs: the pipeline hands its other keywords to the processor.
+    ask = dict(generate_kwargs={"do_sample": False, "max_new_tokens": STEPS})
     new = pipe(images=[Image.open(i) for i in images], text=texts, return_full_text=False, **ask)
     assert [r["input_text"] for r in new] == texts
     assert mimo_generate(capsys, run, images) == "".join(r["generated_text"] + "\n" for r in new)

@@ -21,7 +21,7 @@ from mimo.hf.build import build_model
 from mimo.models.generate import greedy_generate, left_pad
 from mimo.train.checkpoint.weights import load_run, save_weights
 from tests.support.configs import tiny_llm
-from tests.support.hf_helpers import perturb, transformers
+from tests.support.hf_helpers import PIL, perturb, transformers
 from tests.unit.test_hf_tokenizer import WORDS, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,12 +66,28 @@ def mimo_generate(capsys, run, images=(), prompts=PROMPTS) -> str:
     return cli(capsys, "generate", "--run", run, "--max-new-tokens", STEPS, *flags)
 
 
+def mimo_pixels(images) -> torch.Tensor:
+    """[N, 3, 16, 16] float32: the tower's input for each image file as mimo's data makes it."""
+    return torch.from_numpy(np.stack([image_tensor_values(np.asarray(Image.open(i).convert("RGB").resize(
+        (16, 16), Image.BICUBIC))) for i in images]))
+
+
+def test_the_torchvision_backend_is_within_one_level_of_mimos_pixels(tmp_path, capsys):
+    # transformers' default backend where torchvision is installed; one 8-bit level is 2/255 after x / 127.5 - 1.
+    pytest.importorskip("torchvision")
+    run, images = make_run(tmp_path, "clip")
+    cli(capsys, "export", "--run", run, "--to", tmp_path / "llava")
+    proc = transformers.AutoProcessor.from_pretrained(tmp_path / "llava")
+    got = proc(text=["<image>"] * len(images), images=[Image.open(i) for i in images], return_tensors="pt")
+    assert (got.pixel_values - mimo_pixels(images)).abs().max() <= 2 / 255 + 1e-6
+
+
 @pytest.mark.parametrize("tower", list(TOWERS))
 def test_llava_export_decodes_like_mimo_generate(tower, tmp_path, capsys):
     run, images = make_run(tmp_path, tower)
     out = tmp_path / "llava"
     cli(capsys, "export", "--run", run, "--to", out)
-    proc = transformers.AutoProcessor.from_pretrained(out)
+    proc = transformers.AutoProcessor.from_pretrained(out, **PIL)
     hf = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
     inputs = proc(text=["<image>" + p for p in PROMPTS], images=[Image.open(i) for i in images], padding=True,
                   return_tensors="pt")
@@ -85,9 +101,7 @@ def test_llava_export_decodes_like_mimo_generate(tower, tmp_path, capsys):
     byte = ByteTokenizer()
     ids, mask = left_pad([[byte.BOS] + [byte.IMAGE] * n + byte.encode(p) for p in PROMPTS], byte.PAD)
     assert torch.equal(inputs.input_ids, ids) and torch.equal(inputs.attention_mask, mask)
-    pixels = np.stack([image_tensor_values(np.asarray(Image.open(i).convert("RGB").resize((16, 16), Image.BICUBIC)))
-                       for i in images])
-    assert (inputs.pixel_values - torch.from_numpy(pixels)).abs().max() <= 1e-6
+    assert (inputs.pixel_values - mimo_pixels(images)).abs().max() <= 1e-6
     ours = greedy_generate(model, ids, {"images": {"vit": {"pixel_values": inputs.pixel_values}}}, STEPS,
                            byte.EOS, attention_mask=mask)
     assert ours == [[t for t in row if t != byte.PAD] for row in made.tolist()]
