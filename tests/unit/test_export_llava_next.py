@@ -5,6 +5,7 @@ mimo's greedy tokens."""
 
 import json
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,16 +124,22 @@ def test_anyres_export_matches_transformers(case, tmp_path):
     check_export(model, out, max_tiles)
 
 
-def test_a_run_configured_as_anyres_exports_from_its_checkpoint(tmp_path):
-    """`mimo export` of a run whose config asks for anyres tiling (OneVision, grids shrunk) streams it out of the
-    sharded checkpoint, image_newline included; `mimo generate --image` on the run, tiling the images itself,
-    answers with transformers' greedy tokens on the export."""
-    cfg = anyres_config("siglip", 1)
+def saved_anyres_run(tmp_path, tower: str, max_tiles: int) -> Path:
+    """tmp_path / "run": a random anyres run (anyres_config, seed 0, weights perturbed) saved as training would."""
+    cfg = anyres_config(tower, max_tiles)
     torch.manual_seed(0)
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text(dump_toml(Config(model=cfg)))
     save_weights(perturb(build_model(cfg), scale=0.3), run)
+    return run
+
+
+def test_a_run_configured_as_anyres_exports_from_its_checkpoint(tmp_path):
+    """`mimo export` of a run whose config asks for anyres tiling (OneVision, grids shrunk) streams it out of the
+    sharded checkpoint, image_newline included; `mimo generate --image` on the run, tiling the images itself,
+    answers with transformers' greedy tokens on the export."""
+    run = saved_anyres_run(tmp_path, "siglip", 1)
     with pytest.raises(SystemExit) as done:
         main(["export", "--run", str(run), "--to", str(tmp_path / "out")])
     assert done.value.code == 0

@@ -10,20 +10,16 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from mimo.cli import main
-from mimo.config.load import dump_toml
-from mimo.config.schema import Config
 from mimo.data.prompts import pair_inputs, prompt_batch
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.export.llava_next import export_llava_next
-from mimo.hf.build import build_model
 from mimo.models.generate import greedy_generate, left_pad
-from mimo.train.checkpoint.weights import load_run, save_weights
-from tests.support.hf_helpers import perturb, transformers
-from tests.unit.test_export_llava_next import anyres_config
+from mimo.train.checkpoint.weights import load_run
+from tests.support.hf_helpers import transformers
+from tests.unit.test_export_llava_next import saved_anyres_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,12 +31,7 @@ CASES = {"next_clip": ("clip", 0), "onevision_siglip": ("siglip", 9), "onevision
 
 def anyres_run(tmp_path, tower: str, max_tiles: int):
     """(config, model, run directory, image paths) of a random anyres run and its three images."""
-    cfg = anyres_config(tower, max_tiles)
-    torch.manual_seed(0)
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.toml").write_text(dump_toml(Config(model=cfg)))
-    save_weights(perturb(build_model(cfg), scale=0.3), run)
+    run = saved_anyres_run(tmp_path, tower, max_tiles)
     rng = np.random.default_rng(0)
     paths = [tmp_path / f"{i}.png" for i in range(len(SIZES))]
     for (h, w), path in zip(SIZES, paths):
