@@ -11,7 +11,6 @@ processor that tiles as the model expects (mimo's bicubic resize and [-1, 1] pix
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from mimo.data.tokenizer import IMAGE, require_transformers
 from mimo.export.config import hf_act, hf_text_config, hf_vision_config
 from mimo.export.hf import TokenizerSpec, act_name, llava_parts, resolve_tokenizer, unused_tower_tensors
 from mimo.export.stream import Entry, LiveSource, SourceOf, gather_entries, write_hf_dir
-from mimo.export.tokens import BICUBIC, PIXEL_MEAN, PIXEL_STD, token_ids
+from mimo.export.tokens import BICUBIC, PIXEL_MEAN, PIXEL_STD, token_ids, write_video_processor_config
 from mimo.hf.names import llm_names, projector_names, vit_names, with_prefix
 from mimo.models.anyres import AnyResSubmodules
 from mimo.models.multimodal import MimoModel
@@ -120,18 +119,13 @@ def save_anyres_processor(tok: Any, sub: AnyResSubmodules, directory: Path) -> N
         tf.LlavaNextProcessor(image_processor=images, tokenizer=tok, patch_size=vit.patch,
                               num_additional_image_tokens=int(vit.class_token), **common).save_pretrained(directory)
         return
-    # LlavaOnevisionProcessor cannot be built without torchvision (its video processor needs it), so its config is
-    # written as the class saves it; the video processor prepares frames as the image processor does.
-    frames = {k: v for k, v in images.to_dict().items() if k not in ("image_grid_pinpoints", "image_processor_type")}
+    if common["chat_template"] is None:
+        del common["chat_template"]
     # num_image_tokens counts the tower's outputs, its class token included: 'default' drops it again.
     tower_rows = (vit.image // vit.patch) ** 2 + int(vit.drops_first_token)
-    config = dict(common, processor_class="LlavaOnevisionProcessor", num_image_tokens=tower_rows,
-                  vision_aspect_ratio=f"anyres_max_{sub.max_tiles}", video_token=VIDEO,
-                  image_processor=images.to_dict(),
-                  video_processor=dict(frames, video_processor_type="LlavaOnevisionVideoProcessor"))
-    if config["chat_template"] is None:
-        del config["chat_template"]
-    (directory / "processor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_video_processor_config(directory, "LlavaOnevisionProcessor", images, "LlavaOnevisionVideoProcessor",
+                                 ("image_grid_pinpoints",), num_image_tokens=tower_rows, video_token=VIDEO,
+                                 vision_aspect_ratio=f"anyres_max_{sub.max_tiles}", **common)
     tok.save_pretrained(directory)
 
 

@@ -9,7 +9,6 @@ vision markers `native.vision_start_token_id` / `vision_end_token_id` (-1 when t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,14 @@ from mimo.data.native_images import CLIP_MEAN, CLIP_STD
 from mimo.data.tokenizer import require_transformers
 from mimo.export.config import hf_act, text_architecture
 from mimo.export.stream import LiveSource, SourceOf, gather_entries, write_hf_dir
-from mimo.export.tokens import BICUBIC, byte_tokenizer, run_tokenizer, token_ids, with_token
+from mimo.export.tokens import (
+    BICUBIC,
+    byte_tokenizer,
+    run_tokenizer,
+    token_ids,
+    with_token,
+    write_video_processor_config,
+)
 from mimo.hf.names import llm_names
 from mimo.models.multimodal import MimoModel
 from mimo.models.native_vit import NativeVisionTower, PatchMerger
@@ -114,18 +120,11 @@ def qwen_vl_image_processor(v: NativeViTConfig) -> Any:
 
 def save_qwen_vl_processor(tok: Any, v: NativeViTConfig, directory: Path) -> None:
     """preprocessor_config.json, processor_config.json as `Qwen2VLProcessor` / `Qwen2_5_VLProcessor` saves it
-    (its chat template in chat_template.jinja) and the tokenizer's files. The processor class cannot be built
-    without torchvision (its video processor needs it), so its config is written as the class writes it; the video
-    processor prepares frames as the image processor does."""
+    (write_video_processor_config) and the tokenizer's files (its chat template in chat_template.jinja)."""
     images = qwen_vl_image_processor(v)
     images.save_pretrained(directory)
-    frames = {k: x for k, x in images.to_dict().items() if k != "image_processor_type"}
-    config = {"processor_class": PROCESSORS[v.family], "image_processor": images.to_dict(),
-              "video_processor": dict(frames, video_processor_type="Qwen2VLVideoProcessor")}
-    (directory / "processor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_video_processor_config(directory, PROCESSORS[v.family], images, "Qwen2VLVideoProcessor")
     tok.save_pretrained(directory)
-    if isinstance(getattr(tok, "chat_template", None), str):
-        (directory / "chat_template.jinja").write_text(tok.chat_template)
 
 
 def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype | None = None,

@@ -6,6 +6,7 @@ processor resizes and normalises pixels as mimo's data does (bicubic to the towe
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,18 @@ def save_llava_processor(tok: Any, vit: ViTConfig, strategy: str, directory: Pat
                              num_additional_image_tokens=int(vit.class_token),
                              chat_template=getattr(tok, "chat_template", None))
     proc.save_pretrained(directory)
+
+
+def write_video_processor_config(directory: Path, processor_class: str, images: Any, video_processor_type: str,
+                                 not_for_frames: tuple[str, ...] = (), **fields: Any) -> None:
+    """processor_config.json as `processor_class` saves it, for a class that cannot be built without torchvision
+    (its video processor needs it): `fields`, the image processor `images`, and a video processor of
+    `video_processor_type` that prepares frames as `images` does (without the image-only keys `not_for_frames`)."""
+    image = images.to_dict()
+    frames = {k: x for k, x in image.items() if k not in ("image_processor_type", *not_for_frames)}
+    config = dict(fields, processor_class=processor_class, image_processor=image,
+                  video_processor=dict(frames, video_processor_type=video_processor_type))
+    (directory / "processor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def make_readable(directory: Path) -> None:
