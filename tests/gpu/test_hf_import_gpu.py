@@ -15,8 +15,7 @@ from tests.support.hf_helpers import (
     rel_diff,
     save,
     tiny_causal_lm,
-    tiny_text_config,
-    tiny_vision_config,
+    tiny_llava,
     transformers,
 )
 
@@ -67,10 +66,7 @@ def test_a_chosen_dtype_on_the_device_gives_transformers_logits(tmp_path):
 
 
 def test_llava_lands_on_the_device(tmp_path):
-    config = transformers.LlavaConfig(
-        vision_config=tiny_vision_config("siglip").to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
-        image_token_index=96, vision_feature_layer=-1, vision_feature_select_strategy="full")
-    directory = save(perturb(transformers.LlavaForConditionalGeneration(config).eval()), tmp_path / "llava")
+    directory = save(perturb(tiny_llava("siglip", layer=-1, strategy="full")), tmp_path / "llava")
     _, model = import_llava(directory, device="cuda", dtype=torch.bfloat16)
     _, on_cpu = import_llava(directory, dtype=torch.bfloat16)
     same_tensors_on_cuda(model, on_cpu)

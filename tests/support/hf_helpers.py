@@ -99,6 +99,16 @@ def tiny_vision_config(family: str, **extra):
     return transformers.SiglipVisionConfig(**{**common, **extra})
 
 
+def tiny_llava(tower: str = "clip", text: str = "qwen2", layer: int = -2, strategy: str = "default",
+               token: int = 96) -> torch.nn.Module:
+    """A random LlavaForConditionalGeneration (eval mode) of a `tower` tiny_vision_config and a `text`
+    tiny_text_config, reading hidden states `layer` with `strategy`, placeholder id `token`."""
+    config = transformers.LlavaConfig(
+        vision_config=tiny_vision_config(tower).to_dict(), text_config=tiny_text_config(text).to_dict(),
+        image_token_index=token, vision_feature_layer=layer, vision_feature_select_strategy=strategy)
+    return transformers.LlavaForConditionalGeneration(config).eval()
+
+
 def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
     """HF initialises biases to zero and norms to the identity; noise on every parameter makes the parity
     tests see each of them."""
@@ -146,10 +156,7 @@ def llava_both_ways(text: str, directory: Path) -> None:
     `directory`: mimo's logits within TOL of transformers' (`llava_logits`), and the export loads as a LLaVA
     whose LM is `text`, with the same logits."""
     torch.manual_seed(0)
-    config = transformers.LlavaConfig(
-        vision_config=tiny_vision_config("clip").to_dict(), text_config=tiny_text_config(text).to_dict(),
-        image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy="default")
-    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
+    hf = perturb(tiny_llava(text=text))
     _, model = import_llava(save(hf, directory / "hf"))
     ours, ref, ids, pixels = llava_logits(hf, model)
     assert rel_diff(ours, ref) <= TOL

@@ -15,8 +15,7 @@ from tests.support.hf_helpers import (
     rel_diff,
     save,
     tiny_causal_lm,
-    tiny_text_config,
-    tiny_vision_config,
+    tiny_llava,
     transformers,
 )
 from tests.support.import_memory import measure_in_fresh_process, write_random_checkpoint
@@ -55,10 +54,7 @@ def test_meta_device_gives_shapes_only(tmp_path):
 
 
 def test_llava_and_towers_take_a_dtype(tmp_path):
-    config = transformers.LlavaConfig(
-        vision_config=tiny_vision_config("siglip").to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
-        image_token_index=96, vision_feature_layer=-1, vision_feature_select_strategy="full")
-    directory = save(perturb(transformers.LlavaForConditionalGeneration(config).eval()), tmp_path / "llava")
+    directory = save(perturb(tiny_llava("siglip", layer=-1, strategy="full")), tmp_path / "llava")
     _, model = import_llava(directory, dtype=torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert import_vision(directory, dtype="bfloat16").patch_embedding.weight.dtype == torch.bfloat16

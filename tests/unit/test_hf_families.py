@@ -24,6 +24,7 @@ from tests.support.hf_helpers import (
     rel_diff,
     save,
     tiny_causal_lm,
+    tiny_llava,
     tiny_text_config,
     tiny_vision_config,
     transformers,
@@ -119,10 +120,7 @@ def test_tower_both_ways(family, tmp_path):
 @pytest.mark.parametrize("tower", ["dinov2"])
 def test_llava_with_family_tower_both_ways(tower, tmp_path):
     torch.manual_seed(0)
-    config = transformers.LlavaConfig(
-        vision_config=tiny_vision_config(tower).to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
-        image_token_index=96, vision_feature_layer=-1, vision_feature_select_strategy="default")
-    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
+    hf = perturb(tiny_llava(tower, layer=-1))
     _, model = import_llava(save(hf, tmp_path / "hf"))
     ours, ref, ids, pixels = llava_logits(hf, model)
     assert rel_diff(ours, ref) <= TOL
@@ -167,9 +165,7 @@ def test_sliding_window_and_softcap_configs_are_checked():
 
 def test_gemma2_inside_llava_is_refused(tmp_path):
     """LlavaForConditionalGeneration never soft-caps a Gemma 2 LM's logits: both ways refused, naming why."""
-    config = transformers.LlavaConfig(vision_config=tiny_vision_config("clip").to_dict(),
-                                      text_config=tiny_text_config("gemma2").to_dict(), image_token_index=96)
-    directory = save(transformers.LlavaForConditionalGeneration(config).eval(), tmp_path / "hf")
+    directory = save(tiny_llava(text="gemma2"), tmp_path / "hf")
     with pytest.raises(ValueError, match="never applies its final_logit_softcapping"):
         import_llava(directory)
     vit = import_vision(directory)

@@ -21,8 +21,7 @@ from tests.support.hf_helpers import (
     perturb,
     rel_diff,
     save,
-    tiny_text_config,
-    tiny_vision_config,
+    tiny_llava,
     transformers,
 )
 
@@ -37,10 +36,7 @@ SIGLIP_VIT = dict(class_token=False, pre_norm=False, patch_bias=True, act="gelu_
                                                  ("siglip", "full", 16), ("siglip", "default", 15)])
 def test_import_llava_matches_transformers(tower, strategy, rows, tmp_path):
     torch.manual_seed(0)
-    config = transformers.LlavaConfig(
-        vision_config=tiny_vision_config(tower).to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
-        image_token_index=96, vision_feature_layer=-2, vision_feature_select_strategy=strategy)
-    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval())
+    hf = perturb(tiny_llava(tower, strategy=strategy))
     cfg, model = import_llava(save(hf, tmp_path / tower))
     assert cfg.modalities["images"].vit.layers == 2
     n = model.modality_submodules["images"].encoders["vit"].tokens_per_image

@@ -14,9 +14,7 @@ from tests.support.hf_helpers import (
     rel_diff,
     save,
     tiny_causal_lm,
-    tiny_text_config,
-    tiny_vision_config,
-    transformers,
+    tiny_llava,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,10 +64,7 @@ def test_left_padded_generate_matches_transformers_causal_lm(lm_pair):
 
 def test_left_padded_generate_matches_transformers_llava(tmp_path):
     torch.manual_seed(0)
-    config = transformers.LlavaConfig(
-        vision_config=tiny_vision_config("siglip").to_dict(), text_config=tiny_text_config("qwen2").to_dict(),
-        image_token_index=IMG, vision_feature_layer=-1, vision_feature_select_strategy="default")
-    hf = perturb(transformers.LlavaForConditionalGeneration(config).eval(), scale=0.3)
+    hf = perturb(tiny_llava("siglip", layer=-1, token=IMG), scale=0.3)
     _, model = import_llava(save(hf, tmp_path / "llava"))
     n = model.modality_submodules["images"].encoders["vit"].tokens_per_image
     prompts = [[1] + [IMG] * n + [5, 6, 7, 8, 9], [2] + [IMG] * n + [10], [4, 11] + [IMG] * n + [12, 13, 14]]
