@@ -149,7 +149,7 @@ def test_hf_tokenizer_run_exports_its_tokenizer(in_vocab, tmp_path, capsys):
     cli(capsys, "export", "--run", run, "--to", out)
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.convert_tokens_to_ids("<image>") == image and len(tok) == len(words) + (not in_vocab)
-    proc = transformers.AutoProcessor.from_pretrained(out)
+    proc = transformers.AutoProcessor.from_pretrained(out, **PIL)  # mimo generate's pixels, torchvision or not
     inputs = proc(text=["<image>" + p for p in prompts], images=[Image.open(i) for i in images], padding=True,
                   return_tensors="pt")
     # What mimo's data and `mimo generate` build with the run's own tokenizer: BOS, placeholders, text, left-padded
