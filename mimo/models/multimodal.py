@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from mimo.config.schema import LANGUAGE
 from mimo.models.layers import document_mask, padding_causal_mask
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import cross_entropy_sum
@@ -386,3 +387,9 @@ class MimoModel(nn.Module):
             pred = pred if back is None else back(pred, per_sample, hint)
             sums[name], counts[name] = sub.output_loss(pred, target_rows)
         return sums, counts
+
+
+def modules_by_name(model: MimoModel) -> dict[str, nn.Module]:
+    """The model's modules by their config name: the LM under LANGUAGE ("language"), then each modality
+    submodule under its model.modalities name. The one map that optimizers, checkpoints and layouts key by."""
+    return {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}

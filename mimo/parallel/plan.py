@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from mimo.config.schema import LANGUAGE, Config
 from mimo.data.batching import split_microbatches
 from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize
-from mimo.models.multimodal import MimoModel, out_key
+from mimo.models.multimodal import MimoModel, modules_by_name, out_key
 from mimo.parallel.bridge.colocated import ColocatedBridge
 from mimo.parallel.context import ContextParallel
 from mimo.parallel.data import (
@@ -91,9 +91,6 @@ class ParallelPlan:
     def _flag(self, name: str, field: str) -> bool:
         m = self.module_cfg[name]
         return bool(m is not None and getattr(m, field))
-
-    def modules(self, model: MimoModel) -> dict[str, nn.Module]:
-        return {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}
 
     def parallelize(self, model: MimoModel, compute_paths: Callable[[MimoModel], None] | None = None,
                     device: torch.device | str = "cpu") -> None:
@@ -176,7 +173,7 @@ class ParallelPlan:
         """For every module with more than one data lane here: FSDP2 (`sharded`, on meta or real parameters)
         or else a bucketed gradient all-reduce over the materialised parameters (an expert-parallel LM's
         expert weights over their edp group, the rest over all its lanes)."""
-        for name, module in self.modules(model).items():
+        for name, module in modules_by_name(model).items():
             lanes = self.data_dims(name)
             if self.groups[name].size_of(lanes) == 1 or not self.holds(name) or self._flag(name, "fsdp") != sharded:
                 continue
@@ -231,7 +228,7 @@ class ParallelPlan:
     def finalize_grads(self, model: MimoModel) -> None:
         """Collective, once per step after the last backward: sequence-parallel partial gradients summed
         over TP, then replicated modules summed over their DP lanes (FSDP already reduced its shards)."""
-        for name, module in self.modules(model).items():
+        for name, module in modules_by_name(model).items():
             if self.layout.grids[name].tp > 1 and self.holds(name):
                 sync_sequence_parallel_grads(module, self.groups[name].group("tp"))
         if self.pipeline is not None:

@@ -34,7 +34,7 @@ from torch import nn
 from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.config.train_config import FLOAT8
 from mimo.models.layers import SelfAttention
-from mimo.models.multimodal import MimoModel
+from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.parallel.layout import Layout
 
 FLOAT8_MIN_CAPABILITY = (8, 9)
@@ -51,11 +51,6 @@ def float8_modules(cfg: Config) -> list[str]:
     return [n for n in cfg.model.module_names if cfg.train.module_dtype.get(n) == FLOAT8]
 
 
-def module_root(model: MimoModel, name: str) -> nn.Module:
-    """The language model ("language") or one modality's submodules (encoders, projections, decoders)."""
-    return model.language_model if name == LANGUAGE else model.modality_submodules[name]
-
-
 def fused_qkv_linears(root: nn.Module) -> set[int]:
     """ids of the q, k and v projections of every attention below `root` that computes them in one product."""
     return {id(lin) for m in root.modules() if isinstance(m, SelfAttention) and m.fused_qkv
@@ -69,7 +64,7 @@ def float8_linears(model: MimoModel, cfg: Config) -> dict[str, nn.Linear]:
     prefixes = {id(model.language_model): "language_model", **{
         id(sub): f"modality_submodules.{n}" for n, sub in model.modality_submodules.items()}}
     for name in float8_modules(cfg):
-        root = module_root(model, name)
+        root = modules_by_name(model)[name]
         stay = fused_qkv_linears(root) | ({id(root.lm_head)} if name == LANGUAGE else set())
         for fqn, m in root.named_modules():
             if (type(m) is nn.Linear and id(m) not in stay and m.weight is not None

@@ -23,7 +23,7 @@ from mimo.hf.build import build_model, load_hf_weights_into
 from mimo.models.flops import train_step_flops
 from mimo.models.init import INIT_SPECS, materialize, whole
 from mimo.models.loss import loss_weights
-from mimo.models.multimodal import MimoModel
+from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.models.out_loss import OutPathLoss
 from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.plan import ParallelPlan
@@ -47,11 +47,6 @@ from mimo.train.run_folder import RunFolder
 from mimo.train.threads import set_threads
 from mimo.train.throughput import Throughput
 from mimo.train.wandb_mirror import require_wandb
-
-
-def module_map(model: MimoModel) -> dict[str, torch.nn.Module]:
-    """The modules that get their own optimizer: the LM ("language") and each modality submodule."""
-    return {"language": model.language_model, **dict(model.modality_submodules.items())}
 
 
 def gpu_defaults_note(applied: dict[str, object]) -> str:
@@ -105,7 +100,7 @@ class Trainer:
         self.router_losses = RouterLosses(self.model, cfg, self.device)
         self.run_dir = run_dir or Path(cfg.run.out_dir) / cfg.run.name
         self.run_folder = RunFolder(cfg, self.run_dir, self.rank)
-        self.checkpointer = RunCheckpointer(cfg, self.run_dir, module_map(self.model), self.optimizer, self.guard,
+        self.checkpointer = RunCheckpointer(cfg, self.run_dir, modules_by_name(self.model), self.optimizer, self.guard,
                                             self.rank, self.data, self.plan)
 
     # Hooks the parallel runtime overrides -------------------------------------------------------
@@ -133,13 +128,13 @@ class Trainer:
         """MimoOptimizer (fp32 weights), or MasterOptimizer under train.master_weights (turns them bf16)."""
         t = self.cfg.train
         if t.master_weights:
-            modules = module_map(self.model)
+            modules = modules_by_name(self.model)
             sharded = {} if self.plan is None else {n: self.plan.master_state_groups(n) for n in modules}
             return MasterOptimizer(modules, self.cfg.optim, t.steps, early=t.lm_update_early,
                                    grad_table=t.grad_table, compile=t.compile and self.device.type == "cuda",
                                    groups=sharded, norm_sq_reduce=self.plan.norm_sq_reduce if self.plan else None,
                                    fsdp=self.plan.fsdp_modules() if self.plan else ())
-        return MimoOptimizer(module_map(self.model), self.cfg.optim, self.cfg.train.steps,
+        return MimoOptimizer(modules_by_name(self.model), self.cfg.optim, self.cfg.train.steps,
                              fused=self.device.type == "cuda",
                              norm_sq_reduce=self.plan.norm_sq_reduce if self.plan is not None else None)
 

@@ -14,12 +14,13 @@ from mimo.data.audio_demo import AVLMData
 from mimo.data.batching import split_microbatches
 from mimo.data.text_to_image import TextToImageData
 from mimo.models.build import build_model
+from mimo.models.multimodal import modules_by_name
 from mimo.models.out_loss import OutPathLoss
 from mimo.parallel.data import GradReducer, apply_fsdp
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
-from mimo.train.trainer import Trainer, module_map
+from mimo.train.trainer import Trainer
 from tests.support.configs import AVLM, T2I, TINY_T2I
 from tests.support.configs import TINY_AVLM as TINY
 from tests.support.dist import run_distributed
@@ -104,7 +105,7 @@ def _lane_grads(mode: str, rank: int, world: int, model, batch: dict, out_path: 
         for sub in subs.values():
             apply_fsdp(sub, groups.device_mesh("dp"), entry_methods=("decode",) if out_path else ())
     else:
-        reducers = [GradReducer(m, group) for m in module_map(model).values()]
+        reducers = [GradReducer(m, group) for m in modules_by_name(model).values()]
     lanes = {name: (rank, world) for name in ("language", *subs)}
     micro = split_microbatches(batch, 2, lanes)
     n_text = sum((mb["labels"] != -100).sum() for mb in micro).float()

@@ -19,9 +19,9 @@ from mimo.config.schema import (
 )
 from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
+from mimo.models.multimodal import modules_by_name
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
 from tests.support.parity import close, grads_then_step, reference_and_parallel_copy, step_matches_reference
@@ -113,7 +113,7 @@ def _inf_case(rank: int, world: int) -> None:
     model = build_model(cfg.model)
     plan = ParallelPlan(cfg, rank, 8)
     plan.parallelize(model)
-    opt = MimoOptimizer(module_map(model), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    opt = MimoOptimizer(modules_by_name(model), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     (mb,) = plan.microbatches(_batch(1, False))
     model(**mb).loss_sum.backward()

@@ -19,14 +19,13 @@ import torch.distributed as dist
 from mimo.config.schema import ModalityConfig, ModelConfig, OptimConfig, ViTConfig
 from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
-from mimo.models.multimodal import MimoModel
+from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.parallel.data import REPLICAS, AbsentInputFiller, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.perf.apply import transformer_blocks
 from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.regional import checkpoint_blocks
 from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm
 from tests.support.dist import run_distributed
 
@@ -124,9 +123,9 @@ def check_case(rank: int, world: int, mode: str, scenario: str, groups: GridGrou
     # rounding noise in near-zero gradients up to +-lr and hide the gradient values; eps 1e-2 keeps the
     # update sensitive to the values and to the clip factor
     base = OptimConfig(lr=1e-2, warmup_steps=0, schedule="constant", weight_decay=0.1, eps=1e-2)
-    ref_norm = float(MimoOptimizer(module_map(ref), base, 1).grad_norm())
+    ref_norm = float(MimoOptimizer(modules_by_name(ref), base, 1).grad_norm())
     cfg = dataclasses.replace(base, clip=0.5 * ref_norm)
-    ref_opt = MimoOptimizer(module_map(ref), cfg, 1)
+    ref_opt = MimoOptimizer(modules_by_name(ref), cfg, 1)
     assert ref_opt.step(0)[:2] == (True, ref_norm)
 
     if mode == "fsdp_fused_qkv":
@@ -136,7 +135,7 @@ def check_case(rank: int, world: int, mode: str, scenario: str, groups: GridGrou
         apply_fsdp(model.modality_submodules["images"], mesh)
         filler = AbsentInputFiller(model, DUMMY)
     else:
-        reducers = [GradReducer(m, group, bucket_mb=0.004) for m in module_map(model).values()]
+        reducers = [GradReducer(m, group, bucket_mb=0.004) for m in modules_by_name(model).values()]
         assert all(len(r.buckets) > 1 for r in reducers)
         assert all(getattr(p, REPLICAS) == world for p in model.parameters())
     if mode == "fsdp_checkpointed":
@@ -156,7 +155,7 @@ def check_case(rank: int, world: int, mode: str, scenario: str, groups: GridGrou
     worst = 0.0
     for name, p in model.named_parameters():
         worst = max(worst, assert_close(f"{mode}/{scenario} grad {name}", full(p.grad), ref_grads[name]))
-    opt = MimoOptimizer(module_map(model), cfg, 1, norm_sq_reduce=norm_sq_reducer(MODULES))
+    opt = MimoOptimizer(modules_by_name(model), cfg, 1, norm_sq_reduce=norm_sq_reducer(MODULES))
     stepped, norm, _ = opt.step(0)
     assert stepped and abs(norm - ref_norm) <= 1e-5 * ref_norm, f"{mode}/{scenario}: norm {norm} vs {ref_norm}"
     ref_params = dict(ref.named_parameters())

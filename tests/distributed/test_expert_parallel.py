@@ -21,11 +21,11 @@ from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
 from mimo.models.moe import moe_layers
+from mimo.models.multimodal import modules_by_name
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import module_map
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
 from tests.support.parity import close, freeze_key_biases, grads_then_step, step_matches_reference
@@ -100,7 +100,7 @@ def _run_case(rank: int, world: int, lm: dict, router: str, micro: int) -> float
                   if "mlp." in n}
         assert meshes == {"router.weight": world, "w_gate": world // lm["ep"], "w_up": world // lm["ep"],
                           "w_down": world // lm["ep"]}, f"{what}: {meshes}"
-    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    opt = MimoOptimizer(modules_by_name(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     micro_batches = plan.microbatches(batch)
     tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro_batches)
     n_global = plan.all_reduce_lm_data(tokens.clone())

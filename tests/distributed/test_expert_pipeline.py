@@ -14,9 +14,9 @@ import torch
 from mimo.config.schema import Config
 from mimo.models.build import build_model
 from mimo.models.moe import moe_layers
+from mimo.models.multimodal import modules_by_name
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import module_map
 from tests.distributed.test_pipeline import IMG, MICRO, PER_MB, RTOL, _batch, _module, _reference
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
@@ -58,7 +58,7 @@ def _run_case(rank: int, world: int, lm: tuple, ep: int) -> float:
     _prepare(par)
     held = {n: p.shape[0] for n, p in par.named_parameters() if n.endswith("w_gate")}
     assert (rank == 0) == (not held) and all(e == 4 // ep for e in held.values()), f"{what}: rank {rank} holds {held}"
-    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    opt = MimoOptimizer(modules_by_name(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     pipe = plan.pipeline
     result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])

@@ -18,6 +18,7 @@ import torch
 
 from mimo.config.schema import Config, ConfigError, ModuleLayoutConfig
 from mimo.models.build import build_model
+from mimo.models.multimodal import modules_by_name
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order, run_1f1b
@@ -25,7 +26,6 @@ from mimo.parallel.pipeline.split import chunk_layers
 from mimo.parallel.plan import ParallelPlan
 from mimo.planner.simulate import interleaved_ops, one_f_one_b_ops, schedule_bubble, simulate
 from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import module_map
 from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
 from tests.support.parity import freeze_key_biases, rel_diff
@@ -50,7 +50,7 @@ def _batch(n: int, step: int) -> dict:
 
 
 def _reference(cfg: Config, model) -> tuple[list[float], dict]:
-    opt = MimoOptimizer(module_map(model), cfg.optim, 10)
+    opt = MimoOptimizer(modules_by_name(model), cfg.optim, 10)
     losses = []
     for step in range(STEPS):
         batch = _batch(cfg.data.global_batch, step)
@@ -72,7 +72,7 @@ def _run_case(rank: int, world: int) -> float:
     ref_losses, ref_params = _reference(cfg, model)
     plan = ParallelPlan(cfg, rank, world)
     plan.parallelize(par)
-    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    opt = MimoOptimizer(modules_by_name(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     pipe = plan.pipeline
     if pipe.module == "language":  # rank r of the LM holds the strided chunks r and r + pp, one layer each
         pp = CASES[world][0]

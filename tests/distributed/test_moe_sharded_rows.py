@@ -13,10 +13,10 @@ import torch
 
 from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
+from mimo.models.multimodal import modules_by_name
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.router_loss import RouterLosses
-from mimo.train.trainer import module_map
 from tests.distributed.test_expert_parallel import N, _batch, _config, _prepare
 from tests.support.dist import run_distributed
 from tests.support.parity import close, grads_then_step, step_matches_reference
@@ -52,7 +52,7 @@ def _run_case(rank: int, world: int, lm: dict, micro: int) -> float:
     router = RouterLosses(par, cfg)
     router.begin()
     par.train()
-    opt = MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    opt = MimoOptimizer(modules_by_name(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     micro_batches = plan.microbatches(batch)
     tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro_batches)
     n_global = plan.all_reduce_lm_data(tokens.clone())

@@ -10,9 +10,10 @@ import torch
 
 from mimo.config.schema import Config
 from mimo.models.build import build_model
+from mimo.models.multimodal import modules_by_name
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
-from mimo.train.trainer import Trainer, module_map
+from mimo.train.trainer import Trainer
 
 
 def freeze_key_biases(model: torch.nn.Module) -> None:
@@ -27,7 +28,7 @@ def grads_then_step(cfg: Config, model: torch.nn.Module) -> tuple[dict, dict]:
     """After the reference's backward: every gradient (zeros where none), then one optimizer step that
     must clip (so the test covers the global norm), and the weights after it."""
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()}
-    stepped, norm, _ = MimoOptimizer(module_map(model), cfg.optim, 10).step(0)
+    stepped, norm, _ = MimoOptimizer(modules_by_name(model), cfg.optim, 10).step(0)
     assert stepped and norm > cfg.optim.clip, "the case must exercise clipping"
     return grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -62,7 +63,7 @@ def reference_and_parallel_copy(cfg: Config, rank: int, world: int, reference: C
     ref = reference(model)
     plan = ParallelPlan(cfg, rank, world)
     plan.parallelize(par)
-    return ref, plan, par, MimoOptimizer(module_map(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
+    return ref, plan, par, MimoOptimizer(modules_by_name(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
 
 
 def step_matches_reference(what: str, rank: int, plan, par: torch.nn.Module, opt: MimoOptimizer, ref: dict,

@@ -30,7 +30,7 @@ from mimo.data.batching import split_microbatches, to_device, with_loss_rows
 from mimo.data.checks import check_batch, check_vocabulary
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import loss_weights
-from mimo.models.multimodal import MimoModel
+from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.models.out_loss import OutPathLoss
 from mimo.parallel.bridge.pipelined import PipelineBridge
 from mimo.parallel.context import ContextParallel
@@ -214,8 +214,7 @@ class PipelinePlan:
     def split(self, model: MimoModel) -> None:
         """Cut the (tensor-parallelised) full model down to this rank's stage, the Out path's output
         projections and decoders to the LM's last stage (`keep_out_path`). Not collective."""
-        modules = {LANGUAGE: model.language_model, **dict(model.modality_submodules.items())}
-        for name, module in modules.items():
+        for name, module in modules_by_name(model).items():
             if name == self.module == LANGUAGE:
                 split_lm(module, self.pp_rank, self.grid.pp, self.chunks)
             elif name == self.module:

@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from mimo.config.schema import ModelConfig
 from mimo.hf.build import build_model
+from mimo.models.multimodal import modules_by_name
 from mimo.parallel.expert.layout import is_expert_key
 
 MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
@@ -29,9 +30,8 @@ def full_shapes(model_cfg: ModelConfig) -> dict[str, torch.Size]:
     `optim.<module>.<param>.<moment>` like the flattened training state. Allocates nothing."""
     with torch.device("meta"):
         model = build_model(model_cfg)
-    modules = {"language": model.language_model, **dict(model.modality_submodules.items())}
     shapes: dict[str, torch.Size] = {}
-    for name, mod in modules.items():
+    for name, mod in modules_by_name(model).items():
         for k, v in mod.state_dict().items():
             shapes[f"model.{name}.{k}"] = v.shape
         for k, p in mod.named_parameters():

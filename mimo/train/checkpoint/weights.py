@@ -16,15 +16,10 @@ from torch.distributed.checkpoint import FileSystemWriter
 from mimo.config.load import load_config
 from mimo.config.schema import Config
 from mimo.hf.build import build_model
-from mimo.models.multimodal import MimoModel
+from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.train.checkpoint.safe_dcp import SafeFileSystemReader, read_metadata_file
 from mimo.train.checkpoint.store import CheckpointStore
 from mimo.train.checkpoint.tensors import CheckpointTensors, resolve_checkpoint
-
-
-def module_trees(model: MimoModel) -> dict[str, nn.Module]:
-    """The checkpoint's modules of a MimoModel: "language" and each modality (as the trainer saves them)."""
-    return {"language": model.language_model, **dict(model.modality_submodules.items())}
 
 
 def save_weights(model: MimoModel, run_dir: Path, step: int = 0) -> Path:
@@ -32,7 +27,7 @@ def save_weights(model: MimoModel, run_dir: Path, step: int = 0) -> Path:
     `run_dir/checkpoints/step_<step>`, the form `load_run` and `mimo export` read."""
     store = CheckpointStore(Path(run_dir) / "checkpoints", keep=1 << 30)
     tmp = store.prepare(step)
-    save_training_state(tmp, {"model": {n: m.state_dict() for n, m in module_trees(model).items()}, "optim": {}})
+    save_training_state(tmp, {"model": {n: m.state_dict() for n, m in modules_by_name(model).items()}, "optim": {}})
     return store.publish(step, {"reason": "weights"}, {})
 
 
