@@ -1,65 +1,89 @@
-"""The task registry: a data set's name (data.name) -> how to build it from the config and how to evaluate a
-model on its held-out part. The trainer and `mimo eval` both read it."""
+"""The data-set registry: one `DataSet` entry per data.name, everything the rest of mimo knows of a data set.
+The gate (mimo.train.gate) reads its checks, row length and tokenizer; the trainer and `mimo eval` build the
+set and evaluate a model on its held-out part through it. The pure facts (row lengths, checks, tokenizers) live
+in mimo.data.set_checks, the builders in data/, the evaluations in eval/; this room, above both, joins them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mimo.config.schema import Config
+from mimo.config.schema import Config, ConfigError, ModelConfig
+from mimo.data import set_checks as checks
 from mimo.data.anyres_data import build_anyres_data
 from mimo.data.audio_demo import build_avlm_data
-from mimo.data.demo import DemoVLMData
-from mimo.data.image_text import IMAGE_TEXT_SETS, build_image_text_data
+from mimo.data.demo import build_shapes_data
+from mimo.data.image_text import build_image_text_data
 from mimo.data.native_data import build_native_data
-from mimo.data.shapes import IMAGE_SIZE
 from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
 from mimo.data.text_to_image import build_text_to_image_data
 from mimo.eval.answers import evaluate_answers
 from mimo.eval.avlm import evaluate_avlm
 from mimo.eval.text_to_image import evaluate_text_to_image
-from mimo.models.anyres import AnyResSubmodules
 from mimo.models.multimodal import MimoModel
 
-# Demo sets beyond "shapes", by data.name: (build from the config, held-out evaluation of a model).
-DEMO_SETS: dict[str, tuple[Callable[[Config, MimoModel], Any], Callable[[MimoModel, Any], dict]]] = {
-    "avlm": (build_avlm_data, evaluate_avlm),
-    "text_to_image": (build_text_to_image_data, evaluate_text_to_image),
-    "synthetic": (build_synthetic_data, evaluate_synthetic),
+Device = str | torch.device
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """One data set. `build(cfg, model)`: the data object the trainer draws global batches from (`model` is the
+    built, possibly laid-out model). `evaluate(model, data, device)`: held-out metrics of a whole model, in one
+    process, no collective. `row_length(cfg, model_cfg)`: tokens of every row the LM sees, None when the model
+    lacks what the set needs. `check(cfg, model_cfg)`: raises a ConfigError when the model cannot train on the
+    set. `tokenizer(cfg)`: the spec its text is written with ("byte" or a folder), None for synthetic ids."""
+
+    build: Callable[[Config, MimoModel], Any]
+    evaluate: Callable[[MimoModel, Any, Device], dict]
+    row_length: Callable[[Config, ModelConfig], int | None]
+    check: Callable[[Config, ModelConfig], None]
+    tokenizer: Callable[[Config], str | None]
+
+
+def build_real_data(cfg: Config, model: MimoModel) -> Any:
+    """jsonl and webdataset: native-resolution, anyres-tiled or fixed-size inputs, as the model's modalities ask."""
+    modalities = cfg.model.modalities.values()
+    if any(m.kind == "native_vision" for m in modalities):
+        return build_native_data(cfg, model)
+    if any(m.anyres_grid_pinpoints for m in modalities):
+        return build_anyres_data(cfg, model)
+    return build_image_text_data(cfg, model)
+
+
+REAL_DATA = DataSet(build_real_data, lambda model, data, device: data.evaluate(model, device), checks.seq_len_rows,
+                    checks.check_real_data, checks.config_tokenizer)
+
+DATA_SETS: dict[str, DataSet] = {
+    "shapes": DataSet(build_shapes_data, lambda model, data, device: evaluate_answers(model, data, device=device),
+                      checks.shapes_row_length, checks.check_shapes, checks.byte_tokenizer),
+    "avlm": DataSet(build_avlm_data, lambda model, data, device: evaluate_avlm(model, data), checks.avlm_rows,
+                    checks.check_avlm, checks.byte_tokenizer),
+    "text_to_image": DataSet(build_text_to_image_data, lambda model, data, device: evaluate_text_to_image(model, data),
+                             checks.text_to_image_rows, checks.check_text_to_image, checks.byte_tokenizer),
+    "synthetic": DataSet(build_synthetic_data, lambda model, data, device: evaluate_synthetic(model, data),
+                         checks.seq_len_rows, checks.check_synthetic, checks.no_tokenizer),
+    "webdataset": REAL_DATA,
+    "jsonl": REAL_DATA,
 }
+"""Every data set by data.name, in the order the gate's refusal lists them."""
+
+
+def data_set(cfg: Config) -> DataSet:
+    """The registry entry of data.name; a ConfigError naming the field and the known names if there is none."""
+    entry = DATA_SETS.get(cfg.data.name)
+    if entry is None:
+        raise ConfigError(f"data.name = '{cfg.data.name}' is not a known data set; use one of {', '.join(DATA_SETS)}")
+    return entry
 
 
 def build_demo_data(cfg: Config, model: MimoModel) -> Any:
-    if cfg.data.name in DEMO_SETS:
-        return DEMO_SETS[cfg.data.name][0](cfg, model)
-    if cfg.data.name in IMAGE_TEXT_SETS:
-        kinds = {m.kind for m in cfg.model.modalities.values()}
-        tiled = any(m.anyres_grid_pinpoints for m in cfg.model.modalities.values())
-        build = build_native_data if "native_vision" in kinds else build_anyres_data if tiled else build_image_text_data
-        return build(cfg, model)
-    if cfg.data.name != "shapes":
-        raise ValueError(f"data.name = '{cfg.data.name}' is not a known data set; use one of "
-                         f"{', '.join(['shapes', *DEMO_SETS, *IMAGE_TEXT_SETS])}")
-    if len(cfg.model.modalities) != 1:
-        raise ValueError("the shapes demo needs exactly one vision modality under model.modalities")
-    (name, mcfg), = cfg.model.modalities.items()
-    sub = model.modality_submodules[name]
-    vit = sub.encoders["vit"]
-    if isinstance(sub, AnyResSubmodules):
-        return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed,
-                           sub.rows_of((IMAGE_SIZE, IMAGE_SIZE)), mcfg.token_id, modality=name,
-                           images=cfg.data.images_range, grid_pinpoints=sub.grid_pinpoints, tile=vit.cfg.image)
-    return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, vit.tokens_per_image,
-                       mcfg.token_id, modality=name, images=cfg.data.images_range)
+    """The data set that data.name names, built for `model`."""
+    return data_set(cfg).build(cfg, model)
 
 
-
-def evaluate_demo(cfg: Config, model: MimoModel, data: Any, device: str | torch.device) -> dict:
-    """Held-out evaluation of the demo set that data.name names."""
-    if cfg.data.name in DEMO_SETS:
-        return DEMO_SETS[cfg.data.name][1](model, data)
-    if cfg.data.name in IMAGE_TEXT_SETS:
-        return data.evaluate(model, device)
-    return evaluate_answers(model, data, device=device)
+def evaluate_demo(cfg: Config, model: MimoModel, data: Any, device: Device) -> dict:
+    """Held-out evaluation of the data set that data.name names (one process, no collective)."""
+    return data_set(cfg).evaluate(model, data, device)

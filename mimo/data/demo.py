@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mimo.config.schema import Config
 from mimo.data.anyres_tiles import tiled_inputs
 from mimo.data.batching import COUNTS as MODALITY_COUNTS
 from mimo.data.seeded_batches import SeededBatches
@@ -28,7 +29,9 @@ from mimo.data.shapes import (
     make_samples,
 )
 from mimo.data.tokenizer import ByteTokenizer
+from mimo.models.anyres import AnyResSubmodules
 from mimo.models.loss import IGNORE_INDEX
+from mimo.models.multimodal import MimoModel
 
 
 def question_answer_rows(pairs: list[tuple[list[int], str]], seq_len: int,
@@ -99,3 +102,18 @@ class DemoVLMData(SeededBatches):
         pixels = [image_tensor_values(image) for image in images]
         return {"pixel_values": torch.from_numpy(np.stack(pixels)) if pixels else
                 torch.zeros(0, 3, IMAGE_SIZE, IMAGE_SIZE)}
+
+
+def build_shapes_data(cfg: Config, model: MimoModel) -> DemoVLMData:
+    """The data set for data.name = "shapes": one vision modality, its images tiled if it is an anyres one."""
+    if len(cfg.model.modalities) != 1:
+        raise ValueError("the shapes demo needs exactly one vision modality under model.modalities")
+    (name, mcfg), = cfg.model.modalities.items()
+    sub = model.modality_submodules[name]
+    vit = sub.encoders["vit"]
+    if isinstance(sub, AnyResSubmodules):
+        return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed,
+                           sub.rows_of((IMAGE_SIZE, IMAGE_SIZE)), mcfg.token_id, modality=name,
+                           images=cfg.data.images_range, grid_pinpoints=sub.grid_pinpoints, tile=vit.cfg.image)
+    return DemoVLMData(cfg.data.train_samples, cfg.data.eval_samples, cfg.data.seed, vit.tokens_per_image,
+                       mcfg.token_id, modality=name, images=cfg.data.images_range)

@@ -3,7 +3,7 @@ first collective, as a `ConfigError` that names the field and the fix (`mimo: er
 
 `validate_run(cfg, world)` checks, in this order: the config alone (mimo.config.validate), the device (and
 what a "float8" module needs of it: a GPU of compute capability >= 8.9, torchao), the architecture read from
-every `hf_path`, the data set against the model (its modalities, its row length, its tokenizer), then, on more
+every `hf_path`, the data set against the model (mimo.tasks: its modalities, row length, tokenizer), then, on more
 than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Before the
 model's checks, on CUDA, the fast-path keys the user left unset take their GPU defaults where the layout
 accepts them (mimo.perf.gpu_defaults), the one change the gate makes to the config; what needs train.dtype =
@@ -24,26 +24,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo.config.schema import LANGUAGE, Config, ConfigError, ModalityConfig, ModelConfig
+from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.config.validate import validate, validate_fast_path_keys, validate_float8_dtype
-from mimo.data.audio_demo import avlm_row_length
-from mimo.data.demo import demo_row_length
-from mimo.data.image_text import IMAGE_TEXT_SETS
-from mimo.data.media import clip_samples
-from mimo.data.shapes import IMAGE_SIZE
-from mimo.data.text_to_image import text_to_image_row_length
 from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer
 from mimo.hf.build import resolve_hf_architecture
-from mimo.models.anyres import anyres_rows
-from mimo.models.audio import AudioEncoder
-from mimo.models.audio_features import WHISPER_HOP
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import check_lm_features, validate_plan
 from mimo.perf.apply import check_fast_path_layout
 from mimo.perf.float8 import check_float8_support
 from mimo.perf.gpu_defaults import apply_gpu_defaults
-from mimo.tasks import DEMO_SETS
+from mimo.tasks import data_set
 
 BYTE_TEXT_IDS = ByteTokenizer.PAD + 1
 """The ids the byte tokenizer writes for text: bytes 0-255, BOS, EOS and PAD (placeholders come after)."""
@@ -103,28 +94,10 @@ def resolved_model(model: ModelConfig) -> ModelConfig:
 
 
 def row_length(cfg: Config, model: ModelConfig) -> int | None:
-    """Tokens of every row the LM sees: the demo task's fixed length, or data.seq_len (synthetic and real data
-    pad to it); None when packing (validate_plan checks data.pack_length) or when the model lacks what the
-    demo task needs (`mimo plan` may plan a model for other data)."""
-    vision = [image_rows(m) for m in model.modalities.values() if m.kind == "vision"]
-    outs = [(m.decoder.image // m.decoder.patch) ** 2 for m in model.modalities.values() if m.output_token_id >= 0]
-    name = cfg.data.name
-    if cfg.data.packing or (name in ("shapes", "avlm") and not vision) or (name == "text_to_image" and not outs):
-        return None
-    if name == "shapes":
-        return demo_row_length(vision[0] * cfg.data.images_per_sample)
-    if name == "avlm":
-        return avlm_row_length(vision[0])
-    return text_to_image_row_length(outs[0]) if name == "text_to_image" else cfg.data.seq_len
-
-
-def image_rows(m: ModalityConfig) -> int:
-    """Rows a demo image (shapes' IMAGE_SIZE square) gives a vision modality: its ViT's tokens, or an anyres
-    modality's tiles, newline rows included (mimo.models.anyres.anyres_rows)."""
-    if not m.anyres_grid_pinpoints:
-        return m.vit.tokens_per_image
-    return anyres_rows((IMAGE_SIZE, IMAGE_SIZE), m.vit.image, m.vit.patch, m.anyres_grid_pinpoints,
-                       m.anyres_max_tiles, m.vit.tokens_per_image)
+    """Tokens of every row the LM sees: the data set's own length (mimo.tasks.DATA_SETS); None when packing
+    (validate_plan checks data.pack_length) or when the model lacks what the demo task needs (`mimo plan` may
+    plan a model for other data)."""
+    return None if cfg.data.packing else data_set(cfg).row_length(cfg, model)
 
 
 def check_anyres_layout(cfg: Config, layout: Layout) -> None:
@@ -144,86 +117,21 @@ def check_anyres_layout(cfg: Config, layout: Layout) -> None:
                               "ranks, with an LM of pp = 1")
 
 
-def check_anyres_data(cfg: Config, model: ModelConfig) -> None:
-    """An anyres modality trains on data that tiles its images: the shapes demo, or JSONL / WebDataset with it as
-    the model's only modality."""
-    tiled = [n for n, m in model.modalities.items() if m.anyres_grid_pinpoints]
-    name = cfg.data.name
-    if not tiled or name == "shapes":
-        return
-    key = f"model.modalities.{tiled[0]}.anyres_grid_pinpoints"
-    if name not in IMAGE_TEXT_SETS:
-        raise ConfigError(f"{key} is set, but data.name = '{name}' does not tile images (the shapes demo, jsonl and "
-                          "webdataset do); train it on one of those, or with anyres_grid_pinpoints = [] (one tile per "
-                          "image)")
-    if len(model.modalities) != 1:
-        raise ConfigError(f"{key} is set with data.name = '{name}', which tiles the images of an anyres modality that "
-                          f"is the model's only one; this model has {sorted(model.modalities)} under "
-                          "model.modalities")
-
-
 def check_data_set(cfg: Config, model: ModelConfig) -> None:
-    """data.name is a known set and the model has the modalities it feeds; rows hold their placeholders."""
-    name, kinds = cfg.data.name, sorted(m.kind for m in model.modalities.values())
-    known = ["shapes", *DEMO_SETS, *IMAGE_TEXT_SETS]
-    if name not in known:
-        raise ConfigError(f"data.name = '{name}' is not a known data set; use one of {', '.join(known)}")
-    real = [["vision"], ["audio"], ["audio", "vision"], ["native_vision"]]
-    needs = {"avlm": ["audio", "vision"], "text_to_image": kinds}.get(name, ["vision"])
-    if kinds != needs and not (name in IMAGE_TEXT_SETS and kinds in real):
-        what = {"avlm": "one vision and one audio modality", "synthetic": "exactly one vision modality"}.get(
-            name, "one vision modality, one audio modality, one of each, or one native_vision modality")
-        raise ConfigError(f"data.name = '{name}' needs {what} under model.modalities; this model has "
-                          f"{dict(zip(model.modalities, kinds)) or 'none'}")
-    check_anyres_data(cfg, model)
+    """data.name is a known set (mimo.tasks.DATA_SETS) and the model fits it (its modalities, its rows);
+    data.image_root is a folder."""
+    data_set(cfg).check(cfg, model)
     if cfg.data.image_root and not os.path.isdir(cfg.data.image_root):
         raise ConfigError(f"data.image_root = '{cfg.data.image_root}' is no folder; name the folder the manifest's "
                           "relative image paths start from, or leave it empty for the manifest's own folder")
-    outs = [m for m in model.modalities.values() if m.output_token_id >= 0]
-    if name == "text_to_image" and (len(outs) != 1 or outs[0].decoder.channels != 3):
-        raise ConfigError("data.name = 'text_to_image' needs exactly one modality with an Out path that draws RGB: "
-                          "set model.modalities.<name>.output_token_id (e.g. 261) and decoder.channels = 3")
-    if name in IMAGE_TEXT_SETS:
-        check_real_data_rows(cfg, model)
-    elif name == "synthetic":
-        tokens = next(m.vit.tokens_per_image for m in model.modalities.values())
-        placeholders = tokens * cfg.data.images_per_sample
-        if cfg.data.seq_len <= placeholders:
-            raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must exceed the {placeholders} image placeholders "
-                              f"of a sample (data.images_per_sample x the image's {tokens} tokens) plus its text; "
-                              "raise data.seq_len")
-
-
-def check_real_data_rows(cfg: Config, model: ModelConfig) -> None:
-    """A row of real data holds every input's placeholders (an image's patches, a padded clip's frames) and
-    text; a clip of data.audio_seconds fits the audio encoder."""
-    placeholders = 0
-    for name, m in model.modalities.items():
-        if m.kind == "vision":
-            placeholders += m.vit.tokens_per_image
-            continue
-        if m.kind == "native_vision":  # the fewest an image gives; a sample whose image gives more may be skipped
-            placeholders += m.native.min_pixels // (m.native.patch * m.native.merge) ** 2 + 2 * m.native.marked
-            continue
-        samples = clip_samples(cfg, m.audio.max_positions)
-        if samples // WHISPER_HOP > 2 * m.audio.max_positions:
-            raise ConfigError(f"data.audio_seconds = {cfg.data.audio_seconds} gives clips of {samples // WHISPER_HOP} "
-                              f"frames, more than the {2 * m.audio.max_positions} that model.modalities.{name}.audio"
-                              f".max_positions covers; lower data.audio_seconds or raise max_positions")
-        placeholders += AudioEncoder.output_frames(samples // WHISPER_HOP)
-    if cfg.data.seq_len < placeholders + 3:
-        raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) must exceed the {placeholders} placeholders of a "
-                          "sample's inputs (an image's patches, a clip's frames) plus its text; raise data.seq_len"
-                          + (" or lower data.audio_seconds" if any(m.kind == "audio" for m in model.modalities.values())
-                             else ""))
 
 
 def data_tokenizer(cfg: Config) -> Any:
-    """The tokenizer the data set writes text with: none for synthetic ids, data.tokenizer for real data,
-    the byte tokenizer for the demo tasks."""
-    if cfg.data.name == "synthetic":
+    """The tokenizer the data set writes text with (its registry entry's spec): none for synthetic ids,
+    data.tokenizer for real data, the byte tokenizer for the demo tasks."""
+    spec = data_set(cfg).tokenizer(cfg)
+    if spec is None:
         return None
-    spec = cfg.data.tokenizer if cfg.data.name in IMAGE_TEXT_SETS else "byte"
     if spec == "byte":
         return ByteTokenizer()
     folder = f"data.tokenizer = '{spec}'"
