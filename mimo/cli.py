@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
@@ -213,6 +212,7 @@ mimo/planner/predict.py and mimo/planner/memory.py state them."""
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
+    from mimo.planner.calibrate import write_profile
     from mimo.planner.candidates import make_plan
     from mimo.planner.network import Network
     from mimo.planner.profile import load_profile
@@ -220,7 +220,8 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
 
     cfg = load_config(args.config, overrides)
     if args.calibrate:
-        return _calibrate(cfg, args.out)
+        print(write_profile(cfg, args.out))
+        return 0
     network = Network(nvlink_gbps=args.nvlink_gbps, network_gbps=args.network_gbps, gpus_per_node=args.gpus_per_node)
     gpus = args.gpus if args.gpus is not None else (args.nodes or 0) * args.gpus_per_node
     if args.gpus is None and args.nodes is None:
@@ -230,32 +231,6 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
     plan = make_plan(cfg, gpus, memory, profile, network, args.choose_microbatches)
     print(to_json(cfg, plan) if args.json else render(cfg, plan))
     return 0
-
-
-def _calibrate(cfg, out: str) -> int:
-    import torch
-
-    from mimo.planner.calibrate import calibrate
-
-    device = "cuda" if cfg.train.device == "cuda" and torch.cuda.is_available() else "cpu"
-    profile = calibrate(cfg, device)
-    profile.save(Path(out))
-    print(f"mimo: profile of {profile.device} written to {out}: products {profile.matmul_tflops:.1f} TFLOP/s "
-          f"(+{profile.matmul_fixed_s * 1e6:.1f} us each), attention {profile.attention_tflops:.1f} TFLOP/s, memory "
-          f"{profile.memory_gbps:.0f} GB/s, layer factors "
-          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(profile.layer_factor.items()))
-          + _captured_summary(profile.captured))
-    return 0
-
-
-def _captured_summary(captured: dict) -> str:
-    """The CUDA-graph timed figures of a calibration (none on a CPU) for its one-line report."""
-    if not captured:
-        return ""
-    fixed = (f"products +{captured['matmul_fixed_s'] * 1e6:.1f} us, attention "
-             f"+{captured['attention_fixed_s'] * 1e6:.1f} us each, ") if "matmul_fixed_s" in captured else ""
-    factors = ", ".join(f"{k} {v:.2f}" for k, v in sorted(captured["layer_factor"].items()))
-    return f"; in a CUDA graph {fixed}layer factors {factors}"
 
 
 DEFAULT_NEW_TOKENS = 32

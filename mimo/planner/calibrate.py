@@ -1,4 +1,4 @@
-"""`mimo plan --calibrate`: measure the local device and write a profile (mimo.planner.profile).
+"""`mimo plan --calibrate`: measure the local device and write a profile (mimo.planner.profile, `write_profile`).
 
 On CUDA (bf16 under autocast) or the CPU (fp32), one process, no collectives:
 
@@ -29,6 +29,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -305,3 +306,26 @@ def calibrate(cfg: Config, device: str) -> Profile:
     captured = {**lines, "layer_factor": graphed} if graph is not None else {}
     return dataclasses.replace(profile, layer_factor=factors, layer_shapes=shapes, measured=measured,
                                captured=captured)
+
+
+def write_profile(cfg: Config, out: str) -> str:
+    """`mimo plan --calibrate --out OUT`: calibrate train.device (the CPU when it names CUDA but none is there),
+    save the profile to `out` and return the one line that reports it."""
+    device = "cuda" if cfg.train.device == "cuda" and torch.cuda.is_available() else "cpu"
+    profile = calibrate(cfg, device)
+    profile.save(Path(out))
+    return (f"mimo: profile of {profile.device} written to {out}: products {profile.matmul_tflops:.1f} TFLOP/s "
+            f"(+{profile.matmul_fixed_s * 1e6:.1f} us each), attention {profile.attention_tflops:.1f} TFLOP/s, memory "
+            f"{profile.memory_gbps:.0f} GB/s, layer factors "
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(profile.layer_factor.items()))
+            + _captured_summary(profile.captured))
+
+
+def _captured_summary(captured: dict) -> str:
+    """The CUDA-graph timed figures of a calibration (none on a CPU) for its one-line report."""
+    if not captured:
+        return ""
+    fixed = (f"products +{captured['matmul_fixed_s'] * 1e6:.1f} us, attention "
+             f"+{captured['attention_fixed_s'] * 1e6:.1f} us each, ") if "matmul_fixed_s" in captured else ""
+    factors = ", ".join(f"{k} {v:.2f}" for k, v in sorted(captured["layer_factor"].items()))
+    return f"; in a CUDA graph {fixed}layer factors {factors}"
