@@ -23,7 +23,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from mimo.parallel.launch import die_with_launcher, launch_local, report_error
 
     die_with_launcher()  # first: the imports below take seconds
-    from mimo.parallel.runtime import launched_distributed
+    from mimo.parallel.runtime import collective_failed, launched_distributed
     from mimo.train.faults import RunAborted
     from mimo.train.gate import validate_run
     from mimo.train.trainer import Trainer
@@ -45,15 +45,6 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
                      f"parallel.timeout_s = {cfg.parallel.timeout_s:g} s")
         return 1
     return 0
-
-
-def collective_failed(e: RuntimeError) -> bool:
-    """Whether `e` is a collective that timed out or lost its peers (gloo's and NCCL's words)."""
-    import torch.distributed as dist
-
-    text = str(e)
-    return isinstance(e, dist.DistError) or any(
-        w in text for w in ("Timed out waiting", "Connection closed by peer", "Connection reset by peer", "NCCL"))
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:

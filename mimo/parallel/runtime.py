@@ -44,6 +44,19 @@ def init_distributed(device_type: str, timeout_s: float = 1800.0) -> tuple[int, 
     return dist.get_rank(), dist.get_world_size()
 
 
+GLOO_TRANSPORT = "/gloo/transport/"
+"""Where gloo's transport errors come from: torch raises them as a plain RuntimeError whose message starts with
+that source location, `[.../gloo/transport/tcp/pair.cc:537] Read error ...: Connection reset by peer`."""
+
+
+def collective_failed(e: BaseException) -> bool:
+    """Whether `e` is a collective that timed out or lost its peers: one of torch.distributed's own error types
+    (DistError; NCCL raises DistBackendError) or an error of gloo's transport (GLOO_TRANSPORT)."""
+    if isinstance(e, dist.DistError):
+        return True
+    return isinstance(e, RuntimeError) and str(e).startswith("[") and GLOO_TRANSPORT in str(e).split("]", 1)[0]
+
+
 def leave_distributed() -> None:
     """Destroy this process's process groups (no-op without one), at the end of a run that finished cleanly.
 

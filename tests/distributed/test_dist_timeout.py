@@ -1,6 +1,7 @@
 """parallel.timeout_s bounds every collective: a rank whose peer never joins a collective fails after about
 that long instead of waiting forever (torch's default would be 30 minutes), on the default group and on
-the groups the grid makes."""
+the groups the grid makes; `collective_failed` knows the error for what it is (`mimo train` reports it as a
+failed collective). Other errors, NCCL named in them or not, are not taken for one."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import subprocess
 import sys
 import time
 
+import torch.distributed as dist
+
+from mimo.parallel.runtime import collective_failed
 from tests.support.cli_curve import ROOT
 
 SCRIPT = """
 import sys, time
 import torch, torch.distributed as dist
 from mimo.parallel.grid import member_group
-from mimo.parallel.runtime import init_distributed
+from mimo.parallel.runtime import collective_failed, init_distributed
 
 rank, world = init_distributed("cpu", float(sys.argv[1]))
 group, _ = member_group([[0, 1]])
@@ -26,7 +30,8 @@ for name, g in (("world", None), ("grid", group)):
     try:
         dist.all_reduce(torch.ones(1), group=g)
     except Exception as e:
-        print(f"{name} failed after {time.monotonic() - t0:.1f} s: {type(e).__name__}", flush=True)
+        print(f"{name} failed after {time.monotonic() - t0:.1f} s: {type(e).__name__} {collective_failed(e)}",
+              flush=True)
 """
 
 
@@ -39,7 +44,8 @@ def _free_port() -> int:
 def test_a_collective_without_its_peer_fails_after_parallel_timeout_s(tmp_path):
     script = tmp_path / "wait.py"
     script.write_text(SCRIPT)
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT)}  # this tree's mimo, not the installed one
     procs = [subprocess.Popen([sys.executable, str(script), "3"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "PATH": ""}) for r in range(2)]
     try:
@@ -55,4 +61,13 @@ def test_a_collective_without_its_peer_fails_after_parallel_timeout_s(tmp_path):
     for line in lines:
         waited = float(line.split()[3])
         assert 2.5 <= waited < 15, line
+        assert line.split()[-1] == "True", line
     assert elapsed < 60
+
+
+def test_only_collective_errors_are_taken_for_failed_collectives():
+    assert collective_failed(dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error"))
+    assert collective_failed(dist.DistNetworkError("connection to the store lost"))
+    assert not collective_failed(RuntimeError("NCCL_P2P_LEVEL names no known level"))
+    assert not collective_failed(RuntimeError("[enforce fail at the model] Timed out waiting for the user"))
+    assert not collective_failed(ValueError("[x/gloo/transport/tcp/pair.cc:1] not a runtime error"))
