@@ -1,7 +1,7 @@
 """The data-set registry: one `DataSet` entry per data.name, everything the rest of mimo knows of a data set.
 The gate (mimo.train.gate) reads its checks, row length and tokenizer; the trainer and `mimo eval` build the
 set and evaluate a model on its held-out part through it. The pure facts (row lengths, checks, tokenizers) live
-in mimo.data.set_checks, the builders in data/, the evaluations in eval/; this room, above both, joins them."""
+in mimo.data.set_facts, the builders in data/, the evaluations in eval/; this room, above both, joins them."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from typing import Any
 import torch
 
 from mimo.config.schema import Config, ConfigError, ModelConfig
-from mimo.data import set_checks as checks
+from mimo.data import set_facts as facts
 from mimo.data.anyres_data import build_anyres_data
 from mimo.data.audio_demo import build_avlm_data
 from mimo.data.demo import build_shapes_data
 from mimo.data.image_text import build_image_text_data
+from mimo.data.media import clip_samples
 from mimo.data.native_data import build_native_data
 from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
 from mimo.data.text_to_image import build_text_to_image_data
@@ -34,13 +35,17 @@ class DataSet:
     built, possibly laid-out model). `evaluate(model, data, device)`: held-out metrics of a whole model, in one
     process, no collective. `row_length(cfg, model_cfg)`: tokens of every row the LM sees, None when the model
     lacks what the set needs. `check(cfg, model_cfg)`: raises a ConfigError when the model cannot train on the
-    set. `tokenizer(cfg)`: the spec its text is written with ("byte" or a folder), None for synthetic ids."""
+    set. `tokenizer(cfg)`: the spec its text is written with ("byte" or a folder), None for synthetic ids.
+    For the planner: `inputs_per_sample(cfg, kind)`, the average images or clips of a modality kind in a sample;
+    `clip_samples(cfg, max_positions)`, the audio samples of one clip for an encoder of `max_positions`."""
 
     build: Callable[[Config, MimoModel], Any]
     evaluate: Callable[[MimoModel, Any, Device], dict]
     row_length: Callable[[Config, ModelConfig], int | None]
     check: Callable[[Config, ModelConfig], None]
     tokenizer: Callable[[Config], str | None]
+    inputs_per_sample: Callable[[Config, str], float] = facts.mean_inputs_per_sample
+    clip_samples: Callable[[Config, int], int] = clip_samples
 
 
 def build_real_data(cfg: Config, model: MimoModel) -> Any:
@@ -53,18 +58,18 @@ def build_real_data(cfg: Config, model: MimoModel) -> Any:
     return build_image_text_data(cfg, model)
 
 
-REAL_DATA = DataSet(build_real_data, lambda model, data, device: data.evaluate(model, device), checks.seq_len_rows,
-                    checks.check_real_data, checks.config_tokenizer)
+REAL_DATA = DataSet(build_real_data, lambda model, data, device: data.evaluate(model, device), facts.seq_len_rows,
+                    facts.check_real_data, facts.config_tokenizer)
 
 DATA_SETS: dict[str, DataSet] = {
     "shapes": DataSet(build_shapes_data, lambda model, data, device: evaluate_answers(model, data, device=device),
-                      checks.shapes_row_length, checks.check_shapes, checks.byte_tokenizer),
-    "avlm": DataSet(build_avlm_data, lambda model, data, device: evaluate_avlm(model, data), checks.avlm_rows,
-                    checks.check_avlm, checks.byte_tokenizer),
+                      facts.shapes_row_length, facts.check_shapes, facts.byte_tokenizer),
+    "avlm": DataSet(build_avlm_data, lambda model, data, device: evaluate_avlm(model, data), facts.avlm_rows,
+                    facts.check_avlm, facts.byte_tokenizer, facts.avlm_inputs_per_sample, facts.avlm_clip_samples),
     "text_to_image": DataSet(build_text_to_image_data, lambda model, data, device: evaluate_text_to_image(model, data),
-                             checks.text_to_image_rows, checks.check_text_to_image, checks.byte_tokenizer),
+                             facts.text_to_image_rows, facts.check_text_to_image, facts.byte_tokenizer),
     "synthetic": DataSet(build_synthetic_data, lambda model, data, device: evaluate_synthetic(model, data),
-                         checks.seq_len_rows, checks.check_synthetic, checks.no_tokenizer),
+                         facts.seq_len_rows, facts.check_synthetic, facts.no_tokenizer),
     "webdataset": REAL_DATA,
     "jsonl": REAL_DATA,
 }

@@ -30,6 +30,7 @@ from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, 
 from mimo.planner.network import Network
 from mimo.planner.predict import Prediction, Setting, predict
 from mimo.planner.profile import Profile, shipped_profile
+from mimo.tasks import data_set
 from mimo.train.gate import check_layout
 
 PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)
@@ -258,6 +259,7 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float, profile: Profile | 
         raise ConfigError(f"--gpus must be >= 1, got {gpus}; pass the number of GPUs to plan for, e.g. --gpus 8")
     if gpu_memory_gib <= 0:
         raise ConfigError(f"--gpu-memory-gib must be > 0, got {gpu_memory_gib:g}; e.g. --gpu-memory-gib 80")
+    data_set(cfg)  # an unknown data.name is refused naming it, not as "no candidate layout passes"
     cfg = with_hf_shapes(cfg)  # the trainer's checks below see the real heads, vocab and mlp
     sizes = module_sizes(cfg)
     profile = profile or shipped_profile(cfg.train.device)

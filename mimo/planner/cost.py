@@ -31,12 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo.config.schema import LANGUAGE, Config, ModuleLayoutConfig
-from mimo.data.audio_demo import CLIP_SAMPLES, LAYOUTS
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP
 from mimo.parallel.grid import Grid
 from mimo.planner.network import Network
 from mimo.planner.profile import Profile
+from mimo.tasks import data_set
 
 KERNELS_FORWARD, KERNELS_BACKWARD = 14, 28
 """Kernels one transformer layer launches (eager; a compiled layer launches fewer, which layer_factor covers)."""
@@ -79,23 +79,12 @@ def memory_s(p: Profile, nbytes: float) -> float:
 
 def inputs_per_sample(cfg: Config, name: str) -> float:
     """Average inputs (images, clips) of modality `name` per sample of the config's data."""
-    kind = cfg.model.modalities[name].kind
-    if cfg.data.name == "avlm":
-        word = "image" if kind == "vision" else "audio"
-        return sum(word in present for present, _ in LAYOUTS) / len(LAYOUTS)
-    if kind == "audio":
-        return 1.0
-    low, high = cfg.data.images_range
-    return (low + high) / 2
+    return data_set(cfg).inputs_per_sample(cfg, cfg.model.modalities[name].kind)
 
 
 def audio_frames(cfg: Config, name: str) -> int:
     """Mel frames of one clip as the encoder runs it (padded)."""
-    if cfg.data.name == "avlm":
-        return CLIP_SAMPLES // WHISPER_HOP
-    if cfg.data.audio_seconds > 0:
-        return int(cfg.data.audio_seconds * 16000) // WHISPER_HOP
-    return 2 * cfg.model.modalities[name].audio.max_positions
+    return data_set(cfg).clip_samples(cfg, cfg.model.modalities[name].audio.max_positions) // WHISPER_HOP
 
 
 def encoder_positions(cfg: Config, name: str) -> int:

@@ -16,7 +16,8 @@ from mimo.config.schema import ConfigError
 from mimo.data.shapes import make_samples
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.models.build import build_model
-from mimo.tasks import DATA_SETS, DataSet, build_demo_data
+from mimo.planner.candidates import make_plan
+from mimo.tasks import DATA_SETS, DataSet, build_demo_data, data_set
 from mimo.train.gate import data_tokenizer, row_length, validate_run
 from tests.support.configs import AVLM, T2I, TINY_AVLM, TINY_T2I
 from tests.support.tiny_run import DEMO, TINY
@@ -49,7 +50,7 @@ def config_of(name: str, tmp_path):
 
 def test_every_data_set_has_every_entry():
     fields = [f.name for f in dataclasses.fields(DataSet)]
-    assert fields == ["build", "evaluate", "row_length", "check", "tokenizer"]
+    assert fields == ["build", "evaluate", "row_length", "check", "tokenizer", "inputs_per_sample", "clip_samples"]
     assert ", ".join(DATA_SETS) == KNOWN
     for name, entry in DATA_SETS.items():
         assert all(callable(getattr(entry, f)) for f in fields), name
@@ -73,6 +74,21 @@ def test_webdataset_shares_the_real_data_entry():
     assert DATA_SETS["webdataset"] is DATA_SETS["jsonl"]
 
 
+def test_the_planners_inputs_per_sample_are_the_built_sets():
+    """The AVLM demo's share of samples with an image and with a clip, counted over whole cycles of its layouts;
+    the shapes demo's images per sample, counted over its training samples."""
+    cfg = load_config(AVLM, [*TINY_AVLM, "--data.train_samples=24"])
+    samples = build_demo_data(cfg, build_model(cfg.model)).train
+    entry = data_set(cfg)
+    assert entry.inputs_per_sample(cfg, "vision") == sum(s.image is not None for s in samples) / len(samples)
+    assert entry.inputs_per_sample(cfg, "audio") == sum(s.audio is not None for s in samples) / len(samples)
+    cfg = load_config(DEMO, [*TINY, "--data.images_per_sample=3", "--data.min_images_per_sample=1",
+                             "--data.train_samples=600"])
+    samples = build_demo_data(cfg, build_model(cfg.model)).train
+    mean = sum(len(s.images) for s in samples) / len(samples)
+    assert data_set(cfg).inputs_per_sample(cfg, "vision") == 2.0 and abs(mean - 2.0) < 0.15
+
+
 def test_an_unknown_data_set_is_refused_naming_the_field_and_the_known_names(tmp_path):
     cfg = load_config(DEMO, [*TINY, "--data.name=shape"])
     message = f"data.name = 'shape' is not a known data set; use one of {KNOWN}"
@@ -80,3 +96,5 @@ def test_an_unknown_data_set_is_refused_naming_the_field_and_the_known_names(tmp
         validate_run(cfg, 1)
     with pytest.raises(ConfigError, match=message):
         build_demo_data(cfg, build_model(cfg.model))
+    with pytest.raises(ConfigError, match=message):  # not "no candidate layout passes the config's checks"
+        make_plan(cfg, 8, 80.0)

@@ -1,12 +1,13 @@
-"""What each data set (data.name) asks of a run, as pure facts the gate reads through the data-set registry
-(mimo.tasks.DATA_SETS): the length of the rows the LM sees (`*_row_length`), the model's modalities and rows
-it must fit (`check_*`), and the tokenizer its text is written with (`*_tokenizer`). Pure, not collective;
-a check raises a ConfigError that names the field and the fix."""
+"""What each data set (data.name) asks of a run, as pure facts the gate and the planner read through the
+data-set registry (mimo.tasks.DATA_SETS): the length of the rows the LM sees (`*_row_length`), the model's
+modalities and rows it must fit (`check_*`), the tokenizer its text is written with (`*_tokenizer`), and what a
+sample holds on average (`*_inputs_per_sample`, `*_clip_samples`). Pure, not collective; a check raises a
+ConfigError that names the field and the fix."""
 
 from __future__ import annotations
 
 from mimo.config.schema import Config, ConfigError, ModalityConfig, ModelConfig
-from mimo.data.audio_demo import avlm_row_length
+from mimo.data.audio_demo import CLIP_SAMPLES, LAYOUTS, avlm_row_length
 from mimo.data.demo import demo_row_length
 from mimo.data.media import clip_samples
 from mimo.data.shapes import IMAGE_SIZE
@@ -70,6 +71,27 @@ def no_tokenizer(cfg: Config) -> None:
 
 def config_tokenizer(cfg: Config) -> str:
     return cfg.data.tokenizer
+
+
+# What a sample holds: average inputs of a modality kind per sample, audio samples of one clip (the encoder
+# takes `max_positions`) ----------------------------------------------------------------------------------
+
+def mean_inputs_per_sample(cfg: Config, kind: str) -> float:
+    """One clip per sample; data.images_per_sample (its range's middle) images."""
+    if kind == "audio":
+        return 1.0
+    low, high = cfg.data.images_range
+    return (low + high) / 2
+
+
+def avlm_inputs_per_sample(cfg: Config, kind: str) -> float:
+    """The share of the AVLM demo's sample layouts that hold an image (vision) or a clip (audio)."""
+    word = "image" if kind == "vision" else "audio"
+    return sum(word in present for present, _ in LAYOUTS) / len(LAYOUTS)
+
+
+def avlm_clip_samples(cfg: Config, max_positions: int) -> int:
+    return CLIP_SAMPLES
 
 
 # Checks of the model against the set -------------------------------------------------------------------
