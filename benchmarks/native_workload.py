@@ -21,11 +21,11 @@ from benchmarks.bench_vlm import throughput_fields
 from mimo.config.load import load_config
 from mimo.config.schema import Config
 from mimo.data.batching import COUNTS
-from mimo.data.native_data import build_native_data
 from mimo.hf.load import IMAGES
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.sample_rows import leading_rows
+from mimo.tasks import build_demo_data
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 IMAGE_SIDES = {"full": {"large": (784, 980), "small": (224, 448)}, "tiny": {"large": (64, 128), "small": (32, 64)}}
@@ -74,7 +74,7 @@ def write_manifest(size: str, out: str | Path, seed: int = 0) -> Path:
 def native_batches(cfg: Config, count: int, data: object | None = None) -> list[dict]:
     """The global batches of steps 0 .. count - 1 that mimo's data pipeline makes of `cfg`'s manifest (`data`: a
     data set already built from it, such as a Trainer's)."""
-    data = data if data is not None else build_native_data(cfg, None)
+    data = data if data is not None else build_demo_data(cfg, None)
     return [data.global_batch(k, cfg.data.global_batch, cfg.data.seed) for k in range(count)]
 
 

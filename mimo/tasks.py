@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -16,11 +17,13 @@ from mimo.data import set_facts as facts
 from mimo.data.anyres_data import build_anyres_data
 from mimo.data.audio_demo import build_avlm_data
 from mimo.data.demo import build_shapes_data
-from mimo.data.image_text import build_image_text_data
+from mimo.data.image_text import RecordReader, build_image_text_data
+from mimo.data.jsonl import read_manifest
 from mimo.data.media import clip_samples
 from mimo.data.native_data import build_native_data
 from mimo.data.synthetic import build_synthetic_data, evaluate_synthetic
 from mimo.data.text_to_image import build_text_to_image_data
+from mimo.data.webdataset import read_webdataset
 from mimo.eval.answers import evaluate_answers
 from mimo.eval.avlm import evaluate_avlm
 from mimo.eval.text_to_image import evaluate_text_to_image
@@ -48,18 +51,21 @@ class DataSet:
     clip_samples: Callable[[Config, int], int] = clip_samples
 
 
-def build_real_data(cfg: Config, model: MimoModel) -> Any:
-    """jsonl and webdataset: native-resolution, anyres-tiled or fixed-size inputs, as the model's modalities ask."""
-    modalities = cfg.model.modalities.values()
-    if any(m.kind == "native_vision" for m in modalities):
-        return build_native_data(cfg, model)
-    if any(m.anyres_grid_pinpoints for m in modalities):
-        return build_anyres_data(cfg, model)
-    return build_image_text_data(cfg, model)
+def real_data(reader: Callable[[Config], RecordReader]) -> DataSet:
+    """jsonl or webdataset, its records read by `reader(cfg)`: native-resolution, anyres-tiled or fixed-size
+    inputs, as the model's modalities ask."""
 
+    def build(cfg: Config, model: MimoModel) -> Any:
+        modalities = cfg.model.modalities.values()
+        if any(m.kind == "native_vision" for m in modalities):
+            return build_native_data(cfg, model, reader(cfg))
+        if any(m.anyres_grid_pinpoints for m in modalities):
+            return build_anyres_data(cfg, model, reader(cfg))
+        return build_image_text_data(cfg, model, reader(cfg))
 
-REAL_DATA = DataSet(build_real_data, lambda model, data, device: data.evaluate(model, device), facts.seq_len_rows,
-                    facts.check_real_data, facts.config_tokenizer)
+    return DataSet(build, lambda model, data, device: data.evaluate(model, device), facts.seq_len_rows,
+                   facts.check_real_data, facts.config_tokenizer)
+
 
 DATA_SETS: dict[str, DataSet] = {
     "shapes": DataSet(build_shapes_data, lambda model, data, device: evaluate_answers(model, data, device=device),
@@ -70,8 +76,8 @@ DATA_SETS: dict[str, DataSet] = {
                              facts.text_to_image_rows, facts.check_text_to_image, facts.byte_tokenizer),
     "synthetic": DataSet(build_synthetic_data, lambda model, data, device: evaluate_synthetic(model, data),
                          facts.seq_len_rows, facts.check_synthetic, facts.no_tokenizer),
-    "webdataset": REAL_DATA,
-    "jsonl": REAL_DATA,
+    "webdataset": real_data(lambda cfg: read_webdataset),
+    "jsonl": real_data(lambda cfg: partial(read_manifest, image_root=cfg.data.image_root)),
 }
 """Every data set by data.name, in the order the gate's refusal lists them."""
 

@@ -22,7 +22,7 @@ import torch
 from mimo.config.schema import Config
 from mimo.data.anyres_tiles import image_tiles, stacked_tiles
 from mimo.data.batching import COUNTS
-from mimo.data.image_text import Item, build_image_text_data
+from mimo.data.image_text import Item, RecordReader, build_image_text_data
 from mimo.data.native_data import ItemImageTextData
 from mimo.data.native_images import header_size, open_rgb
 from mimo.data.samples import BadSample, ImageRef
@@ -87,9 +87,10 @@ class AnyResImageTextData(ItemImageTextData):
                 "modality_inputs": {spec.name: {spec.encoder: vit}}, COUNTS: {spec.name: counts}}
 
 
-def build_anyres_data(cfg: Config, model: MimoModel) -> AnyResImageTextData:
-    """The data set for data.name = "jsonl" or "webdataset" under one anyres vision modality."""
+def build_anyres_data(cfg: Config, model: MimoModel, reader: RecordReader) -> AnyResImageTextData:
+    """The data set for data.name = "jsonl" or "webdataset" (records read by `reader`) under one anyres vision
+    modality."""
     (name, m), = cfg.model.modalities.items()
     spec = AnyResSpec(name, m.token_id, m.vit.image, m.vit.patch, tuple(tuple(p) for p in m.anyres_grid_pinpoints),
                       m.anyres_max_tiles, model.modality_submodules[name].encoders["vit"].tokens_per_image)
-    return build_image_text_data(cfg, model, AnyResImageTextData, [spec])
+    return build_image_text_data(cfg, model, reader, AnyResImageTextData, [spec])

@@ -18,7 +18,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from functools import partial
 from itertools import count
 from typing import Any
 
@@ -29,12 +28,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mimo.config.schema import Config
 from mimo.data.batching import COUNTS, to_device
-from mimo.data.jsonl import read_manifest
 from mimo.data.media import MediaSpec, media_specs
 from mimo.data.samples import BadSample, BatchFailed, Record, encode_text, special_ids
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
-from mimo.data.webdataset import read_webdataset
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 
@@ -48,6 +45,10 @@ USABLE, SKIP, FAIL = 0.0, 1.0, 2.0
 
 IMAGE_TEXT_SETS = ("webdataset", "jsonl")
 """The data.name values this module serves."""
+
+RecordReader = Callable[..., tuple[list[Record], list[str]]]
+"""`(path, field="data.path") -> (records, problems)`: how a real data set reads data.path and data.eval_path
+(mimo.data.webdataset.read_webdataset, or mimo.data.jsonl.read_manifest with data.image_root)."""
 
 WORKER_TIMEOUT_S = 300
 """A DataLoader worker silent this long is an error (raised), not a hang."""
@@ -321,14 +322,12 @@ def load_tokenizer_spec(spec: str) -> Any:
     return load_tokenizer(spec)
 
 
-def build_image_text_data(cfg: Config, model: MimoModel, data_class: type = ImageTextData,
+def build_image_text_data(cfg: Config, model: MimoModel, reader: RecordReader, data_class: type = ImageTextData,
                           media: list | None = None) -> ImageTextData:
-    """The data set for data.name = "webdataset" or "jsonl": one vision modality, one audio modality, or one
-    of each (every sample then holds an image and a clip); or `data_class` over `media` (native resolution:
-    mimo.data.native_data)."""
+    """The data set for data.name = "webdataset" or "jsonl", its records read by `reader` (the registry in
+    mimo.tasks says which): one vision modality, one audio modality, or one of each (every sample then holds an
+    image and a clip); or `data_class` over `media` (native resolution: mimo.data.native_data)."""
     media = media or media_specs(cfg, model)
-    reader = (read_webdataset if cfg.data.name == "webdataset"
-              else partial(read_manifest, image_root=cfg.data.image_root))
     tokenizer = load_tokenizer_spec(cfg.data.tokenizer)
 
     def data_set(records: list[Record], problems: list[str], workers: int) -> ImageTextData:

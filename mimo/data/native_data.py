@@ -27,7 +27,16 @@ import torch
 
 from mimo.config.schema import Config, NativeViTConfig
 from mimo.data.batching import COUNTS
-from mimo.data.image_text import FAIL, SKIP, USABLE, ImageTextData, Item, _Samples, build_image_text_data
+from mimo.data.image_text import (
+    FAIL,
+    SKIP,
+    USABLE,
+    ImageTextData,
+    Item,
+    RecordReader,
+    _Samples,
+    build_image_text_data,
+)
 from mimo.data.native_images import grid_of, header_size, item_ids, load_item, tokens_of
 from mimo.data.samples import BadSample, ImageRef, Record, encode_text
 from mimo.models.loss import IGNORE_INDEX
@@ -177,8 +186,9 @@ class NativeImageTextData(ItemImageTextData):
                 COUNTS: {spec.name: counts}}
 
 
-def build_native_data(cfg: Config, model: MimoModel) -> NativeImageTextData:
-    """The data set for data.name = "jsonl" or "webdataset" under one native_vision modality."""
+def build_native_data(cfg: Config, model: MimoModel, reader: RecordReader) -> NativeImageTextData:
+    """The data set for data.name = "jsonl" or "webdataset" (records read by `reader`) under one native_vision
+    modality."""
     (name, m), = cfg.model.modalities.items()
-    return build_image_text_data(cfg, model, NativeImageTextData, [NativeSpec(name, m.token_id, m.native)])
+    return build_image_text_data(cfg, model, reader, NativeImageTextData, [NativeSpec(name, m.token_id, m.native)])
 

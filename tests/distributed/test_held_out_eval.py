@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from mimo.config.schema import ConfigError
-from mimo.data.image_text import build_image_text_data
 from mimo.tasks import build_demo_data
 from mimo.train.checkpoint.weights import load_run
 from mimo.train.trainer import Trainer
@@ -68,7 +67,7 @@ def test_real_data_evaluates_data_eval_path_on_two_ranks(tmp_path):
     got = eval_records(tmp_path / "two")
     assert [r["step"] for r in got] == [1, 3]
     cfg, model = load_run(tmp_path / "two" / "tiny")
-    data = build_image_text_data(cfg, model)
+    data = build_demo_data(cfg, model)
     one = data.evaluate(model, samples=26)  # one process, batches of 16: the first 26 held-out samples
     assert one["eval_samples"] == 24  # samples 7 and 23 have broken images
     summary = json.loads((tmp_path / "two" / "tiny" / "summary.json").read_text())

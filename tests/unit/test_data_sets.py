@@ -13,6 +13,7 @@ from PIL import Image
 
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
+from mimo.data.make_shards import make_shards
 from mimo.data.shapes import make_samples
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.models.build import build_model
@@ -37,6 +38,17 @@ def manifest(tmp_path) -> str:
     return str(tmp_path / "m.jsonl")
 
 
+def shards(tmp_path) -> str:
+    """A folder of WebDataset shards of the same four images and captions."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, s in enumerate(make_samples(4, 0)):
+        Image.fromarray(s.images[0]).save(src / f"{i}.png")
+        (src / f"{i}.txt").write_text(s.answer)
+    make_shards(src, tmp_path / "shards")
+    return str(tmp_path / "shards")
+
+
 def config_of(name: str, tmp_path):
     """A tiny config that trains on the data set `name`."""
     if name == "avlm":
@@ -44,7 +56,8 @@ def config_of(name: str, tmp_path):
     if name == "text_to_image":
         return load_config(T2I, TINY_T2I)
     more = {"synthetic": ["--data.seq_len=40"],
-            "jsonl": [f"--data.path={manifest(tmp_path)}", "--data.seq_len=48", "--data.tokenizer=byte"]}
+            "jsonl": [f"--data.path={manifest(tmp_path)}", "--data.seq_len=48", "--data.tokenizer=byte"],
+            "webdataset": [f"--data.path={shards(tmp_path)}", "--data.seq_len=48", "--data.tokenizer=byte"]}
     return load_config(DEMO, [*TINY, f"--data.name={name}", *more.get(name, [])])
 
 
@@ -56,22 +69,20 @@ def test_every_data_set_has_every_entry():
         assert all(callable(getattr(entry, f)) for f in fields), name
 
 
-@pytest.mark.parametrize("name", ["shapes", "avlm", "text_to_image", "synthetic", "jsonl"])
+@pytest.mark.parametrize("name", ["shapes", "avlm", "text_to_image", "synthetic", "jsonl", "webdataset"])
 def test_the_gates_row_length_and_tokenizer_are_the_built_sets(name, tmp_path):
     cfg = config_of(name, tmp_path)
     validate_run(cfg, 1)
     data = build_demo_data(cfg, build_model(cfg.model))
     batch = data.global_batch(0, 2, 0)
     assert row_length(cfg, cfg.model) == batch["input_ids"].shape[1]
+    if name in ("jsonl", "webdataset"):  # each read with its own reader: a manifest, a folder of shards
+        assert len(data.records) == 4
     tok = data_tokenizer(cfg)
     if name == "synthetic":
         assert tok is None
     else:
         assert isinstance(tok, ByteTokenizer) and isinstance(data.tok, ByteTokenizer)
-
-
-def test_webdataset_shares_the_real_data_entry():
-    assert DATA_SETS["webdataset"] is DATA_SETS["jsonl"]
 
 
 def test_the_planners_inputs_per_sample_are_the_built_sets():

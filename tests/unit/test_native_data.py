@@ -13,7 +13,6 @@ from PIL import Image
 from mimo.cli import main
 from mimo.config.load import load_config
 from mimo.config.schema import NativeViTConfig
-from mimo.data.native_data import build_native_data
 from mimo.data.native_images import grid_of, load_item, smart_resize
 from mimo.data.samples import ImageRef
 from mimo.data.tokenizer import ByteTokenizer
@@ -22,6 +21,7 @@ from mimo.hf.qwen2_vl import import_qwen2_vl, qwen_vl_inputs
 from mimo.models.build import build_model
 from mimo.models.generate import left_pad
 from mimo.models.mrope import mrope_positions
+from mimo.tasks import build_demo_data
 from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS
 from tests.support.hf_helpers import TOL, rel_diff, transformers
@@ -84,7 +84,7 @@ def test_smart_resize_and_patches_match_transformers(tmp_path):
 def test_a_manifest_becomes_batches_with_per_sample_tokens(tmp_path):
     cfg = load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, f"--data.path={manifest(tmp_path)}"])
     model = build_model(cfg.model)
-    data = build_native_data(cfg, model)
+    data = build_demo_data(cfg, model)
     items = data.reader(data)
     batch = data._assemble([items[(r, r, True, frozenset({"images"}))] for r in range(6)], 6,
                            torch.tensor([False] * 5 + [True]))
@@ -108,7 +108,7 @@ def test_a_sample_of_two_images_holds_both_runs_and_their_positions(tmp_path):
     holds text alone."""
     cfg = load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, f"--data.path={manifest(tmp_path, several=True)}"])
     model = build_model(cfg.model).eval()
-    data = build_native_data(cfg, model)
+    data = build_demo_data(cfg, model)
     items = data.reader(data)
     batch = data._assemble([items[(r, r, True, frozenset({"images"}))] for r in range(8)], 8,
                            torch.tensor([False] * 5 + [True, False, False]))

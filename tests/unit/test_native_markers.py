@@ -13,12 +13,12 @@ import torch
 from PIL import Image
 
 from mimo.config.load import load_config
-from mimo.data.native_data import build_native_data
 from mimo.data.prompts import PromptRequest, prompt_batch, prompt_positions
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.export.tokens import byte_tokenizer
 from mimo.hf.build import build_model as build_hf_model
 from mimo.models.loss import IGNORE_INDEX
+from mimo.tasks import build_demo_data
 from tests.support.configs import CONFIGS
 from tests.support.hf_helpers import TOL, rel_diff, transformers
 from tests.unit.test_hf_qwen2_vl import tiny_qwen_vl
@@ -68,7 +68,7 @@ def marked_batch(tmp_path, family: str = "qwen2_vl"):
              f"--model.modalities.images.native.max_pixels={MAX_PIXELS}", f"--data.path={tmp_path / 'm.jsonl'}"]
     cfg = load_config(CONFIGS / "native_qwen2_5_vl.toml", [*TINY, *paths])
     model = build_hf_model(cfg.model).eval()
-    data = build_native_data(cfg, model)
+    data = build_demo_data(cfg, model)
     items = data.reader(data)
     batch = data._assemble([items[(r, r, True, frozenset({"images"}))] for r in range(2)], 2,
                            torch.tensor([False, False]))
