@@ -84,12 +84,13 @@ def generate_text(cfg, model, requests: list, max_new_tokens: int, run: str) -> 
     prompt that asks about an input it lacks gets a warning on stderr first."""
     from mimo.data.prompts import missing_input_warnings, prompt_batch, prompt_positions
     from mimo.data.samples import special_ids
-    from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
+    from mimo.data.tokenizer import ByteTokenizer, load_tokenizer, with_extra_tokens
     from mimo.export.run import run_tokenizer_spec
     from mimo.models.generate import greedy_generate, left_pad
 
     spec = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
-    tok = ByteTokenizer() if spec == "byte" else load_tokenizer(spec)
+    tok = (ByteTokenizer() if spec == "byte"
+           else with_extra_tokens(load_tokenizer(spec), cfg.model.llm.extra_token_ids, f"tokenizer '{spec}'"))
     bos, eos, pad = special_ids(tok)
     encode = tok.encode if spec == "byte" else (lambda text: tok.encode(text, add_special_tokens=False))
     prompts, modality_inputs, notes = prompt_batch(cfg, model, requests, run, encode, bos)

@@ -43,6 +43,7 @@ def validate_model(cfg: Config) -> None:
         raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
     validate_mrope(llm)
     validate_rope_scaling(llm)
+    validate_extra_tokens(llm)
     if llm.heads % llm.kv_heads:
         raise ConfigError(f"model.llm.heads ({llm.heads}) must be divisible by model.llm.kv_heads "
                           f"({llm.kv_heads})")
@@ -86,6 +87,20 @@ def validate_model(cfg: Config) -> None:
                           "nothing would train; unfreeze a module (e.g. model.modalities.<m>.freeze_projector = false)")
     validate_out_path(cfg)
     validate_moe(cfg)
+
+
+def validate_extra_tokens(llm: Any) -> None:
+    """model.llm.extra_tokens: distinct non-empty strings, added to the vocabulary of an hf_path checkpoint."""
+    tokens = llm.extra_tokens
+    if tokens and not llm.hf_path:
+        raise ConfigError("model.llm.extra_tokens grows the vocabulary of a pretrained LM (model.llm.hf_path); without "
+                          "one, model.llm.vocab sets the vocabulary: raise it and give the placeholder a new id")
+    bad = [t for t in tokens if not isinstance(t, str) or not t.strip()]
+    if bad:
+        raise ConfigError(f"model.llm.extra_tokens holds {bad[0]!r}; each entry is a token's text, e.g. \"<image>\"")
+    twice = sorted({t for t in tokens if tokens.count(t) > 1})
+    if twice:
+        raise ConfigError(f"model.llm.extra_tokens names {twice[0]!r} more than once; list each new token once")
 
 
 MOE_GATING = ("softmax", "sigmoid")

@@ -74,6 +74,8 @@ class LLMConfig:
     # A Hugging Face Qwen2/Qwen3/Llama/Mistral directory: its config.json replaces the fields above and its weights
     # load.
     hf_path: str = ""
+    # Tokens added to hf_path's vocabulary and the run's tokenizer at ids vocab_size + i (e.g. ["<image>"]).
+    extra_tokens: list[str] = field(default_factory=list)
     # Mixture of experts (mimo/models/moe.py): moe_experts routed experts (0 = dense) of width moe_mlp, each token to
     # moe_top_k of them, on every moe_every-th layer (layer i when (i + 1) % moe_every == 0) except moe_dense_layers.
     moe_experts: int = 0
@@ -92,6 +94,12 @@ class LLMConfig:
     # Router losses' weights in the objective: the load-balancing loss and the z-loss (see mimo/models/moe.py).
     moe_aux_loss_weight: float = 0.0
     moe_z_loss_weight: float = 0.0
+
+    @property
+    def extra_token_ids(self) -> dict[str, int]:
+        """{token: id} of extra_tokens, the last rows of a resolved config's vocab (hf_path's vocab_size + i)."""
+        base = self.vocab - len(self.extra_tokens)
+        return {token: base + i for i, token in enumerate(self.extra_tokens)}
 
     @property
     def attention_head_dim(self) -> int:

@@ -31,7 +31,7 @@ from mimo.data.batching import COUNTS, to_device
 from mimo.data.media import MediaSpec, media_specs
 from mimo.data.samples import BadSample, BatchFailed, Record, encode_text, special_ids
 from mimo.data.seeded_batches import SeededBatches
-from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
+from mimo.data.tokenizer import ByteTokenizer, load_tokenizer, with_extra_tokens
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
 
@@ -315,11 +315,12 @@ class ImageTextData(SeededBatches):
                 "source_problems": self.source_problems}
 
 
-def load_tokenizer_spec(spec: str) -> Any:
-    """`byte` = the built-in byte tokenizer; anything else is a local Hugging Face tokenizer directory."""
+def load_tokenizer_spec(spec: str, extra_tokens: dict[str, int] | None = None) -> Any:
+    """`byte` = the built-in byte tokenizer; anything else is a local Hugging Face tokenizer directory, with
+    model.llm.extra_tokens (`extra_tokens`, {token: id}) added at their ids."""
     if spec == "byte":
         return ByteTokenizer()
-    return load_tokenizer(spec)
+    return with_extra_tokens(load_tokenizer(spec), extra_tokens or {}, f"data.tokenizer '{spec}'")
 
 
 def build_image_text_data(cfg: Config, model: MimoModel, reader: RecordReader, data_class: type = ImageTextData,
@@ -328,7 +329,7 @@ def build_image_text_data(cfg: Config, model: MimoModel, reader: RecordReader, d
     mimo.tasks says which): one vision modality, one audio modality, or one of each (every sample then holds an
     image and a clip); or `data_class` over `media` (native resolution: mimo.data.native_data)."""
     media = media or media_specs(cfg, model)
-    tokenizer = load_tokenizer_spec(cfg.data.tokenizer)
+    tokenizer = load_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.extra_token_ids)
 
     def data_set(records: list[Record], problems: list[str], workers: int) -> ImageTextData:
         return data_class(records, tokenizer, 0, 0, 0, cfg.data.seq_len, workers=workers, source_problems=problems,

@@ -88,3 +88,45 @@ def llava_prompt_ids(tokenizer: Any, question: str, tokens_per_image: int, image
         # Only the first piece gets the tokenizer's BOS; a chat template writes its own special tokens.
         ids += tokenizer.encode(piece, add_special_tokens=i == 0 and not templated)
     return ids
+
+
+def with_token(tok: Any, token: str, token_id: int, where: str, what: str, field: str) -> Any:
+    """`tok` with the special token `token` at `token_id` (`what` the model uses it for, set by config `field`):
+    kept if there (made a special token if it is a plain one), appended if the id is the next free one (filler
+    tokens before it if ids are free below it); refused if another token holds the id."""
+    vocab = tok.get_vocab()
+    if token in vocab:
+        if vocab[token] != token_id:
+            raise ValueError(f"{where} has '{token}' at id {vocab[token]}, but {what} is {token_id}; set "
+                             f"{field} = {vocab[token]}")
+        if token not in tok.get_added_vocab():
+            # A plain vocabulary entry would be split by the pre-tokenizer, so a processor could not find it in
+            # text: made a special token at the same id.
+            tok.add_tokens([token], special_tokens=True)
+        return tok
+    if token_id < len(tok):
+        raise ValueError(f"{where} holds '{tok.convert_ids_to_tokens(token_id)}' at id {token_id}, {what}; train "
+                         f"with a free id for {field} (>= {len(tok)}) so the export can name it '{token}'")
+    filler = [f"<|mimo_reserved_{i}|>" for i in range(len(tok), token_id)]
+    tok.add_tokens(filler + [token], special_tokens=True)
+    assert tok.convert_tokens_to_ids(token) == token_id
+    return tok
+
+
+def with_extra_tokens(tok: Any, ids: dict[str, int], where: str) -> Any:
+    """`tok` with model.llm.extra_tokens as special tokens at their ids ({token: id}, `LLMConfig.extra_token_ids`;
+    filler tokens before them where the tokenizer is shorter than the checkpoint's vocabulary), so no pre-tokenizer
+    splits them. Refused (ValueError naming the fix) where the tokenizer has a token at or past the first new id, or
+    already has one of them."""
+    vocab = tok.get_vocab()
+    for token, token_id in ids.items():
+        if token in vocab and vocab[token] != token_id:
+            raise ValueError(f"{where} already has '{token}' at id {vocab[token]}; drop it from model.llm.extra_tokens "
+                             f"and use id {vocab[token]}")
+        if token not in vocab and token_id < len(tok):
+            raise ValueError(f"{where} holds '{tok.convert_ids_to_tokens(token_id)}' at id {token_id}, where "
+                             f"model.llm.extra_tokens puts '{token}': it has {len(tok)} ids, more than the "
+                             f"{min(ids.values())} rows of model.llm.hf_path; use a tokenizer that fits the checkpoint")
+        with_token(tok, token, token_id, where, f"the id model.llm.extra_tokens gives '{token}'",
+                   "model.llm.extra_tokens")
+    return tok

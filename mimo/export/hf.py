@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from mimo.data.tokenizer import require_transformers
+from mimo.data.tokenizer import require_transformers, with_extra_tokens
 from mimo.export.config import VISION_PREFIXES, hf_act, hf_text_config, hf_vision_config, vision_family_of
 from mimo.export.stream import Entry, LiveSource, SourceOf, gather_entries, write_hf_dir
 from mimo.export.tokens import (
@@ -34,13 +34,15 @@ from mimo.models.vit import VisionTransformer
 TokenizerSpec = str | Path | Any | None
 
 
-def resolve_tokenizer(tokenizer: TokenizerSpec, image_token_id: int | None) -> Any:
+def resolve_tokenizer(tokenizer: TokenizerSpec, image_token_id: int | None,
+                      extra_tokens: dict[str, int] | None = None) -> Any:
     """`byte`, a tokenizer directory or a tokenizer object -> a Hugging Face tokenizer (None stays None), with
-    `<image>` at `image_token_id` when given."""
+    model.llm.extra_tokens at their ids ({token: id}) and `<image>` at `image_token_id` when given."""
     if tokenizer is None:
         return None
     if isinstance(tokenizer, (str, Path)):
-        return run_tokenizer(str(tokenizer), image_token_id)
+        return run_tokenizer(str(tokenizer), image_token_id, extra_tokens)
+    tokenizer = with_extra_tokens(tokenizer, extra_tokens or {}, "the tokenizer")
     return tokenizer if image_token_id is None else with_image_token(tokenizer, image_token_id, "the tokenizer")
 
 
@@ -57,7 +59,7 @@ def export_causal_lm(lm: DecoderLM, directory: str | Path, dtype: torch.dtype | 
     if lm.embed_tokens is None or lm.norm is None:
         raise ValueError("export_causal_lm needs the whole LM; this one is a pipeline stage without its "
                          "embedding or final norm")
-    tok = resolve_tokenizer(tokenizer, None)
+    tok = resolve_tokenizer(tokenizer, None, lm.cfg.extra_token_ids)
     ids = token_ids(tok) if tok is not None else {}
     tensors = gather_entries(lm, llm_names(lm), dtype, source_of)
     config = hf_text_config(lm.cfg, _dtype_name(tensors), ids)
@@ -143,7 +145,7 @@ def export_llava(model: MimoModel, directory: str | Path, dtype: torch.dtype | N
     tensors.update(gather_entries(proj, with_prefix(projector_names(proj), "multi_modal_projector."), dtype, source_of))
     dt = _dtype_name(tensors)
     vcfg = vit.cfg
-    tok = resolve_tokenizer(tokenizer, model.special_token_ids[name])
+    tok = resolve_tokenizer(tokenizer, model.special_token_ids[name], lm.cfg.extra_token_ids)
     ids = token_ids(tok) if tok is not None else {}
     strategy = "default" if vcfg.drops_first_token else "full"
     config = tf.LlavaConfig(

@@ -138,7 +138,7 @@ def export_llava_next(model: MimoModel, directory: str | Path, dtype: torch.dtyp
     bos/eos/pad ids and generation_config.json. Tensors stream one at a time from `source_of(module)`."""
     name, sub = anyres_parts(model)
     tensors = anyres_tensors(model, name, dtype, source_of)
-    tok = resolve_tokenizer(tokenizer, model.special_token_ids[name])
+    tok = resolve_tokenizer(tokenizer, model.special_token_ids[name], model.language_model.cfg.extra_token_ids)
     ids = token_ids(tok) if tok is not None else {}
     config = anyres_config(model, name, str(next(iter(tensors.values())).dtype).removeprefix("torch."), ids)
     files = None if tok is None else lambda out: save_anyres_processor(tok, sub, out)

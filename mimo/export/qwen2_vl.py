@@ -96,13 +96,14 @@ def vision_tokens(v: NativeViTConfig, image: int, field: str) -> dict[str, tuple
     return marks
 
 
-def qwen_vl_tokenizer(spec: str, v: NativeViTConfig, image: int, field: str) -> Any:
+def qwen_vl_tokenizer(spec: str, v: NativeViTConfig, image: int, field: str, extra: dict[str, int]) -> Any:
     """The run's tokenizer (`byte` or a Hugging Face directory) with Qwen2-VL's vision tokens at the model's ids
-    (vision_tokens), lowest id first; refused where another token holds an id (mimo.export.tokens.with_token)."""
+    (vision_tokens), lowest id first, after model.llm.extra_tokens (`extra`, {token: id}); refused where another
+    token holds an id (mimo.export.tokens.with_token)."""
     marks = vision_tokens(v, image, field)
     if spec == "byte":
         return byte_tokenizer({i: token for token, (i, _) in marks.items()})
-    tok = run_tokenizer(spec, None)
+    tok = run_tokenizer(spec, None, extra)
     for token, (token_id, key) in sorted(marks.items(), key=lambda kv: kv[1][0]):
         tok = with_token(tok, token, token_id, f"tokenizer '{spec}'", f"the model's {token}", key)
     return tok
@@ -145,7 +146,7 @@ def export_qwen2_vl(model: MimoModel, directory: str | Path, dtype: torch.dtype 
     dt = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     field = f"model.modalities.{name}.native"
     image = model.special_token_ids[name]
-    tok = qwen_vl_tokenizer(tokenizer, v, image, field) if tokenizer else None
+    tok = qwen_vl_tokenizer(tokenizer, v, image, field, lm.cfg.extra_token_ids) if tokenizer else None
     ids = token_ids(tok) if tok is not None else {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     files = None if tok is None else lambda out: save_qwen_vl_processor(tok, v, out)
     config = qwen_vl_hf_config(lm.cfg, v, image, dt, ids, field)

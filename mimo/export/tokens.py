@@ -13,7 +13,14 @@ from typing import Any
 
 from mimo.config.schema import ViTConfig
 from mimo.data.samples import special_ids
-from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer, require_transformers
+from mimo.data.tokenizer import (
+    IMAGE,
+    ByteTokenizer,
+    load_tokenizer,
+    require_transformers,
+    with_extra_tokens,
+    with_token,
+)
 
 # Names of the byte tokenizer's special ids (256 and up) in its Hugging Face form.
 BYTE_SPECIALS = {ByteTokenizer.BOS: "<|bos|>", ByteTokenizer.EOS: "<|eos|>", ByteTokenizer.PAD: "<|pad|>",
@@ -60,33 +67,10 @@ def with_image_token(tok: Any, image_token_id: int, where: str) -> Any:
                       "model.modalities.<m>.token_id")
 
 
-def with_token(tok: Any, token: str, token_id: int, where: str, what: str, field: str) -> Any:
-    """`tok` with the special token `token` at `token_id` (`what` the model uses it for, set by config `field`):
-    kept if there (made a special token if it is a plain one), appended if the id is the next free one (filler
-    tokens before it if ids are free below it); refused if another token holds the id."""
-    vocab = tok.get_vocab()
-    if token in vocab:
-        if vocab[token] != token_id:
-            raise ValueError(f"{where} has '{token}' at id {vocab[token]}, but {what} is {token_id}; set "
-                             f"{field} = {vocab[token]}")
-        if token not in tok.get_added_vocab():
-            # A plain vocabulary entry would be split by the pre-tokenizer, so a processor could not find it in
-            # text: made a special token at the same id.
-            tok.add_tokens([token], special_tokens=True)
-        return tok
-    if token_id < len(tok):
-        raise ValueError(f"{where} holds '{tok.convert_ids_to_tokens(token_id)}' at id {token_id}, {what}; train "
-                         f"with a free id for {field} (>= {len(tok)}) so the export can name it '{token}'")
-    filler = [f"<|mimo_reserved_{i}|>" for i in range(len(tok), token_id)]
-    tok.add_tokens(filler + [token], special_tokens=True)
-    assert tok.convert_tokens_to_ids(token) == token_id
-    return tok
-
-
-def run_tokenizer(spec: str, image_token_id: int | None) -> Any:
+def run_tokenizer(spec: str, image_token_id: int | None, extra_tokens: dict[str, int] | None = None) -> Any:
     """The tokenizer a run trained with (`data.tokenizer`: `byte` or a Hugging Face directory) as a Hugging
-    Face tokenizer that pads on the left (with EOS when it has no pad token), with `<image>` at the placeholder
-    id when there is one."""
+    Face tokenizer that pads on the left (with EOS when it has no pad token), with model.llm.extra_tokens at their
+    ids ({token: id}) and `<image>` at the placeholder id when there is one."""
     if spec == "byte":
         return byte_tokenizer(None if image_token_id is None else {image_token_id: IMAGE})
     # An init option, not the attribute: save_pretrained writes only init options, and a right-padding export
@@ -94,6 +78,7 @@ def run_tokenizer(spec: str, image_token_id: int | None) -> Any:
     tok = load_tokenizer(spec, padding_side="left")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    tok = with_extra_tokens(tok, extra_tokens or {}, f"tokenizer '{spec}'")
     return tok if image_token_id is None else with_image_token(tok, image_token_id, f"tokenizer '{spec}'")
 
 

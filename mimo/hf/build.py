@@ -11,12 +11,13 @@ and a native_vision modality's hf_path gives its LM, and its tower with its patc
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 
 import torch
 from torch import nn
 
-from mimo.config.schema import ConfigError, ModelConfig
+from mimo.config.schema import ConfigError, LLMConfig, ModelConfig
 from mimo.hf.config import llm_config_from_hf, model_type, vit_config_from_hf
 from mimo.hf.files import DirectorySource, TensorSlice
 from mimo.hf.load import ShardFn, load_llm_weights, load_vit_weights
@@ -28,7 +29,7 @@ from mimo.hf.qwen2_vl import (
     qwen_vl_llm_config,
 )
 from mimo.models.build import build_model as build_plain_model
-from mimo.models.init import LocalView, is_on_meta, whole
+from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, whole
 from mimo.models.multimodal import MimoModel
 
 
@@ -45,7 +46,10 @@ def resolve_hf_architecture(cfg: ModelConfig) -> None:
         d = _config_of(cfg.llm.hf_path, "model.llm.hf_path")
         where = f"model.llm.hf_path '{cfg.llm.hf_path}'"
         if d.get("model_type") in QWEN_VL_TYPES:
-            cfg.llm = replace(qwen_vl_llm_config(d, where), init_std=cfg.llm.init_std, hf_path=cfg.llm.hf_path)
+            llm = qwen_vl_llm_config(d, where)
+            extra = cfg.llm.extra_tokens
+            cfg.llm = replace(llm, init_std=cfg.llm.init_std, hf_path=cfg.llm.hf_path, extra_tokens=extra,
+                              vocab=llm.vocab + len(extra))
         else:
             d = d.get("text_config", d) if d.get("model_type") == "llava" else d
             cfg.llm = llm_config_from_hf(d, where, base=cfg.llm)
@@ -66,7 +70,15 @@ def resolve_hf_architecture(cfg: ModelConfig) -> None:
             m.vit = vit_config_from_hf(d, f"{field} '{m.hf_path}'", m.hf_feature_layer, base=m.vit)
         if not 0 <= m.token_id < cfg.llm.vocab:
             raise ConfigError(f"model.modalities.{name}.token_id ({m.token_id}) must lie in [0, {cfg.llm.vocab}), "
-                              "the vocabulary of model.llm.hf_path")
+                              "the vocabulary of model.llm.hf_path and model.llm.extra_tokens"
+                              + extra_tokens_fix(cfg.llm))
+
+
+def extra_tokens_fix(llm: LLMConfig) -> str:
+    """How to give a placeholder a new id: one more entry in model.llm.extra_tokens and its id (a resolved llm)."""
+    tokens = [*llm.extra_tokens, "<image>" if "<image>" not in llm.extra_tokens else "<image_1>"]
+    return (f"; for a new placeholder token set model.llm.extra_tokens = "
+            f"{json.dumps(tokens)} and token_id = {llm.vocab}")
 
 
 def view_shard_fn(module: nn.Module, prefix: str, view: LocalView) -> ShardFn:
@@ -89,7 +101,8 @@ def load_hf_weights_into(model: MimoModel, cfg: ModelConfig, view: LocalView = w
     if cfg.llm.hf_path and any(True for _ in model.language_model.parameters()):
         with DirectorySource(cfg.llm.hf_path) as src:
             lm = model.language_model
-            load_llm_weights(lm, src, None if view is whole else view_shard_fn(lm, "language_model.", view))
+            load_llm_weights(lm, src, None if view is whole else view_shard_fn(lm, "language_model.", view),
+                             new_rows_seed=new_rows_seed(model))
     for name, m in cfg.modalities.items():
         if m.hf_path and m.kind == "native_vision":
             load_native_hf_weights(model, name, m.hf_path, view)
@@ -99,6 +112,13 @@ def load_hf_weights_into(model: MimoModel, cfg: ModelConfig, view: LocalView = w
             with DirectorySource(m.hf_path) as src:
                 shard = view_shard_fn(vit, f"modality_submodules.{name}.encoders.vit.", view)
                 load_vit_weights(vit, src, None if view is whole else shard)
+
+
+def new_rows_seed(model: MimoModel) -> int:
+    """The seed of the rows model.llm.extra_tokens add (mimo.hf.grow): the LM embedding's initialisation seed,
+    recorded by the builder before any layout, so every rank draws the same rows; 0 for a model built elsewhere."""
+    spec = getattr(model, INIT_SPECS, {}).get("language_model.embed_tokens.weight")
+    return 0 if spec is None else spec.seed
 
 
 def load_native_hf_weights(model: MimoModel, name: str, path: str, view: LocalView) -> None:

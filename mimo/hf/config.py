@@ -66,7 +66,7 @@ def _rope(d: dict[str, Any], where: str) -> tuple[float, dict[str, float]]:
 
 def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMConfig | None = None) -> LLMConfig:
     """A Qwen2/Qwen3/Llama/Mistral/Phi-3/OLMo 2/Gemma 2/Gemma 3 (text) config. `base` supplies the non-architecture
-    fields (init_std, hf_path)."""
+    fields (init_std, hf_path, extra_tokens: the vocabulary grows by as many rows)."""
     mt = model_type(d, LLM_TYPES, where)
     _refuse(d, "hidden_act", "silu", where, "mimo's MLP is SwiGLU with SiLU")
     _refuse(d, "mlp_bias", False, where, "mimo's MLP has no biases")
@@ -85,7 +85,8 @@ def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMC
     theta, scaling = (gemma.pop("rope_theta"), {}) if gemma else _rope(d, where)
     base = base or LLMConfig()
     qkv_bias = mt == "qwen2" or (mt == "qwen2_moe" and bool(d.get("qkv_bias", True)))
-    return LLMConfig(**gemma, **_moe(d, mt, where, base), vocab=d["vocab_size"], hidden=d["hidden_size"],
+    return LLMConfig(**gemma, **_moe(d, mt, where, base), vocab=d["vocab_size"] + len(base.extra_tokens),
+                     hidden=d["hidden_size"],
                      layers=d["num_hidden_layers"], heads=heads, kv_heads=d.get("num_key_value_heads") or heads,
                      mlp=d["intermediate_size"], qkv_bias=qkv_bias,
                      tie_embeddings=bool(d.get("tie_word_embeddings", False)),
@@ -94,7 +95,8 @@ def llm_config_from_hf(d: dict[str, Any], where: str = "config.json", base: LLMC
                      qk_norm=mt in ("qwen3", "olmo2", "gemma3_text", "qwen3_moe"), qk_norm_full=mt == "olmo2",
                      post_norm=mt == "olmo2",
                      head_dim=0 if head_dim * heads == d["hidden_size"] else head_dim,
-                     rope_scaling=scaling, family=mt, hf_path=base.hf_path)
+                     rope_scaling=scaling, family=mt, hf_path=base.hf_path,
+                     extra_tokens=list(base.extra_tokens))
 
 
 def _moe(d: dict[str, Any], mt: str, where: str, base: LLMConfig) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from mimo.hf.config import (
     vit_config_from_hf,
 )
 from mimo.hf.files import RowsSlice, StackSlice, TensorSlice, WeightSource, open_source
+from mimo.hf.grow import GrownRows, GrownSlice
 from mimo.hf.names import (
     ExpertStack,
     HFName,
@@ -38,6 +39,7 @@ from mimo.hf.names import (
 )
 from mimo.hf.placement import DeviceSpec, DTypeSpec, empty_module, is_meta, resolve_dtype
 from mimo.models.audio import AudioEncoder
+from mimo.models.init import parameter_seed
 from mimo.models.llm import DecoderLM
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
 from mimo.models.projector import MLPProjector
@@ -98,6 +100,8 @@ def hf_slice(src: WeightSource, hf: HFName) -> tuple[TensorSlice, str, tuple | N
     """(the lazy slice, the checkpoint name for messages, the part (rows, or the stack's size) or None: whole)."""
     if isinstance(hf, ExpertStack):
         return StackSlice([src.get_slice(n) for n in hf.names]), hf.names[0], (0, len(hf.names))
+    if isinstance(hf, GrownRows):
+        return GrownSlice(src.get_slice(hf.name), hf.rows, hf.seed), hf.name, (0, hf.rows)
     if isinstance(hf, str):
         return src.get_slice(hf), hf, None
     return RowsSlice(src.get_slice(hf[0]), *hf[1:]), hf[0], hf[1:]
@@ -153,13 +157,20 @@ def _where(src: WeightSource) -> str:
 
 
 def load_llm_weights(lm: DecoderLM, src: WeightSource, shard_fn: ShardFn | None = None,
-                     prefix: str | None = None) -> None:
-    """Stream a Qwen2/Qwen3/Llama checkpoint into `lm` (which may be a pipeline stage or TP-sharded)."""
+                     prefix: str | None = None, new_rows_seed: int = 0) -> None:
+    """Stream a Qwen2/Qwen3/Llama checkpoint into `lm` (which may be a pipeline stage or TP-sharded). With
+    `lm.cfg.extra_tokens` the embedding and an untied head have rows beyond the checkpoint's: they are drawn as
+    transformers' mean resizing does (mimo.hf.grow), from `new_rows_seed` and the parameter's name."""
     body = find_prefix(src, "embed_tokens.weight", "language model") if prefix is None else prefix
     head = ""
     if lm.lm_head is not None:
         head = find_prefix(src, "lm_head.weight", "language-model head")
-    load_hf_weights(lm, src, llm_names(lm, body, head), shard_fn)
+    names = llm_names(lm, body, head)
+    if lm.cfg.extra_tokens:
+        for name in ("embed_tokens.weight", "lm_head.weight"):
+            if name in names:
+                names[name] = GrownRows(names[name], lm.cfg.vocab, parameter_seed(new_rows_seed, name))
+    load_hf_weights(lm, src, names, shard_fn)
 
 
 def import_llm(source: Source, shard_fn: ShardFn | None = None, base: LLMConfig | None = None,

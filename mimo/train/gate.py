@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.config.validate import validate, validate_fast_path_keys, validate_float8_dtype
-from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer
-from mimo.hf.build import resolve_hf_architecture
+from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer, with_extra_tokens
+from mimo.hf.build import extra_tokens_fix, resolve_hf_architecture
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import check_lm_features, validate_plan
@@ -160,8 +160,9 @@ def text_ids(tok: Any) -> tuple[int, set[int]]:
 
 
 def check_tokenizer(cfg: Config, model: ModelConfig) -> None:
-    """The data's tokenizer fits the LM's vocabulary and writes none of the placeholder or generation ids."""
-    tok = data_tokenizer(cfg)
+    """The data's tokenizer (with model.llm.extra_tokens added) fits the LM's vocabulary and writes none of the
+    placeholder or generation ids."""
+    tok = run_data_tokenizer(cfg, model)
     if tok is None:
         return
     size, produced = text_ids(tok)
@@ -169,18 +170,38 @@ def check_tokenizer(cfg: Config, model: ModelConfig) -> None:
     if size > model.llm.vocab:
         raise ConfigError(f"model.llm.vocab ({model.llm.vocab}) is smaller than {source} ({size} ids); set "
                           f"model.llm.vocab to at least {size}")
+    full = size >= model.llm.vocab and bool(model.llm.hf_path)  # no free id: a new token is the way
+    free = f"from {size} up to model.llm.vocab - 1{', e.g. 259-261' if size == BYTE_TEXT_IDS else ''}"
     for name, m in model.modalities.items():
         for field, tid in (("token_id", m.token_id), ("output_token_id", m.output_token_id)):
             if tid in produced:
                 raise ConfigError(f"model.modalities.{name}.{field} ({tid}) is an id {source} writes for text, so "
-                                  f"text would turn into {name} positions; use an id it never writes (from {size} up "
-                                  f"to model.llm.vocab - 1{', e.g. 259-261' if size == BYTE_TEXT_IDS else ''})")
+                                  f"text would turn into {name} positions; use an id it never writes "
+                                  + ("(it writes every id of model.llm.hf_path's vocabulary)"
+                                     + extra_tokens_fix(model.llm) if full else f"({free})"))
         for field in ("vision_start_token_id", "vision_end_token_id"):
             tid = getattr(m.native, field) if m.kind == "native_vision" else -1
             if tid in produced:
                 raise ConfigError(f"model.modalities.{name}.native.{field} ({tid}) is an id {source} writes for text, "
-                                  f"so text could open or close an image; use an id it never writes (from {size} up "
-                                  "to model.llm.vocab - 1), or -1 for no markers")
+                                  f"so text could open or close an image; use an id it never writes ({free}), or -1 "
+                                  "for no markers")
+
+
+def run_data_tokenizer(cfg: Config, model: ModelConfig) -> Any:
+    """`data_tokenizer` with model.llm.extra_tokens added at their ids (the resolved `model`'s), as the data, `mimo
+    generate` and the export use it; refuses extra tokens the tokenizer cannot take."""
+    tok = data_tokenizer(cfg)
+    extra = model.llm.extra_token_ids
+    if tok is None or not extra:
+        return tok
+    if isinstance(tok, ByteTokenizer):
+        raise ConfigError(f"model.llm.extra_tokens adds tokens to a Hugging Face tokenizer, but data.name = "
+                          f"'{cfg.data.name}' writes text with the byte tokenizer; train on real data with "
+                          "data.tokenizer = the LM's tokenizer folder, or leave model.llm.extra_tokens empty")
+    try:
+        return with_extra_tokens(tok, extra, f"the tokenizer in '{cfg.data.tokenizer}'")
+    except ValueError as e:
+        raise ConfigError(f"model.llm.extra_tokens = {model.llm.extra_tokens}: {e}") from None
 
 
 def check_checkpointable(cfg: Config, layout: Layout) -> None:
