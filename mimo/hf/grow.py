@@ -2,7 +2,8 @@
 the checkpoint's, initialised as transformers' `resize_token_embeddings` does by default (mean_resizing): a draw
 from the multivariate normal with the old rows' mean and 1e-9 times their covariance, or the mean itself where that
 covariance is not positive definite. The draw comes from a generator seeded by the caller, so every rank of every
-layout makes the same rows and reads only the piece it holds.
+layout makes the same rows (those of `resize_token_embeddings` after torch.manual_seed(seed)) and reads only the piece
+it holds.
 """
 
 from __future__ import annotations
@@ -20,18 +21,22 @@ COVARIANCE_SCALE = 1e-9
 
 @dataclass(frozen=True)
 class GrownRows:
-    """mimo's `[rows, ...]` tensor is checkpoint tensor `name` with new rows after its own, drawn with `seed`."""
+    """mimo's `[rows, ...]` tensor is checkpoint tensor `name` with new rows after its own, drawn with `seed` (`head`:
+    an output head's, as `_get_resized_lm_head` draws them)."""
 
     name: str
     rows: int
     seed: int
+    head: bool = False
 
 
-def mean_resized_rows(old: torch.Tensor, added: int, seed: int) -> torch.Tensor:
+def mean_resized_rows(old: torch.Tensor, added: int, seed: int, head: bool = False) -> torch.Tensor:
     """`added` new rows (fp32 `[added, H]`) for the `[V, H]` rows `old`, as transformers' mean resizing makes
-    them: mean + L z, L the Cholesky factor of 1e-9 x the rows' covariance and z standard normal from a generator
-    seeded `seed` (torch.manual_seed(seed) before `resize_token_embeddings` draws the same z); the mean alone
-    where that covariance is not positive definite. Reads all of `old` (one fp32 copy)."""
+    them: mean + L z, L the Cholesky factor of 1e-9 x the rows' covariance and z standard normal; the mean alone
+    where that covariance is not positive definite. The generator, seeded `seed`, is used as the torch RNG is by
+    `resize_token_embeddings` after torch.manual_seed(seed): the new `[V + added, H]` module's own initialisation
+    first (an embedding's normal draw; an output head's uniform one, `head`), then z, so the rows are the same.
+    Reads all of `old` (one fp32 copy)."""
     weight = old.to(torch.float32)
     mean = torch.mean(weight, dim=0)
     centered = weight - mean
@@ -41,6 +46,12 @@ def mean_resized_rows(old: torch.Tensor, added: int, seed: int) -> torch.Tensor:
     if not symmetric or info.item() != 0:
         return mean[None, :].repeat(added, 1)
     g = torch.Generator(device="cpu").manual_seed(seed)
+    module_init = torch.empty((weight.shape[0] + added, weight.shape[1]))
+    if head:
+        module_init.uniform_(generator=g)
+    else:
+        module_init.normal_(generator=g)
+    del module_init
     z = torch.empty((added, weight.shape[1]), dtype=torch.float32).normal_(generator=g)
     return mean + torch.matmul(tril, z.unsqueeze(-1)).squeeze(-1)
 
@@ -49,8 +60,8 @@ class GrownSlice:
     """A `TensorSlice` of `rows` rows: the checkpoint slice `old`'s, then `mean_resized_rows` (in `old`'s dtype).
     Rows are read by contiguous ranges; the new rows (and the whole of `old` they need) only when asked for."""
 
-    def __init__(self, old: TensorSlice, rows: int, seed: int):
-        self.old, self.rows, self.seed = old, rows, seed
+    def __init__(self, old: TensorSlice, rows: int, seed: int, head: bool = False):
+        self.old, self.rows, self.seed, self.head = old, rows, seed, head
         self.old_rows = old.get_shape()[0]
         self._new: torch.Tensor | None = None
 
@@ -60,7 +71,7 @@ class GrownSlice:
     def new_rows(self) -> torch.Tensor:
         if self._new is None:
             old = self.old[:]
-            self._new = mean_resized_rows(old, self.rows - self.old_rows, self.seed).to(old.dtype)
+            self._new = mean_resized_rows(old, self.rows - self.old_rows, self.seed, self.head).to(old.dtype)
         return self._new
 
     def __getitem__(self, index: Any) -> torch.Tensor:

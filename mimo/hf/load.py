@@ -101,7 +101,7 @@ def hf_slice(src: WeightSource, hf: HFName) -> tuple[TensorSlice, str, tuple | N
     if isinstance(hf, ExpertStack):
         return StackSlice([src.get_slice(n) for n in hf.names]), hf.names[0], (0, len(hf.names))
     if isinstance(hf, GrownRows):
-        return GrownSlice(src.get_slice(hf.name), hf.rows, hf.seed), hf.name, (0, hf.rows)
+        return GrownSlice(src.get_slice(hf.name), hf.rows, hf.seed, hf.head), hf.name, (0, hf.rows)
     if isinstance(hf, str):
         return src.get_slice(hf), hf, None
     return RowsSlice(src.get_slice(hf[0]), *hf[1:]), hf[0], hf[1:]
@@ -169,7 +169,8 @@ def load_llm_weights(lm: DecoderLM, src: WeightSource, shard_fn: ShardFn | None 
     if lm.cfg.extra_tokens:
         for name in ("embed_tokens.weight", "lm_head.weight"):
             if name in names:
-                names[name] = GrownRows(names[name], lm.cfg.vocab, parameter_seed(new_rows_seed, name))
+                names[name] = GrownRows(names[name], lm.cfg.vocab, parameter_seed(new_rows_seed, name),
+                                        head=name == "lm_head.weight")
     load_hf_weights(lm, src, names, shard_fn)
 
 

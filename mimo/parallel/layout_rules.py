@@ -48,7 +48,10 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
     check_lm_features(cfg, lm)
     for what, n in (("vocab", llm.vocab), ("mlp", llm.mlp)):
         if n % lm.tp:
-            raise ConfigError(f"model.llm.{what} ({n}) must be divisible by the LM's tp ({lm.tp})")
+            grown = "" if what != "vocab" or not llm.extra_tokens else (
+                f" (model.llm.hf_path's vocabulary and model.llm.extra_tokens); add {-n % lm.tp} unused tokens to "
+                "model.llm.extra_tokens (e.g. \"<|extra_1|>\") to make it so")
+            raise ConfigError(f"model.llm.{what} ({n}) must be divisible by the LM's tp ({lm.tp}){grown}")
     micro = cfg.parallel.microbatches
     for name, grid in layout.grids.items():
         if cfg.data.global_batch % (micro * grid.dp):
