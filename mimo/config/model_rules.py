@@ -41,9 +41,8 @@ def validate_model(cfg: Config) -> None:
                           "norms are)")
     if not llm.head_dim and llm.hidden % llm.heads:
         raise ConfigError(f"model.llm.hidden ({llm.hidden}) must be divisible by model.llm.heads ({llm.heads})")
-    validate_mrope(llm)
-    validate_rope_scaling(llm)
-    validate_extra_tokens(llm)
+    for rule in (validate_mrope, validate_rope_scaling, validate_extra_tokens):
+        rule(llm)
     if llm.heads % llm.kv_heads:
         raise ConfigError(f"model.llm.heads ({llm.heads}) must be divisible by model.llm.kv_heads "
                           f"({llm.kv_heads})")
