@@ -1,6 +1,7 @@
 """`model.llm.extra_tokens` on sharded layouts: a VLM over an LM whose tokenizer writes every id of its vocabulary,
 its `<image>` placeholder added by the key, trains on tp2 (the vocabulary-parallel embedding and head split the
-grown rows) and on FSDP2 with the losses and, gathered whole, the weights of one process (fp32, 1e-5)."""
+grown rows), on FSDP2 and pipelined (embedding and head on different stages) with the losses and, gathered whole,
+the weights of one process (fp32, 1e-5)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from tests.support.full_vocab import full_vocab_overrides, full_vocab_run
 from tests.support.tiny_run import metrics, tiny_config
 
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
-LAYOUTS = {"tp2": [f"{LANG}.tp=2", f"{IMG}.tp=2"], "fsdp2": [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"]}
+LAYOUTS = {"tp2": (2, [f"{LANG}.tp=2", f"{IMG}.tp=2"]), "fsdp2": (2, [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"]),
+           "pipeline3": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2",
+                             f"{LANG}.pp=2", "--parallel.microbatches=2"])}
 STEPS = ["--train.steps=3"]
 
 
@@ -35,7 +38,8 @@ def test_a_grown_vocabulary_trains_on_sharded_layouts_as_on_one_process(tmp_path
     ref = Trainer(tiny_config(tmp_path / "ref", *overrides))
     ref.train()
     ref_losses = [r["loss"] for r in metrics(tmp_path / "ref") if "loss" in r]
-    got = run_distributed(_train, 2, str(tmp_path / layout), [*overrides, *LAYOUTS[layout]], timeout=300)[0]
+    world, flags = LAYOUTS[layout]
+    got = run_distributed(_train, world, str(tmp_path / layout), [*overrides, *flags], timeout=300)[0]
     losses = [r["loss"] for r in metrics(tmp_path / layout) if "loss" in r]
     assert len(ref_losses) == 3 and losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
     emb = ref.model.language_model.embed_tokens.weight
