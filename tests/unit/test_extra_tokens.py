@@ -103,3 +103,15 @@ def test_the_export_loads_in_transformers_with_the_new_token(tmp_path, tie):
                                                                           lm_only=True)).eval()
     assert causal.config.vocab_size == VOCAB + 1
     assert max(compare(model.language_model, causal)) <= TOL
+
+
+def test_a_resumed_run_keeps_the_new_rows(tmp_path, run_files):
+    straight = Trainer(_config(tmp_path / "a", run_files, "--train.steps=4"))
+    straight.train()
+    Trainer(_config(tmp_path / "b", run_files, "--train.steps=2", "--train.save_every=2")).train()
+    resumed = Trainer(_config(tmp_path / "b", run_files, "--train.steps=4", "--train.resume=true"))
+    assert resumed.checkpointer.resume() == 2
+    resumed.train()
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        ours, ref = (getattr(t.model.language_model, name.split(".")[0]).weight for t in (resumed, straight))
+        assert ours.shape[0] == VOCAB + 1 and torch.allclose(ours, ref, rtol=1e-6, atol=1e-6), name
