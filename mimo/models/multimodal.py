@@ -8,7 +8,7 @@ crossing for a layout), then `align_embeddings` writes them into the sequence.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -260,6 +260,15 @@ class MimoModel(nn.Module):
                 r = bridge(r, (input_ids == self.special_token_ids[name]).sum(1), (microbatch_rows or {}).get(name))
             rows[name] = r
         return rows
+
+    def unfed_parameters(self, fed: Collection[str]) -> list[nn.Parameter]:
+        """What a training step whose global batch feeds only the modalities `fed` (`fed_modalities`) does not train:
+        every other modality's encoders and input projections. One process leaves their gradients None (zero only
+        from `run_encoder`'s stand-in on 0 inputs); a layout's collectives leave zeros (FSDP2 reduce-scatters a
+        unit's unused parameters, a stand-in runs on a lane without inputs). The trainer sets their gradients to
+        None before the update, so that no layout's optimizer moves them (AdamW's weight decay included)."""
+        return [p for name, sub in self.modality_submodules.items() if name not in fed
+                for part in (sub.encoders, sub.input_projections) for p in part.parameters()]
 
     def check_inputs_present(self, input_ids: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
         for name, tid in self.special_token_ids.items():

@@ -9,7 +9,9 @@ the result depend on how samples were split.
 
 No input: a microbatch or data lane may hold none of a modality's inputs (zero rows). The encoder
 then runs on one all-zero stand-in input and keeps none of its rows, so every data-parallel rank
-makes the same collectives and the encoder's gradient is exactly zero.
+makes the same collectives and the encoder's gradient is exactly zero. A step whose global batch holds
+no input of a modality does not train its encoders and input projections at all (`fed_modalities`,
+`MimoModel.unfed_parameters`): their gradients are None on every layout, as on one process.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ def leading_rows(x: torch.Tensor, counts: torch.Tensor, what: str) -> torch.Tens
     `leading_row_index` of `counts` read to the host (one sync where they are on a GPU)."""
     index = leading_row_index(x.shape, counts.cpu(), what)
     return x.flatten(0, 1)[index.to(x.device)]
+
+
+def fed_modalities(modality_inputs: dict | None) -> frozenset[str]:
+    """The modalities of a batch's `modality_inputs` (`{modality: {encoder: {keyword: tensor}}}`) that hold at least
+    one input: one of their tensors has a leading size above 0. Pure, on the host."""
+    return frozenset(name for name, encoders in (modality_inputs or {}).items()
+                     if any(isinstance(t, torch.Tensor) and t.dim() and t.shape[0] > 0
+                            for kwargs in encoders.values() for t in kwargs.values()))
 
 
 def run_encoder(encoder: nn.Module, kwargs: dict[str, torch.Tensor], name: str) -> torch.Tensor:

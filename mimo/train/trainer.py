@@ -25,6 +25,7 @@ from mimo.models.init import INIT_SPECS, materialize, whole
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.models.out_loss import OutPathLoss
+from mimo.models.sample_rows import fed_modalities
 from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
@@ -94,7 +95,7 @@ class Trainer:
                                 cfg.data.global_batch, self.plan.agree_on_data() if self.plan is not None else None)
         self.optimizer = self.build_optimizer()
         self.captured = CapturedStep(self.device_step, self.device) if cfg.train.step_graph else None
-        self.prefetched: tuple[int, tuple[list[dict], int, int, dict]] | None = None
+        self.prefetched: tuple[int, tuple[list[dict], int, int, dict, frozenset[str]]] | None = None
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
         self.router_losses = RouterLosses(self.model, cfg, self.device)
@@ -154,11 +155,11 @@ class Trainer:
         return self.plan.all_reduce_lm_lanes(t) if self.plan is not None else t
 
     # The step ----------------------------------------------------------------------------------
-    def host_batch(self, step: int) -> tuple[list[dict], int, int, dict]:
+    def host_batch(self, step: int) -> tuple[list[dict], int, int, dict, frozenset[str]]:
         """This rank's microbatches of `step` on the host (checked, rows balanced between lanes under
         data.balance_lanes, with their precomputed positions under train.step_graph or loss_rows_only), the
-        global batch's tokens, model FLOPs and lane imbalance figures; the prefetched ones where `prefetch`
-        made them."""
+        global batch's tokens, model FLOPs, lane imbalance figures and the modalities it feeds (`fed_modalities`);
+        the prefetched ones where `prefetch` made them."""
         if self.prefetched is not None and self.prefetched[0] == step:
             return self.prefetched[1]
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
@@ -174,7 +175,8 @@ class Trainer:
             micro = [sequence_parallel_rows(mb, dist.get_world_size(group), dist.get_rank(group)) for mb in micro]
         if self.captured is not None:
             micro = [pinned(mb) for mb in micro]
-        return micro, int(batch["input_ids"].numel()), train_step_flops(self.cfg.model, batch), lanes
+        fed = fed_modalities(batch.get("modality_inputs"))
+        return micro, int(batch["input_ids"].numel()), train_step_flops(self.cfg.model, batch), lanes, fed
 
     def balance(self, batch: dict) -> tuple[dict, dict]:
         """The global batch with its rows balanced between data lanes and the imbalance figures
@@ -206,6 +208,13 @@ class Trainer:
             self.plan.finalize_grads(self.model)
         return self.all_reduce_sum(loss_total), n_global
 
+    def leave_unfed(self, fed: frozenset[str]) -> None:
+        """After the step's gradients are final: none for what its global batch, feeding only the modalities `fed`,
+        does not train (`MimoModel.unfed_parameters`), so that every layout's optimizer skips those parameters as
+        one process does. Not collective: every rank holding them read the same global batch."""
+        for p in self.model.unfed_parameters(fed):
+            p.grad = None
+
     def device_step(self, micro: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step a CapturedStep records: forward, backward and the update; (loss sum, loss tokens, norm)."""
         loss_total, n_global = self.forward_backward(micro)
@@ -214,7 +223,7 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         if self.plan is not None and self.plan.pipeline is not None:
             return self.pipeline_step(step)
-        host, tokens, flops, lanes = self.host_batch(step)
+        host, tokens, flops, lanes, fed = self.host_batch(step)
         micro = [to_device(mb, self.device) for mb in host]
         self.optimizer.begin(step)
         if self.captured is not None:
@@ -224,6 +233,7 @@ class Trainer:
             return {**self.after_update_in_step(step, loss, float(norm)), "tokens": tokens,
                     "loss_tokens": int(n_global), "flops": flops, **lanes}
         loss_total, n_global = self.forward_backward(micro)
+        self.leave_unfed(fed)
         out_objective, out_losses = self.out_loss.end(self.all_reduce_lanes)
         router_objective, router_log = self.router_losses.end(self.all_reduce_sum)
         loss = float(loss_total / n_global.clamp_min(1.0)) + out_objective + router_objective
@@ -245,6 +255,8 @@ class Trainer:
         result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device),
                                  problem=problem)
         self.plan.finalize_grads(self.model)
+        if batch is not None:  # read where a stage needs it: by every rank of an FSDP2-sharded encoder (pp = 1)
+            self.leave_unfed(fed_modalities(batch.get("modality_inputs")))
         router_objective, router_log = self.router_losses.end(pipe.sum_per_lm_lane)
         rec = self.update(step, result.loss + result.out_objective + router_objective)
         self.router_losses.after_update(rec["stepped"])

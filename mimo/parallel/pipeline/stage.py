@@ -186,7 +186,8 @@ class EncoderStage(_Stage):
     the bridge each sample's number of rows. A lane with no inputs skips the compute and sends empty
     tensors, so every stage still takes part in every microbatch; but where the modality is FSDP2-sharded
     (pp = 1, so one stage runs the whole encoder) it runs a zero stand-in and its backward (exact zero
-    gradients, 0 rows), so that every lane joins every all-gather and reduce-scatter. An unsplit encoder runs
+    gradients, 0 rows), so that every lane joins every all-gather and reduce-scatter, unless the whole global batch
+    holds none of its inputs (no encoder keywords: no lane runs it). An unsplit encoder runs
     through `ModalitySubmodules.encode_project`, the entry FSDP2 gathers the submodule's own weights around."""
 
     def __init__(self, sub: ModalitySubmodules, encoder: str, first: bool, last: bool,
@@ -204,7 +205,7 @@ class EncoderStage(_Stage):
         """This stage's output for `n` inputs and, on the last stage, each sample's rows: the last stage's output is
         the projected rows `[rows, H]`. A split ViT runs its embedding on the first stage, its layers here, its
         finish on the last (VisionTransformer.forward in parts); an unsplit encoder runs whole."""
-        if n == 0 and not self.sharded:
+        if n == 0 and (not self.sharded or not x):  # no inputs in the whole global batch: no rank runs it
             if self.last:
                 return torch.zeros(0, self.lm_hidden, device=self.device), torch.zeros_like(counts)
             return torch.zeros(0, device=self.device), None
