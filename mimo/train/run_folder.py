@@ -122,5 +122,6 @@ class RunFolder:
         """Why this run may not start at step 0 here (resume = true found nothing to load), or ""."""
         if self.cfg.run.overwrite or not self.outputs():
             return ""
-        return (f"{self._held()} but no checkpoint of it could be loaded (see above); set --run.overwrite=true to "
-                "delete its outputs and start over, or choose another --run.name")
+        return (f"{self._held()} and no checkpoint to continue it from (it stopped before its first save, or every "
+                "checkpoint was damaged); nothing in it was changed. Set --run.overwrite=true to delete its outputs "
+                "and start over, or choose another --run.name")

@@ -294,11 +294,11 @@ class Trainer:
         over, train, evaluate and write the outputs; the summary."""
         with self.run_folder.claim():
             start = self.checkpointer.resume()
+            if start == 0:
+                self.run_folder.start_over()
             if self.is_main:
                 where = f"resuming at step {start}" if start else "starting at step 0"
                 print(f"mimo: run folder {self.run_dir} ({where})", file=sys.stderr, flush=True)
-            if start == 0:
-                self.run_folder.start_over()
             self.checkpointer.set_aside_damaged()
             self.write_run_config(start)
             return self.train_from(start)

@@ -14,6 +14,7 @@ import pytest
 
 from mimo.cli import main
 from mimo.config.schema import ConfigError
+from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.trainer import Trainer
 from tests.support.tiny_run import DEMO, TINY, metrics, tiny_config
 
@@ -51,7 +52,30 @@ def test_overwrite_deletes_the_old_run_and_starts_over(tmp_path, run):
 def test_resume_with_nothing_to_load_does_not_start_over_on_another_run(tmp_path):
     Trainer(tiny_config(tmp_path, "--train.steps=2")).train()
     shutil.rmtree(tmp_path / "tiny" / "checkpoints")  # its final weights gone: nothing to load
-    _refused(tmp_path, "--train.steps=4", "--train.resume=true", match="no checkpoint of it could be loaded")
+    _refused(tmp_path, "--train.steps=4", "--train.resume=true", match="no checkpoint to continue it from")
+
+
+class Killed(Exception):
+    pass
+
+
+def test_resume_after_a_kill_before_the_first_checkpoint_says_what_to_do_in_one_line(tmp_path, monkeypatch, capsys):
+    def killed(self: RunCheckpointer, step: int) -> bool:
+        raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunCheckpointer, "after_step", killed)
+        with pytest.raises(Killed):
+            Trainer(tiny_config(tmp_path, "--train.steps=4", "--train.save_every=2")).train()
+    assert not (tmp_path / "tiny" / "checkpoints").exists() and metrics(tmp_path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["train", str(DEMO), *TINY, f"--run.out_dir={tmp_path}", "--train.steps=4", "--train.resume=true"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mimo: error: run folder ") and err.count("\n") == 1, err
+    assert "no checkpoint to continue it from" in err and "--run.overwrite=true" in err
+    assert "starting at step 0" not in err
 
 
 def test_a_live_run_holds_the_folder(tmp_path, run):

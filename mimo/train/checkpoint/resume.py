@@ -205,7 +205,8 @@ class RunCheckpointer:
         start from (0 when there is none). Every rank reads its parts of a candidate first and the ranks
         agree (one small collective) whether all of them could, so all load the same one or skip it together.
         With resume = true corrupt checkpoints are reported and skipped; an explicit path that cannot be
-        loaded raises ConfigError naming the file and why, before the run folder is touched."""
+        loaded raises ConfigError naming the file and why, before the run folder is touched. Says nothing when no
+        checkpoint loads: the trainer then starts over, or refuses a folder that holds another run."""
         mode = self.cfg.train.resume
         if mode is False or mode == "never":
             return 0
@@ -226,7 +227,6 @@ class RunCheckpointer:
             if self.rank == 0:
                 trim_metrics(self.run_dir / "metrics.jsonl", step)
             return step
-        self.report("no complete checkpoint to resume from; starting at step 0")
         return 0
 
     def set_aside_damaged(self) -> None:
