@@ -1,5 +1,7 @@
 """An explicit train.resume that cannot be loaded stops the run naming the file and why, and leaves the run
-folder exactly as it was (no metrics truncated, no checkpoint pruned, no config rewritten)."""
+folder exactly as it was (no metrics truncated, no checkpoint pruned, no config rewritten). A state.json whose
+step disagrees with its completion marker is damaged like any other (train.resume = true sets it aside and
+continues from the one before); a checkpoint past train.steps is refused, the folder left as it was."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from mimo.cli import main
 from mimo.config.schema import ConfigError
 from mimo.train.checkpoint.store import MARKER, crc32
 from mimo.train.trainer import Trainer
-from tests.support.tiny_run import DEMO, TINY, tiny_config
+from tests.support.tiny_run import DEMO, TINY, metrics, tiny_config
 
 SAVE = ["--train.steps=6", "--train.save_every=2"]
 
@@ -86,6 +88,43 @@ def test_a_garbled_state_file_is_refused_and_the_run_folder_untouched(tmp_path, 
     state.write_text(json.dumps([0]).ljust(size))  # valid JSON, not an object; same size
     _reseal(ckpt)
     _refused(tmp_path, ckpt, r"state.json' has no next_step")
+
+
+def _restep(ckpt: Path, step: int) -> None:
+    """state.json's next_step set to `step`, its checksums rewritten to match."""
+    state = json.loads((ckpt / "state.json").read_text())
+    (ckpt / "state.json").write_text(json.dumps({**state, "next_step": step}))
+    _reseal(ckpt)
+
+
+@pytest.mark.parametrize("step", [-3, 1000000, 4])
+def test_a_state_step_the_marker_does_not_record_is_refused(tmp_path, run, step):
+    ckpt = run / "checkpoints" / "step_00000006"
+    _restep(ckpt, step)
+    _refused(tmp_path, ckpt, rf"state.json' says next_step {step}, but its completion marker says step 6 and its "
+                             "folder name 6")
+
+
+@pytest.mark.parametrize("step", [-3, 1000000])
+def test_resume_sets_a_checkpoint_with_a_false_step_aside_and_continues_from_the_one_before(tmp_path, run, step,
+                                                                                           capsys):
+    ckpt = run / "checkpoints" / "step_00000006"
+    _restep(ckpt, step)
+    damaged = _snapshot(ckpt)
+    summary = Trainer(tiny_config(tmp_path, "--train.steps=8", "--train.save_every=2",
+                                  "--train.resume=true")).train()
+    err = capsys.readouterr().err
+    assert f"ignoring '{ckpt}': '{ckpt / 'state.json'}' says next_step {step}" in err
+    assert "resumed from" in err and "step_00000004' at step 4" in err
+    assert [r["step"] for r in metrics(tmp_path)] == list(range(8)) and summary["steps"] == 8
+    assert _snapshot(run / "checkpoints" / "step_00000006.damaged") == damaged
+
+
+def test_a_checkpoint_past_train_steps_is_refused_and_the_run_folder_untouched(tmp_path, run):
+    before = _snapshot(run)
+    with pytest.raises(ConfigError, match=r"after step 6, past this run's train.steps = 4.*--train.steps=6"):
+        Trainer(tiny_config(tmp_path, "--train.steps=4", "--train.resume=true")).train()
+    assert _snapshot(run) == before
 
 
 def test_a_garbled_rng_file_is_refused_and_the_run_folder_untouched(tmp_path, run):

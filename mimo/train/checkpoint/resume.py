@@ -29,7 +29,16 @@ from mimo.config.schema import Config, ConfigError
 from mimo.parallel.verdict import first_problem
 from mimo.train.checkpoint.reshard import full_shapes, globalize
 from mimo.train.checkpoint.safe_dcp import CorruptCheckpointError
-from mimo.train.checkpoint.store import STAGING, CheckpointStore, Found, crc32, folder_step, validate, verify_share
+from mimo.train.checkpoint.store import (
+    MARKER,
+    STAGING,
+    CheckpointStore,
+    Found,
+    crc32,
+    folder_step,
+    validate,
+    verify_share,
+)
 from mimo.train.checkpoint.weights import load_training_state, save_training_state, training_state
 from mimo.train.faults import RunAborted, StepGuard
 from mimo.train.optim import MimoOptimizer
@@ -74,6 +83,17 @@ def _why(e: CheckpointException) -> str:
     rank, (exc, _) = min(e.failures.items())
     text = str(exc).strip().splitlines()
     return f"rank {rank}: {type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _check_step(path: Path, step: int) -> None:
+    """A checkpoint is damaged (CorruptCheckpointError) unless its state.json's `step` is the one its completion
+    marker records, and its `step_N` folder name where it has one, and at least 1 (no save precedes a step)."""
+    marker = _read_json(path / MARKER)
+    marked = marker.get("step") if isinstance(marker, dict) else None
+    named = folder_step(path.name)
+    if step != marked or named not in (-1, step) or step < 1:
+        raise CorruptCheckpointError(f"'{path / STATE}' says next_step {step}, but its completion marker says step "
+                                     f"{marked}" + (f" and its folder name {named}" if named >= 0 else ""))
 
 
 def trim_metrics(path: Path, next_step: int) -> None:
@@ -256,6 +276,7 @@ class RunCheckpointer:
         state = _read_json(path / STATE)
         if not isinstance(state, dict) or not isinstance(state.get("next_step"), int):
             raise CorruptCheckpointError(f"'{path / STATE}' has no next_step")
+        _check_step(path, state["next_step"])
         rng_path = _rng_file(path, self.rank)
         rng = _read_json(rng_path) if rng_path.is_file() else None
         if rng is not None:
@@ -271,7 +292,8 @@ class RunCheckpointer:
         return state, rng
 
     def _try_load(self, path: Path) -> tuple[str, int]:
-        """Collective: ("", next step) after loading `path` on every rank, or (why not, -1) on every rank."""
+        """Collective: ("", next step) after loading `path` on every rank, or (why not, -1) on every rank. A
+        checkpoint past train.steps raises ConfigError on every rank, before anything is loaded."""
         state: dict = {}
         rng = None
         try:
@@ -282,6 +304,10 @@ class RunCheckpointer:
         rank, problem = first_problem(problem)
         if problem:
             return (f"rank {rank}: {problem}" if dist.is_initialized() else problem), -1
+        if state["next_step"] > self.cfg.train.steps:
+            raise ConfigError(f"checkpoint '{path}' holds the state after step {state['next_step']}, past this run's "
+                              f"train.steps = {self.cfg.train.steps}; nothing in the run folder was changed. Set "
+                              f"--train.steps={state['next_step']} or more to continue it")
         try:
             self._load(path, state, rng)
         except CorruptCheckpointError as e:
