@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -125,15 +126,75 @@ def document_mask(query_docs: torch.Tensor, query_pos: torch.Tensor, key_docs: t
     return (same & (key_pos[..., None, :] <= query_pos[..., :, None]))[:, None]
 
 
+_FLEX_BLOCK = 128
+"""FlexAttention's block: its kernels take rows of a multiple of it."""
+
+
+@functools.cache
+def _flex_kernels() -> tuple:
+    """FlexAttention and its block-mask builder, each compiled once per process: eager FlexAttention runs a
+    reference kernel, and an uncompiled block-mask builder materialises the whole `[S, S]` mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    return torch.compile(flex_attention, dynamic=False), torch.compile(create_block_mask, dynamic=False)
+
+
+@dataclass(frozen=True)
+class DocumentRows:
+    """Rows packed with documents (mimo.data.packing) as an attention mask that a GPU step never builds densely.
+
+    `ids` `[B, S]`: each position's document id in its row; a query sees its own document's keys at or before
+    it. `of(ids)` on CUDA adds `block`, FlexAttention's block-sparse form of that mask (built on the device once
+    per forward and shared by every layer; blocks of other documents are skipped, nothing `[S, S]` is made), and
+    `attend` runs FlexAttention over it; elsewhere `attend` is SDPA with the `dense` mask, the reference the
+    tests compare against. FlexAttention was measured faster than variable-length flash attention on the
+    presets' LM shapes (benchmarks/bench_packed_attention.py), and it reads grouped KV heads as they are."""
+
+    ids: torch.Tensor
+    block: object | None = None
+
+    @staticmethod
+    def of(ids: torch.Tensor) -> DocumentRows:
+        if not ids.is_cuda:
+            return DocumentRows(ids)
+        # The kernel takes rows of whole 128-position blocks: a shorter row's tail is a document of its own (-1)
+        # that no real query sees, and `attend` pads q, k and v to match.
+        padded = F.pad(ids, (0, -ids.shape[1] % _FLEX_BLOCK), value=-1)
+
+        def same_document_causal(b, h, q, kv):
+            return (padded[b, q] == padded[b, kv]) & (kv <= q)
+
+        b, s = padded.shape
+        return DocumentRows(ids, _flex_kernels()[1](same_document_causal, b, None, s, s, device=ids.device))
+
+    def dense(self) -> torch.Tensor:
+        """`[B, 1, S, S]` bool (`document_mask` of the rows in order)."""
+        positions = torch.arange(self.ids.shape[1], device=self.ids.device).expand_as(self.ids)
+        return document_mask(self.ids, positions)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention within each document of `[B, heads, S, D]` q, k, v (k, v may have fewer heads)."""
+        if self.block is None:
+            return attention(q, k, v, causal=True, mask=self.dense())
+        s, tail = q.shape[2], -q.shape[2] % _FLEX_BLOCK
+        if tail:
+            q, k, v = (F.pad(t, (0, 0, 0, tail)) for t in (q, k, v))
+        out = _flex_kernels()[0](q, k, v, block_mask=self.block, enable_gqa=q.shape[1] != k.shape[1])
+        return out[:, :, :s] if tail else out
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-              mask: torch.Tensor | None = None) -> torch.Tensor:
+              mask: torch.Tensor | DocumentRows | None = None) -> torch.Tensor:
     """SDPA over `[B, heads, S, D]`; k and v may have fewer (grouped-query) heads than q.
 
     `mask` (bool, True = may attend, broadcastable to `[B, 1, Sq, Sk]`) replaces the causal flag when
     given; it is how packed documents and incremental decoding express their structure. Without a mask,
     SDPA shares each KV head over its query group itself (`enable_gqa`: the flash kernel reads the grouped
-    heads, nothing is copied); the masked kernels need the heads repeated.
+    heads, nothing is copied); the masked kernels need the heads repeated. Packed documents given as
+    `DocumentRows` run its own kernel.
     """
+    if isinstance(mask, DocumentRows):
+        return mask.attend(q, k, v)
     gqa = q.shape[1] != k.shape[1]
     if mask is not None:
         if gqa:

@@ -14,6 +14,7 @@ from torch import nn
 from mimo.config.schema import LLMConfig
 from mimo.models import init
 from mimo.models.layers import (
+    DocumentRows,
     KVCache,
     RMSNorm,
     SelfAttention,
@@ -103,14 +104,15 @@ class DecoderLM(nn.Module):
         return x * torch.tensor(self.cfg.hidden**0.5, dtype=x.dtype) if self.cfg.embed_scale else x
 
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None,
+                mask: torch.Tensor | DocumentRows | None = None, cache: KVCache | None = None,
                 output_rows: torch.Tensor | None = None, shard_rows: torch.Tensor | None = None,
                 layers: list[str] | None = None) -> torch.Tensor:
         """Run this module's layers (and the final norm if present) over `[B, S, H]` hidden states at
         `position_ids` `[B, S]` (or `[B, S, 3]` with `mrope_section`: Qwen2-VL's M-RoPE, see `mimo.models.mrope`).
 
-        `mask`: a bool `[B, 1, S, S_keys]` (True = may attend), or a Hugging Face style `[B, past + S]` 0/1
-        padding mask over the cached and the new positions, made causal here (`padded_causal_mask`).
+        `mask`: a bool `[B, 1, S, S_keys]` (True = may attend), a Hugging Face style `[B, past + S]` 0/1
+        padding mask over the cached and the new positions, made causal here (`padded_causal_mask`), or packed
+        rows' `DocumentRows`.
 
         `output_rows` (indices into the flattened `B * S` positions, e.g. those that carry a label) returns
         only those rows, `[len(output_rows), H]`: the last layer still attends over every position, but
@@ -127,7 +129,9 @@ class DecoderLM(nn.Module):
         rope = rope_cos_sin(position_ids, self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling,
                             self.cfg.mrope_section)
         past = cache.length() if cache is not None else 0
-        if mask is not None and mask.dim() == 2:
+        if isinstance(mask, DocumentRows) and (self.cfg.layer_types or self.cfg.attn_softcap):
+            mask = mask.dense()  # sliding windows and soft-capped scores are applied to a dense mask
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2:
             if mask.shape != (hidden.shape[0], past + hidden.shape[1]):
                 raise ValueError(f"a [B, S] attention mask must cover the cached and the new positions, "
                                  f"{(hidden.shape[0], past + hidden.shape[1])}; got {tuple(mask.shape)}")

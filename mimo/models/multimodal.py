@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mimo.config.schema import LANGUAGE
-from mimo.models.layers import document_mask, padding_causal_mask
+from mimo.models.layers import DocumentRows, document_mask, padding_causal_mask
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import cross_entropy_sum
 from mimo.models.sample_rows import leading_rows, run_encoder
@@ -310,10 +310,11 @@ class MimoModel(nn.Module):
 
         With `modality_targets` (`{modality: [B, K, D]}`, sample-aligned, see `output_losses`) the Out
         path also returns each modality's decoder loss sum and output-token count. `document_ids` `[B, S]`
-        (packed rows, mimo.data.packing) builds the block-diagonal causal mask on the ids' device, in place
-        of an explicit `attention_mask`. `attention_mask` is a bool `[B, 1, S, S]` (True = may attend) or
-        Hugging Face's `[B, S]` 0/1 padding mask (1 = real token), made causal here; as in transformers'
-        forward, `position_ids` default to 0..S-1 either way (pass them for left-padded rows). `loss_rows`
+        (packed rows, mimo.data.packing) gives the block-diagonal causal mask on the ids' device
+        (`DocumentRows`: block-sparse on CUDA), in place of an explicit `attention_mask`. `attention_mask` is a
+        bool `[B, 1, S, S]` (True = may attend) or Hugging Face's `[B, S]` 0/1 padding mask (1 = real token),
+        made causal here; as in transformers' forward, `position_ids` default to 0..S-1 either way (pass them
+        for left-padded rows). `loss_rows`
         `[N]` (with labels: the flat positions, row-major over `[B, S]`, that carry a label, computed with
         the batch so that no step waits for the device) runs the LM's last layer after attention, its final
         norm and the loss on those rows only (`hidden` is then `[N, H]`); the loss is the same; under sequence
@@ -324,9 +325,12 @@ class MimoModel(nn.Module):
         if document_ids is not None:
             if attention_mask is not None:
                 raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
-            queries, keys = self.row_positions(input_ids.shape[1], document_ids.device)
-            attention_mask = document_mask(document_ids.index_select(1, queries), queries,
-                                           document_ids.index_select(1, keys), keys)
+            if self.mask_positions is None:
+                attention_mask = DocumentRows.of(document_ids)
+            else:
+                queries, keys = self.row_positions(input_ids.shape[1], document_ids.device)
+                attention_mask = document_mask(document_ids.index_select(1, queries), queries,
+                                               document_ids.index_select(1, keys), keys)
         elif attention_mask is not None and attention_mask.dim() == 2:
             if attention_mask.shape != input_ids.shape:
                 raise ValueError(f"a [B, S] attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
