@@ -80,7 +80,8 @@ def build_trainer(preset: str, spec: str, out: Path, steps: int, data_parallel: 
 
 def time_steps(step: Callable[[int], float | torch.Tensor], cuda: bool, warmup: int, steps: int) -> dict:
     """`step(i)` (it returns the step's loss) for warm-up + timed steps, timed as the baseline times its steps
-    (synchronise around each, median after warm-up); the first step's time (compilation) and the last loss too."""
+    (synchronise around each, median after warm-up); their mean, the first step's time (compilation) and the last
+    loss too."""
     times, first, loss = [], 0.0, float("nan")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for i in range(warmup + steps):
@@ -92,7 +93,8 @@ def time_steps(step: Callable[[int], float | torch.Tensor], cuda: bool, warmup: 
             first = time.perf_counter() - t0
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return {"step_s_median": statistics.median(times), "first_step_s": first, "final_loss": float(loss)}
+    return {"step_s_median": statistics.median(times), "step_s_mean": statistics.fmean(times), "first_step_s": first,
+            "final_loss": float(loss)}
 
 
 def train_step(model: torch.nn.Module, batches: list[dict], device: torch.device, compile_model: bool = False,
