@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from mimo.config.schema import AudioConfig, LLMConfig, ModalityConfig, ModelConfig, NativeViTConfig, ViTConfig
+from mimo.config.schema import LANGUAGE, AudioConfig, LLMConfig, ModalityConfig, ModelConfig, NativeViTConfig, ViTConfig
 from mimo.models.anyres import image_layout, tile_count
 from mimo.models.audio import AudioEncoder
 from mimo.models.sample_rows import OUTPUT_LENGTHS
@@ -141,11 +141,17 @@ def modality_flops(cfg: ModelConfig, name: str, encoder_inputs: dict[str, dict[s
     return n * vit_flops(m.vit) + projector_flops(m.vit.hidden, lm_hidden, n * m.vit.tokens_per_image)
 
 
-def train_step_flops(cfg: ModelConfig, batch: dict) -> int:
-    """Model FLOPs of one training step (forward + backward) over a global batch: `input_ids` `[B, S]`
-    and `modality_inputs` `{modality: {encoder: {kwarg: tensor}}}` (the keys MimoModel.forward takes)."""
+def module_step_flops(cfg: ModelConfig, batch: dict) -> dict[str, int]:
+    """Model FLOPs of one training step (forward + backward) over a global batch by module (ModelConfig.module_names:
+    the LM, then each modality with its inputs in the batch: its encoder and projector). The batch: `input_ids`
+    `[B, S]` and `modality_inputs` `{modality: {encoder: {kwarg: tensor}}}` (the keys MimoModel.forward takes)."""
     samples, seq = batch["input_ids"].shape
-    forward = samples * lm_flops(cfg.llm, seq)
+    out = {LANGUAGE: TRAIN_FACTOR * samples * lm_flops(cfg.llm, seq)}
     for name, encoder_inputs in batch.get("modality_inputs", {}).items():
-        forward += modality_flops(cfg, name, encoder_inputs)
-    return TRAIN_FACTOR * forward
+        out[name] = TRAIN_FACTOR * modality_flops(cfg, name, encoder_inputs)
+    return out
+
+
+def train_step_flops(cfg: ModelConfig, batch: dict) -> int:
+    """Model FLOPs of one training step over a global batch: `module_step_flops` summed."""
+    return sum(module_step_flops(cfg, batch).values())

@@ -32,6 +32,7 @@ from mimo.parallel.runtime import init_distributed
 from mimo.parallel.tensor import sequence_parallel_rows
 from mimo.perf.apply import apply_fast_paths
 from mimo.tasks import build_demo_data, evaluate_demo
+from mimo.train.batch_shares import BatchShares
 from mimo.train.captured import CapturedStep
 from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.faults import StepGuard, skip_step
@@ -41,7 +42,6 @@ from mimo.train.host_memory import set_mmap_threshold
 from mimo.train.master_optim import MasterOptimizer, UpdatedInStep
 from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.optim import MimoOptimizer
-from mimo.train.padding import PaddingTally
 from mimo.train.plot import plot_curve, run_curve
 from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.router_loss import ROUTER_KEYS, RouterLosses
@@ -89,7 +89,7 @@ class Trainer:
         if cfg.data.packing:
             rows = self.plan.batch_multiple() if self.plan is not None else cfg.parallel.microbatches
             self.data = PackedBatches(self.data, cfg.data.pack_length, rows)
-        self.padding = PaddingTally(self.data)
+        self.shares = BatchShares(self.data, cfg.model)
         self.balancer = LaneBalancer(cfg.model, self.plan.data_lanes() if self.plan is not None else 1,
                                      cfg.parallel.microbatches) if cfg.data.balance_lanes else None
         if hasattr(self.data, "shard_for"):  # balanced lanes reorder rows by the whole batch: every rank decodes it
@@ -166,7 +166,7 @@ class Trainer:
             return self.prefetched[1]
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
         check_batch(self.model, batch)
-        self.padding.count(batch)
+        self.shares.count(batch)
         batch, lanes = self.balance(batch)
         micro = self.local_microbatches(batch)
         t = self.cfg.train
@@ -253,7 +253,7 @@ class Trainer:
         d = self.cfg.data
         batch, problem = read_batch(lambda: self.data.global_batch(step, d.global_batch, d.seed), pipe.needs_data)
         if batch is not None:
-            self.padding.count(batch)
+            self.shares.count(batch)
         batch, lanes = self.balance(batch) if batch is not None else (batch, {})
         self.optimizer.begin(step)  # MasterOptimizer's learning rates, on the device
         self.router_losses.begin()
@@ -332,7 +332,7 @@ class Trainer:
                                                        "bad_steps", *self.out_loss.keys)},
                                 **{k: rec[k] for k in (*ROUTER_KEYS, *LANE_KEYS) if k in rec},
                                 **throughput.interval()})
-                logger.progress(1, loss=rec["loss"], **throughput.running(), **self.padding.postfix())
+                logger.progress(1, loss=rec["loss"], **throughput.running(), **self.shares.postfix())
                 if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                     began = time.perf_counter()
                     held_out = evaluate_held_out(cfg, self.model, self.data, self.plan, self.device,
@@ -349,7 +349,8 @@ class Trainer:
         final = self.checkpointer.save_final(steps)
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
                    "wall_s": round(self.checkpointer.run_wall_s(), 2), **throughput.summary(wall),
-                   "padding_share": self.padding.share(), "world_size": self.world, "checkpoint": str(final)}
+                   "padding_share": self.shares.padding(), "flops_share": self.shares.flops(),
+                   "world_size": self.world, "checkpoint": str(final)}
         if self.balancer is not None:
             summary["lane_imbalance"] = self.balancer.summary()
         if start:
