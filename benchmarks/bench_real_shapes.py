@@ -4,11 +4,11 @@ transformers' LLaVA on the same samples (padding to the longest in each batch), 
     python -m benchmarks.bench_real_shapes --out DIR [--size small|tiny] [--batches 4 --steps 8 --warmup 4]
         [--global-batch 8] [--seed 0] [--timeout 900] [--budget S] [--mimo OVERRIDES]... [--baseline FLAGS]...
 
-On one H200: `python -m benchmarks.bench_real_shapes --out runs/bench_real_shapes --baseline compile --timeout 300
---budget 570` (the 2.2 B-parameter `small`; eager transformers is slower than compiled on `small`, BENCHMARKS.md).
-The default draw (seed 0, 4 batches of 8 samples) holds 6,934 useful tokens a step: transformers' rows pad them to
-34.5 % padding, mimo's packed rows of 2,048 to 24.8 % (batches of 16: 40.9 % and 19.2 %); `--mimo
-data.pack_length=4096` packs into longer rows.
+On one H200: `python -m benchmarks.bench_real_shapes --out runs/bench_real_shapes --timeout 300 --budget 570` (the
+2.2 B-parameter `small`, in one 10-minute call). The default draw (seed 0, 4 batches of 8 samples) holds 6,934
+useful tokens a step; padding takes 34.5 % of transformers' rows (each batch padded to its longest sample) and
+24.8 % of mimo's packed rows of 2,048 (batches of 16: 40.9 % and 19.2 %); `--mimo data.pack_length=4096` packs
+into longer rows.
 
 The data (benchmarks/real_shapes.py, which states its source and which of its numbers are published and which
 assumed): `--batches` global batches of `--global-batch` samples drawn with `--seed` from LLaVA-1.5's 665k mix,
@@ -19,8 +19,8 @@ with data.packing = true (rows of data.pack_length = the preset's seq_len) and t
 batches change shape every step), then `--mimo`'s overrides (`A|B`: B only if A failed); its data set is the
 batches above, packed each step by the Trainer's own PackedBatches (mimo.data.packing) inside the timed step. The
 baseline (benchmarks/hf_real_shapes_worker.py) is transformers' LLaVA as benchmarks/baseline/hf_vlm_baseline.py
-builds it, each batch right-padded to its longest sample with an attention mask, eager (`''`) and torch.compile'd
-(`compile`) by default. Each step is timed as bench_vlm times one (synchronise around it).
+builds it, each batch right-padded to its longest sample with an attention mask, torch.compile'd (eager if that
+fails; `--baseline ''` runs it eager). Each step is timed as bench_vlm times one (synchronise around it).
 
 The figure: useful tokens/s, the tokens of the samples themselves (BOS, image placeholders, text: each carries a
 label or feeds one) per second of the mean timed step, with each side's padding share beside it (row tokens that
@@ -47,7 +47,8 @@ from mimo.data.tokenizer import ByteTokenizer
 DEFAULT_MIMO = "|train.attention_backend=efficient|train.attention_backend=efficient,train.compile=false"
 """The preset as shipped with packing; if that fails, memory-efficient attention (which takes any mask); then the LM
 left uncompiled too."""
-DEFAULT_BASELINES = ["", "compile"]
+DEFAULT_BASELINES = ["compile|"]
+"""transformers' fastest way that runs: torch.compile'd; eager only if that failed."""
 
 
 def packing_overrides(size: str, global_batch: int) -> str:
@@ -115,7 +116,7 @@ def driver(args: argparse.Namespace, baseline_flags: list[str]) -> None:
     out, name = Path(args.out), f"real_shapes_{args.size}"
     specs = args.mimo if args.mimo is not None else [DEFAULT_MIMO]
     jobs = [([(vlm.mimo_label(a, 1), mimo_cmd(args, a)) for a in s.split("|")], False) for s in specs]
-    jobs += [([(vlm.baseline_label(f), hf_cmd(args, f))], True) for f in baseline_flags]
+    jobs += [([(vlm.baseline_label(f), hf_cmd(args, f)) for f in s.split("|")], True) for s in baseline_flags]
     rows, baselines = vlm.run_logged(out, name, jobs, args.timeout, args.fail_fast, args.budget)
     text = (f"`{args.size}`'s model on LLaVA-1.5's 665k mix (benchmarks/real_shapes.py): {args.batches} global "
             f"batches of {args.global_batch} samples (seed {args.seed}) cycled, {args.steps} timed steps after "
@@ -150,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"dotted overrides of the TOML to run (repeatable; 'A|B': B if A failed); default "
                          f"'{DEFAULT_MIMO}'")
     ap.add_argument("--baseline", action="append", metavar="FLAGS",
-                    help="baseline switches (compile), comma-separated (repeatable); '' = eager; default: '' and "
-                         "'compile'")
+                    help="baseline switches (compile), comma-separated (repeatable; 'A|B': B if A failed); '' = eager; "
+                         "default 'compile|' (eager only if compiling failed)")
     vlm.add_driver_args(ap, "runs/bench_real_shapes", 900)
     ap.add_argument("--budget", type=float, default=math.inf,
                     help="seconds all the runs together may take (a run is cut where its share would pass it)")
