@@ -112,6 +112,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def verdict(rows: list[dict], baselines: list[dict]) -> str:
+    """The headline: the fastest mimo row over the fastest baseline in useful tokens/s (the acceptance figure)."""
+    ran, hf = [r for r in rows if "error" not in r], [b for b in baselines if "error" not in b]
+    if not ran or not hf:
+        return "no ratio: a side has no row"
+    best = max(ran, key=lambda r: r["useful_tokens_per_s"])
+    fastest = max(hf, key=lambda b: b["useful_tokens_per_s"])
+    return (f"{best['label']} / {fastest['label']} (the fastest baseline), useful tokens/s: "
+            f"{best['useful_tokens_per_s'] / fastest['useful_tokens_per_s']:.2f}x")
+
+
 def driver(args: argparse.Namespace, baseline_flags: list[str]) -> None:
     out, name = Path(args.out), f"real_shapes_{args.size}"
     specs = args.mimo if args.mimo is not None else [DEFAULT_MIMO]
@@ -121,7 +132,7 @@ def driver(args: argparse.Namespace, baseline_flags: list[str]) -> None:
     text = (f"`{args.size}`'s model on LLaVA-1.5's 665k mix (benchmarks/real_shapes.py): {args.batches} global "
             f"batches of {args.global_batch} samples (seed {args.seed}) cycled, {args.steps} timed steps after "
             f"{args.warmup} warm-up; mimo packs, transformers pads to the longest in each batch\n\n")
-    text += table(rows + baselines)
+    text += table(rows + baselines) + "\n\n" + verdict(rows, baselines)
     (out / f"{name}.md").write_text(text + "\n")
     print(text)
 

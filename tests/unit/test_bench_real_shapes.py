@@ -41,7 +41,8 @@ def test_both_sides_count_the_same_useful_tokens_of_the_drawn_samples(tmp_path, 
         assert math.isfinite(r["final_loss"]) and r["useful_tokens_per_s"] > 0 and 0 <= r["padding_share"] < 1
     assert rows[0]["train"]["device"] == "cpu"
     table = (tmp_path / "real_shapes_tiny.md").read_text()
-    assert "| mimo |" in table and table in capsys.readouterr().out + "\n"
+    assert "| mimo |" in table and "mimo / hf eager (the fastest baseline), useful tokens/s: " in table
+    assert table in capsys.readouterr().out + "\n"
 
 
 def test_useful_tokens_and_padding_of_a_fixed_batch_match_a_hand_count():
