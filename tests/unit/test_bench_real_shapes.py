@@ -12,6 +12,7 @@ from benchmarks.bench_real_shapes import main
 from benchmarks.real_shapes import (
     SOURCES,
     Sample,
+    draw_batches,
     draw_samples,
     hf_batch,
     hf_padding,
@@ -40,6 +41,10 @@ def test_both_sides_count_the_same_useful_tokens_of_the_drawn_samples(tmp_path, 
         assert r["useful_tokens_per_step"] == by_hand
         assert math.isfinite(r["final_loss"]) and r["useful_tokens_per_s"] > 0 and 0 <= r["padding_share"] < 1
     assert rows[0]["train"]["device"] == "cpu"
+    batches = draw_batches("tiny", 2, 4, seed=3)  # the Trainer packed them as pack_batch does; transformers padded
+    for r, stats in zip(rows, (mimo_padding(batches, TINY["seq_len"]), hf_padding([hf_batch(b) for b in batches]))):
+        assert r["padding_share"] == round(1 - stats.real / stats.packed, 4)
+    assert rows[0]["padding_share"] < rows[1]["padding_share"]
     table = (tmp_path / "real_shapes_tiny.md").read_text()
     assert "| mimo |" in table and "mimo / hf eager (the fastest baseline), useful tokens/s: " in table
     assert table in capsys.readouterr().out + "\n"
