@@ -4,7 +4,7 @@ transformers' LLaVA on the same samples (padding to the longest in each batch), 
     python -m benchmarks.bench_real_shapes --out DIR [--size small|tiny] [--batches 4 --steps 8 --warmup 4]
         [--global-batch 8] [--seed 0] [--timeout 900] [--budget S] [--mimo OVERRIDES]... [--baseline FLAGS]...
 
-On one H200: `python -m benchmarks.bench_real_shapes --out runs/bench_real_shapes --timeout 300 --budget 570` (the
+On one H200: `python -m benchmarks.bench_real_shapes --out runs/bench_real_shapes --timeout 360 --budget 575` (the
 2.2 B-parameter `small`, in one 10-minute call). The default draw (seed 0, 4 batches of 8 samples) holds 6,934
 useful tokens a step; padding takes 34.5 % of transformers' rows (each batch padded to its longest sample) and
 24.8 % of mimo's packed rows of 2,048 (batches of 16: 40.9 % and 19.2 %); `--mimo data.pack_length=4096` packs
