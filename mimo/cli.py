@@ -48,7 +48,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
-    from mimo.data.prompts import check_out_request, pair_inputs, read_prompt_file
+    from mimo.data.prompts import answer_lines, check_out_request, generate_text, pair_inputs, read_prompt_file
+    from mimo.eval.pictures import write_image
     from mimo.train.checkpoint.weights import load_run
     from mimo.train.threads import set_threads
 
@@ -72,64 +73,14 @@ def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
         print(write_image(model, requests[0].text, args.out))
         return 0
     steps = DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
-    for text in generate_text(cfg, model, requests, steps, args.run):
-        print(text)
+    answers = generate_text(cfg, model, requests, steps, args.run)
+    for line in answer_lines(requests, answers, args.jsonl):
+        print(line)
     return 0
 
 
-def generate_text(cfg, model, requests: list, max_new_tokens: int, run: str) -> list[str]:
-    """`mimo generate`: each prompt (after its image and clip, if any) decoded greedily, all in one left-padded
-    batch (M-RoPE positions for a native-resolution run). The run's tokenizer (the one `mimo export` ships)
-    encodes it as training did: BOS, placeholders, text; decoding drops EOS, special tokens and placeholders. A
-    prompt that asks about an input it lacks gets a warning on stderr first."""
-    from mimo.data.prompts import missing_input_warnings, prompt_batch, prompt_positions
-    from mimo.data.samples import special_ids
-    from mimo.data.tokenizer import ByteTokenizer, load_tokenizer, with_extra_tokens
-    from mimo.export.run import run_tokenizer_spec
-    from mimo.models.generate import greedy_generate, left_pad
-
-    spec = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
-    tok = (ByteTokenizer() if spec == "byte"
-           else with_extra_tokens(load_tokenizer(spec), cfg.model.llm.extra_token_ids, f"tokenizer '{spec}'"))
-    bos, eos, pad = special_ids(tok)
-    encode = tok.encode if spec == "byte" else (lambda text: tok.encode(text, add_special_tokens=False))
-    prompts, modality_inputs, notes = prompt_batch(cfg, model, requests, run, encode, bos)
-    for line in [*missing_input_warnings(cfg, requests), *notes]:
-        print(line, file=sys.stderr)
-    ids, mask = left_pad(prompts, pad)
-    outs = greedy_generate(model, ids, modality_inputs or None, max_new_tokens, eos, attention_mask=mask,
-                           position_ids=prompt_positions(cfg, ids, mask, modality_inputs))
-    if spec == "byte":
-        return [tok.decode(o) for o in outs]
-    # Placeholders are special tokens in the exported tokenizer, so `batch_decode` there skips them too.
-    drop = {eos, *model.special_token_ids.values()}
-    return [tok.decode([i for i in o if i not in drop], skip_special_tokens=True) for o in outs]
-
-
-def write_image(model, prompt: str, path: str, scale: int = 4) -> str:
-    """`mimo generate --out`: draw the byte-tokenised `prompt` with the model's one Out-path modality, as a PNG
-    enlarged `scale` times with nearest-neighbour pixels."""
-    from PIL import Image
-
-    from mimo.data.tokenizer import ByteTokenizer
-    from mimo.models.generate import generate_images, to_uint8
-
-    if len(model.output_token_ids) != 1:
-        raise ValueError(f"this run has {len(model.output_token_ids)} Out-path modalities; --out needs a run "
-                         "trained with exactly one (model.modalities.<m>.output_token_id), e.g. "
-                         "configs/demo_text_to_image.toml")
-    (name, tid), = model.output_token_ids.items()
-    tok = ByteTokenizer()
-    tokens = list(model.modality_submodules[name].decoders.values())[-1].patches_per_image
-    ids = [tok.BOS, *tok.encode(prompt)] + [tid] * tokens
-    img = Image.fromarray(to_uint8(generate_images(model, name, [ids], tok.PAD))[0])
-    if scale > 1:
-        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
-    img.save(path)
-    return path
-
-
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
+    from mimo.eval.pictures import write_showcase_grid
     from mimo.tasks import build_demo_data, evaluate_demo
     from mimo.train.checkpoint.weights import load_run
     from mimo.train.threads import set_threads
@@ -144,24 +95,9 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
     data = build_demo_data(cfg, model)
     print(json.dumps(evaluate_demo(cfg, model, data, "cpu"), indent=2))
     if args.grid:
-        write_showcase_grid(model, data, args.grid)
+        for prompt in write_showcase_grid(model, data, args.grid):
+            print(prompt)
     return 0
-
-
-def write_showcase_grid(model, data, path: str) -> None:
-    """`mimo eval --grid`: one drawing per (colour, shape), true renderings beside generated ones, and the
-    prompts printed in grid order."""
-    import numpy as np
-
-    from mimo.eval.text_to_image import draw, save_grid, showcase_drawings
-
-    shows = showcase_drawings(data.decoder.image)
-    made = draw(model, data, shows)
-    truth = np.stack([d.image for d in shows])
-    pairs = np.concatenate([np.concatenate([truth[i : i + 4], made[i : i + 4]]) for i in range(0, 16, 4)])
-    save_grid(pairs, path, columns=8)
-    for d in shows:
-        print(d.prompt)
 
 
 def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -268,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
     g = sub.add_parser("generate", help="greedy decoding from a trained run",
                        description="Answer prompts about an image and/or a sound with a trained run (greedy, KV "
-                       "cache), one line out per prompt.")
+                       "cache), one line out per prompt, in order: a newline inside an answer is written \\n and a "
+                       "backslash \\\\ (or --jsonl). The prompt is laid out as the run trained (data.prompt_format).")
     g.add_argument("--run", required=True, help=RUN_HELP + ", e.g. runs/demo_vlm")
     g.add_argument("--image", action="append", help="image file (any size; resized to the encoder's input); "
                    "repeat it, one per --prompt, or give one for all; with <image> markers in the prompts, one "
@@ -282,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "..., \"audio\": ...} (paths relative to the file)")
     g.add_argument("--max-new-tokens", type=int, help=f"longest text answer (default {DEFAULT_NEW_TOKENS}); "
                    "not with --out")
+    g.add_argument("--jsonl", action="store_true", help="write each answer as a JSON line: {\"prompt\": ..., "
+                   "\"image\": [...], \"audio\": ..., \"answer\": ...}")
     g.add_argument("--out", help="write an image here instead of text (a run with an Out path, e.g. "
                    "runs/demo_text_to_image; one --prompt says what to draw; no --image/--audio)")
     g.set_defaults(func=cmd_generate)

@@ -52,6 +52,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError:
                 continue
         raise ConfigError(f"'{key}' must be one of {[_type_name(a) for a in args]}, got {value!r}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"'{key}' must be one of {list(typing.get_args(tp))}, got {value!r}")
+        return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is bool and not isinstance(value, bool):
@@ -134,9 +138,16 @@ def from_dict(data: dict[str, Any]) -> Config:
     return _build(Config, data)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+SAVED_RUN_DEFAULTS: dict[str, Any] = {"data": {"prompt_format": "plain"}}
+"""Keys a run folder's saved config.toml may lack because it was written before they existed, with the value
+that keeps such a run's meaning where new configs default to another."""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                saved_run: bool = False) -> Config:
     """Load a TOML file (or the defaults), apply dotted overrides, and validate the whole tree; records the
-    train keys left at their defaults (`TrainConfig.left_unset`)."""
+    train keys left at their defaults (`TrainConfig.left_unset`). `saved_run`: the file is a run folder's
+    config.toml, whose missing keys read as `SAVED_RUN_DEFAULTS` first."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -145,6 +156,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                               "configs/demo_vlm.toml")
         with p.open("rb") as f:
             data = tomllib.load(f)
+    if saved_run:
+        data = _merge(SAVED_RUN_DEFAULTS, data)
     if overrides:
         data = _merge(data, parse_overrides(overrides))
     cfg = from_dict(data)

@@ -7,6 +7,7 @@ fields that depend on one another. The `train` section, `TrainConfig`, is in mim
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mimo.config.train_config import TrainConfig
 
@@ -345,6 +346,10 @@ class DataConfig:
     # as Whisper pads to 30 s; 0 = the longest clip the encoder takes (2 x audio.max_positions frames).
     audio_seconds: float = 0.0
     tokenizer: str = "byte"
+    # How real data's chats become tokens, and `mimo generate` asks: "chat" (the tokenizer's chat template, else
+    # LLaVA-1.5's "USER: ... ASSISTANT:"; loss on the answers) or "plain" (BOS, placeholders, each question + "\n",
+    # each answer + EOS: the format of runs saved without this key, which read as "plain").
+    prompt_format: Literal["chat", "plain"] = "chat"
     seq_len: int = 64
     workers: int = 0
     # Sequence packing: each step's samples fill rows of pack_length tokens (greedy first fit), every

@@ -28,8 +28,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mimo.config.schema import Config
 from mimo.data.batching import COUNTS, to_device
+from mimo.data.chat import CHAT, special_ids
 from mimo.data.media import MediaSpec, media_specs
-from mimo.data.samples import BadSample, BatchFailed, Record, encode_text, special_ids
+from mimo.data.samples import BadSample, BatchFailed, Record, encode_text
 from mimo.data.seeded_batches import SeededBatches
 from mimo.data.tokenizer import ByteTokenizer, load_tokenizer, with_extra_tokens
 from mimo.models.loss import IGNORE_INDEX
@@ -59,7 +60,7 @@ class _Samples(Dataset):
 
     def __init__(self, data: ImageTextData):
         self.records, self.tok, self.media = data.records, data.tok, data.media
-        self.seq_len, self.vocab = data.seq_len, data.vocab
+        self.seq_len, self.vocab, self.prompt_format = data.seq_len, data.vocab, data.prompt_format
 
     def __len__(self) -> int:
         return len(self.records)
@@ -71,7 +72,7 @@ class _Samples(Dataset):
         rec = self.records[index]
         try:
             ids, labels = encode_text(rec, self.tok, 0, 0, self.seq_len,
-                                      [m.token_id for m in self.media for _ in range(m.tokens)])
+                                      [m.token_id for m in self.media for _ in range(m.tokens)], self.prompt_format)
             self._check_ids(ids)
             for m in self.media:
                 if (rec.image if m.kind == "vision" else rec.audio) is None:
@@ -130,7 +131,7 @@ class ImageTextData(SeededBatches):
     def __init__(self, records: list[Record], tokenizer: Any, image_size: int, image_tokens: int, image_token_id: int,
                  seq_len: int, modality: str = "images", workers: int = 0,
                  source_problems: list[str] | None = None, agree: Callable[[torch.Tensor], torch.Tensor] = _agree_max,
-                 vocab: int | None = None, media: list[MediaSpec] | None = None):
+                 vocab: int | None = None, media: list[MediaSpec] | None = None, prompt_format: str = CHAT):
         if not records:
             raise ValueError("the data set holds no samples; check data.path")
         self.media = media or [MediaSpec(modality, "vision", image_token_id, image_tokens, image_size=image_size)]
@@ -139,6 +140,7 @@ class ImageTextData(SeededBatches):
             raise ValueError(f"data.seq_len ({seq_len}) must exceed the inputs' {placeholders} tokens + 2; raise it")
         self.records = self.train = records
         self.tok, self.seq_len, self.workers, self.agree, self.vocab = tokenizer, seq_len, workers, agree, vocab
+        self.prompt_format = prompt_format  # data.prompt_format: how chats become tokens (mimo.data.chat)
         self.pad = special_ids(tokenizer)[2]
         self.text_rows: set[int] | None = None
         self.input_rows: dict[str, set[int]] | None = None
@@ -333,7 +335,7 @@ def build_image_text_data(cfg: Config, model: MimoModel, reader: RecordReader, d
 
     def data_set(records: list[Record], problems: list[str], workers: int) -> ImageTextData:
         return data_class(records, tokenizer, 0, 0, 0, cfg.data.seq_len, workers=workers, source_problems=problems,
-                          vocab=cfg.model.llm.vocab, media=media)
+                          vocab=cfg.model.llm.vocab, media=media, prompt_format=cfg.data.prompt_format)
 
     data = data_set(*reader(cfg.data.path), cfg.data.workers)
     if cfg.data.eval_path:

@@ -112,7 +112,8 @@ class ItemSamples(_Samples):
             items = record_items(rec)
             shapes = [spec.item(refs, len(items)) for refs in items]
             n = sum(spec.rows(x) for x in shapes)
-            ids, labels = encode_text(rec, self.tok, 0, spec.token_id, self.seq_len, spec.ids(shapes))
+            ids, labels = encode_text(rec, self.tok, 0, spec.token_id, self.seq_len, spec.ids(shapes),
+                                      self.prompt_format)
             if ids.count(spec.token_id) != n:
                 what = "video" if rec.frames else f"{len(items)} image(s)"
                 raise BadSample(f"its {what} give {n} placeholders ({spec.token_id}); with its text they do not fit "

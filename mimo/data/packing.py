@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mimo.data.batching import COUNTS, input_counts
-from mimo.data.samples import special_ids
+from mimo.data.chat import special_ids
 from mimo.models.loss import IGNORE_INDEX
 
 PACKABLE = frozenset({"input_ids", "labels", "loss_mask", "position_ids", "modality_inputs", COUNTS})

@@ -1,13 +1,15 @@
-"""Prompts for `mimo generate`: each a text with its images and an optional clip, read from flags or a file, laid
-out as training laid out its samples (`<bos> [<image>*N] [<audio>*k] text`; a native-resolution image with its
-own grid's placeholders, between its vision start and end tokens if the run has them, and M-RoPE positions), and
-checked for a question about an input it was not given. A text with `<image>` markers takes its images there
-instead, in order (`<bos> [<audio>*k] a <image>*N b <image>*M c`), one image per marker; an anyres OneVision run
-then gives each image of a several-image prompt its own treatment (mimo.models.anyres.tiled_images)."""
+"""`mimo generate`'s text answers: prompts, each a text with its images and an optional clip, read from flags or a
+file, laid out as training laid out its samples (the run's prompt format, mimo.data.chat: the images' and clip's
+placeholders, then the question; a native-resolution image with its own grid's placeholders, between its vision
+start and end tokens if the run has them, and M-RoPE positions), checked for a question about an input it was not
+given, decoded greedily and written one line per prompt. A text with `<image>` markers takes its images there
+instead, in order, one image per marker; an anyres OneVision run then gives each image of a several-image prompt
+its own treatment (mimo.models.anyres.tiled_images)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +22,17 @@ from mimo.config.schema import Config, ConfigError, ModalityConfig
 from mimo.data.anyres_tiles import tiled_inputs
 from mimo.data.audio_demo import AUDIO_QUESTIONS, CLIP_SAMPLES
 from mimo.data.audio_files import AudioDecodeError, decode_audio
+from mimo.data.chat import DEMO, question_ids, special_ids
 from mimo.data.image_text import IMAGE_TEXT_SETS
 from mimo.data.media import clip_samples
 from mimo.data.native_images import item_ids, load_item, tokens_of
 from mimo.data.samples import BadSample, ImageRef
 from mimo.data.shapes import QUESTIONS, image_tensor_values
+from mimo.data.tokenizer import ByteTokenizer, load_tokenizer, run_tokenizer_spec, with_extra_tokens
 from mimo.models.anyres import tiled_images
 from mimo.models.audio import AudioEncoder
 from mimo.models.audio_features import WHISPER_HOP, WHISPER_SAMPLING_RATE, log_mel_spectrogram
+from mimo.models.generate import greedy_generate, left_pad
 from mimo.models.mrope import mrope_positions
 from mimo.models.multimodal import MimoModel
 from mimo.models.sample_rows import OUTPUT_LENGTHS
@@ -199,9 +204,10 @@ def prompt_positions(cfg: Config, ids: torch.Tensor, mask: torch.Tensor, inputs:
 
 
 def prompt_batch(cfg: Config, model: MimoModel, requests: list[PromptRequest], run: str,
-                 encode: Any, bos: int | None) -> tuple[list[list[int]], dict, list[str]]:
-    """(each prompt's ids, modality_inputs with one row per image and clip given in prompt order, warnings
-    for clips longer than the run hears). Refuses a prompt whose `<image>` markers and images differ in count."""
+                 tok: Any) -> tuple[list[list[int]], dict, list[str]]:
+    """(each prompt's ids in the run's prompt format (`run_prompt_format`, mimo.data.chat.question_ids),
+    modality_inputs with one row per image and clip given in prompt order, warnings for clips longer than the
+    run hears). Refuses a prompt whose `<image>` markers and images differ in count."""
     for r in requests:
         check_markers(r)
     per_image: list[list[list[int]]] = [[] for _ in requests]  # each prompt's images' ids
@@ -219,8 +225,13 @@ def prompt_batch(cfg: Config, model: MimoModel, requests: list[PromptRequest], r
         inputs[name], rows, notes = clip_inputs(cfg, model, name, [r.audio for r in requests if r.audio])
         it = iter(rows)
         clip_ids = [[cfg.model.modalities[name].token_id] * next(it) if r.audio else [] for r in requests]
-    start = [bos] if bos is not None else []
-    return [start + prompt_ids(r.text, n, c, encode) for r, n, c in zip(requests, per_image, clip_ids)], inputs, notes
+    fmt = run_prompt_format(cfg)
+    return [question_ids(tok, fmt, r.text, n, c) for r, n, c in zip(requests, per_image, clip_ids)], inputs, notes
+
+
+def run_prompt_format(cfg: Config) -> str:
+    """The layout a run's prompts take: data.prompt_format on real data, the demo sets' own layout otherwise."""
+    return cfg.data.prompt_format if cfg.data.name in IMAGE_TEXT_SETS else DEMO
 
 
 def image_ids(m: ModalityConfig, rows: int) -> list[int]:
@@ -229,16 +240,36 @@ def image_ids(m: ModalityConfig, rows: int) -> list[int]:
     return item_ids(rows, m.token_id, m.native) if m.kind == "native_vision" else [m.token_id] * rows
 
 
-def prompt_ids(text: str, images: list[list[int]], clip: list[int], encode: Any) -> list[int]:
-    """A prompt's ids after BOS: its images' (`images`: each one's ids, `image_ids`) then the clip's and the
-    text, or, when the text has `<image>` markers, the clip's and the text with each marker's image in its place."""
-    if IMAGE_MARK not in text or not images:
-        return [i for x in images for i in x] + clip + encode(text)
-    first, *rest = text.split(IMAGE_MARK)
-    ids = clip + encode(first)
-    for x, piece in zip(images, rest):
-        ids += x + encode(piece)
-    return ids
+def generate_text(cfg: Config, model: MimoModel, requests: list[PromptRequest], max_new_tokens: int,
+                  run: str) -> list[str]:
+    """`mimo generate`: each prompt (after its image and clip, if any) decoded greedily, all in one left-padded
+    batch (M-RoPE positions for a native-resolution run). The run's tokenizer (the one `mimo export` ships)
+    encodes it in the run's prompt format (`prompt_batch`); decoding drops EOS, special tokens and placeholders.
+    A prompt that asks about an input it lacks gets a warning on stderr first."""
+    spec = run_tokenizer_spec(cfg.data.tokenizer, cfg.model.llm.hf_path)
+    tok = (ByteTokenizer() if spec == "byte"
+           else with_extra_tokens(load_tokenizer(spec), cfg.model.llm.extra_token_ids, f"tokenizer '{spec}'"))
+    _, eos, pad = special_ids(tok)
+    prompts, modality_inputs, notes = prompt_batch(cfg, model, requests, run, tok)
+    for line in [*missing_input_warnings(cfg, requests), *notes]:
+        print(line, file=sys.stderr)
+    ids, mask = left_pad(prompts, pad)
+    outs = greedy_generate(model, ids, modality_inputs or None, max_new_tokens, eos, attention_mask=mask,
+                           position_ids=prompt_positions(cfg, ids, mask, modality_inputs))
+    if spec == "byte":
+        return [tok.decode(o) for o in outs]
+    # Placeholders are special tokens in the exported tokenizer, so `batch_decode` there skips them too.
+    drop = {eos, *model.special_token_ids.values()}
+    return [tok.decode([i for i in o if i not in drop], skip_special_tokens=True) for o in outs]
+
+
+def answer_lines(requests: list[PromptRequest], answers: list[str], jsonl: bool) -> list[str]:
+    """One line per prompt: the answer with a backslash written `\\\\` and a newline `\\n` (a carriage return
+    `\\r`), or with `jsonl` a JSON object of the prompt, its images and clip, and the answer."""
+    if jsonl:
+        return [json.dumps({"prompt": r.text, "image": list(r.images), "audio": r.audio, "answer": a})
+                for r, a in zip(requests, answers)]
+    return [a.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r") for a in answers]
 
 
 def clip_inputs(cfg: Config, model: MimoModel, name: str, paths: list[str]) -> tuple[dict, list[int], list[str]]:

@@ -2,9 +2,9 @@
 
 Readers (webdataset.py, jsonl.py) turn their files into `Record`s without decoding any image; a
 record says where its image bytes are and holds its caption or chat turns. `encode_text` lays a
-record out as `<bos> <image>*N text... <eos>` with labels on what the model must produce: the whole
-caption, or every assistant turn of a chat. Anything wrong with a sample raises `BadSample`, which
-the data set counts and skips instead of crashing.
+record out as `<bos> <image>*N caption <eos>`, or a chat in data.prompt_format (mimo.data.chat), with labels
+on what the model must produce: the whole caption, or every assistant turn of a chat. Anything wrong with
+a sample raises `BadSample`, which the data set counts and skips instead of crashing.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mimo.data.chat import ASSISTANT_ROLES, PLAIN, PromptFormatError, conversation_ids, encode, special_ids
 from mimo.models.loss import IGNORE_INDEX
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 AUDIO_EXTS = (".wav", ".flac", ".ogg", ".mp3", ".opus")
-USER_ROLES = ("user", "human", "system")
-ASSISTANT_ROLES = ("assistant", "gpt")
 
 
 class BadSample(ValueError):
@@ -98,53 +97,30 @@ def _text_record(key: str, meta: Any, image: ImageRef | None) -> Record:
     return Record(key, image, problem='no "caption", "text", "conversations" or "messages"')
 
 
-def special_ids(tok: Any) -> tuple[int | None, int, int]:
-    """(bos, eos, pad) of a tokenizer: the byte tokenizer's constants or Hugging Face's *_token_id."""
-    if hasattr(tok, "EOS"):
-        return tok.BOS, tok.EOS, tok.PAD
-    eos = getattr(tok, "eos_token_id", None)
-    if eos is None:
-        raise ValueError("the tokenizer has no end-of-sequence id (eos_token_id); use a tokenizer that defines one")
-    pad = getattr(tok, "pad_token_id", None)
-    return getattr(tok, "bos_token_id", None), eos, eos if pad is None else pad
-
-
-def _encode(tok: Any, text: str) -> list[int]:
-    try:
-        return list(tok.encode(text, add_special_tokens=False))
-    except TypeError:
-        return list(tok.encode(text))
-
-
 def encode_text(rec: Record, tok: Any, image_tokens: int, image_token_id: int, seq_len: int,
-                more_placeholders: list[int] = ()) -> tuple[list, list]:
-    """(ids, labels) of one record, at most `seq_len` long: BOS, the image's placeholders, then
-    `more_placeholders` (a clip's), then the text. Labels are shifted (position t holds the id of token t+1)
-    and cover only what the model must produce. Raises BadSample."""
+                more_placeholders: list[int] = (), prompt_format: str = PLAIN) -> tuple[list, list]:
+    """(ids, labels) of one record, at most `seq_len` long: a chat laid out in `prompt_format` with the image's
+    `image_tokens` placeholders, then `more_placeholders` (a clip's), where the format puts them
+    (mimo.data.chat); a caption as BOS, placeholders, caption, EOS. Labels are shifted (position t holds the id
+    of token t+1) and cover only what the model must produce. Raises BadSample."""
     if rec.problem:
         raise BadSample(rec.problem)
-    bos, eos, _ = special_ids(tok)
-    ids = ([bos] if bos is not None else []) + [image_token_id] * image_tokens + list(more_placeholders)
-    target = [False] * len(ids)
+    placeholders = [image_token_id] * image_tokens + list(more_placeholders)
     if rec.turns:
         if not any(role in ASSISTANT_ROLES for role, _ in rec.turns):
             raise BadSample("the chat has no assistant turn to learn from")
-        for role, content in rec.turns:
-            text = content.replace("<image>", "").replace("<audio>", "").strip()
-            if role in ASSISTANT_ROLES:
-                piece, is_target = _encode(tok, text) + [eos], True
-            elif role in USER_ROLES:
-                piece, is_target = _encode(tok, text + "\n"), False
-            else:
-                raise BadSample(f"unknown chat role '{role}'; use user/human/system or assistant/gpt")
-            ids += piece
-            target += [is_target] * len(piece)
+        try:
+            ids, target = conversation_ids(tok, prompt_format, list(rec.turns), placeholders)
+        except PromptFormatError as e:
+            raise BadSample(str(e)) from e
     else:
-        piece = _encode(tok, rec.caption or "") + [eos]
+        bos, eos, _ = special_ids(tok)
+        ids = ([bos] if bos is not None else []) + placeholders
+        piece = encode(tok, rec.caption or "") + [eos]
         if len(piece) == 1:
             raise BadSample("the caption is empty")
+        target = [False] * len(ids) + [True] * len(piece)
         ids += piece
-        target += [True] * len(piece)
     ids, target = ids[:seq_len], target[:seq_len]
     labels = [ids[i + 1] if target[i + 1] else IGNORE_INDEX for i in range(len(ids) - 1)] + [IGNORE_INDEX]
     if all(x == IGNORE_INDEX for x in labels):

@@ -1,10 +1,5 @@
 """Tokenizers: the byte-level one (ids 0-255 are bytes, then a few special tokens; needs no files), Hugging
-Face tokenizers from a local directory, and LLaVA-style prompts with image placeholders.
-
-LLaVA convention: the user turn starts with one "<image>" line per image; the text is formatted with the
-tokenizer's chat template (or LLaVA-1.5's "USER: ... ASSISTANT:" when it has none), split at each
-"<image>", the pieces tokenized separately (as the original LLaVA code does) and each "<image>" replaced
-by as many placeholder ids as the vision tower yields rows.
+Face tokenizers from a local directory, and which of them a run used. How a chat becomes ids: mimo.data.chat.
 """
 
 from __future__ import annotations
@@ -58,36 +53,14 @@ def load_tokenizer(path: str | Path, **options: Any) -> Any:
     return require_transformers().AutoTokenizer.from_pretrained(str(p), local_files_only=True, **options)
 
 
-def format_llava_prompt(tokenizer: Any, question: str, images: int = 1) -> str:
-    """The conversation text for one user turn about `images` images, ending where the answer starts."""
-    content = f"{IMAGE}\n" * images + question
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                             add_generation_prompt=True)
-    return f"USER: {content} ASSISTANT:"
-
-
-def llava_prompt_ids(tokenizer: Any, question: str, tokens_per_image: int, images: int = 1,
-                     image_token_id: int | None = None) -> list[int]:
-    """Token ids of a LLaVA prompt with `tokens_per_image` placeholder ids at each image.
-
-    `image_token_id` defaults to the tokenizer's own "<image>" token; pass the model's placeholder id
-    (model.modalities.<m>.token_id) when the tokenizer has none.
-    """
-    if image_token_id is None:
-        vocab = tokenizer.get_vocab()
-        if IMAGE not in vocab:
-            raise ValueError(f"the tokenizer has no '{IMAGE}' token; pass image_token_id (the model's "
-                             "model.modalities.<m>.token_id)")
-        image_token_id = vocab[IMAGE]
-    templated = bool(getattr(tokenizer, "chat_template", None))
-    ids: list[int] = []
-    for i, piece in enumerate(format_llava_prompt(tokenizer, question, images).split(IMAGE)):
-        if i:
-            ids += [image_token_id] * tokens_per_image
-        # Only the first piece gets the tokenizer's BOS; a chat template writes its own special tokens.
-        ids += tokenizer.encode(piece, add_special_tokens=i == 0 and not templated)
-    return ids
+def run_tokenizer_spec(data_tokenizer: str, llm_hf_path: str) -> str:
+    """The tokenizer a run used: data.tokenizer when it is a directory, else the LM's hf_path when that holds
+    a tokenizer, else the byte tokenizer."""
+    if Path(data_tokenizer).is_dir():
+        return data_tokenizer
+    if llm_hf_path and any((Path(llm_hf_path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return llm_hf_path
+    return "byte"
 
 
 def with_token(tok: Any, token: str, token_id: int, where: str, what: str, field: str) -> Any:

@@ -10,22 +10,13 @@ import torch
 from torch import nn
 
 from mimo.config.load import load_config
+from mimo.data.tokenizer import run_tokenizer_spec
 from mimo.export.hf import export_causal_lm, export_llava
 from mimo.export.llava_next import export_llava_next
 from mimo.export.qwen2_vl import export_qwen2_vl
 from mimo.export.stream import CheckpointSource
 from mimo.hf.build import build_model
 from mimo.train.checkpoint.tensors import CheckpointTensors, resolve_checkpoint
-
-
-def run_tokenizer_spec(data_tokenizer: str, llm_hf_path: str) -> str:
-    """The tokenizer a run used: data.tokenizer when it is a directory, else the LM's hf_path when that holds
-    a tokenizer, else the byte tokenizer."""
-    if Path(data_tokenizer).is_dir():
-        return data_tokenizer
-    if llm_hf_path and any((Path(llm_hf_path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return llm_hf_path
-    return "byte"
 
 
 def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: torch.dtype | None = None,
@@ -36,7 +27,7 @@ def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: to
     (`run_tokenizer_spec`). Streams tensor by tensor from the sharded checkpoint: the model is built on the meta
     device for its names and shapes only, so the peak is about the largest tensor."""
     run_dir, step_dir = resolve_checkpoint(run)
-    cfg = load_config(run_dir / "config.toml")
+    cfg = load_config(run_dir / "config.toml", saved_run=True)
     with torch.device("meta"):
         model = build_model(cfg.model, load_weights=False)
     tensors = CheckpointTensors(step_dir)

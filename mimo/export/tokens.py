@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo.config.schema import ViTConfig
-from mimo.data.samples import special_ids
+from mimo.data.chat import special_ids
 from mimo.data.tokenizer import (
     IMAGE,
     ByteTokenizer,

@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from mimo.cli import generate_text, main
+from mimo.cli import main
 from mimo.config.load import dump_toml
 from mimo.config.schema import Config, ModalityConfig, ModelConfig, ViTConfig
-from mimo.data.prompts import PromptRequest
+from mimo.data.prompts import PromptRequest, generate_text
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.export.hf import export_llava
 from mimo.export.llava_next import export_llava_next

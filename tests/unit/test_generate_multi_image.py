@@ -70,7 +70,7 @@ def test_generate_several_images_matches_transformers(case, tmp_path, capsys):
     if max_tiles:
         assert inputs.batch_num_images.tolist() == [2, 1]
     requests = pair_inputs(PROMPTS, [str(p) for p in paths], [])
-    ids, ours_in, _ = prompt_batch(cfg, model, requests, str(run), ByteTokenizer().encode, ByteTokenizer.BOS)
+    ids, ours_in, _ = prompt_batch(cfg, model, requests, str(run), ByteTokenizer())
     real = inputs.attention_mask.bool()
     assert ids == [row[m].tolist() for row, m in zip(inputs.input_ids, real)]  # placeholders at the markers
     counts = [row.count(ByteTokenizer.IMAGE) for row in ids]

@@ -2,7 +2,8 @@
 
 import pytest
 
-from mimo.data.tokenizer import llava_prompt_ids, load_tokenizer
+from mimo.data.chat import CHAT, question_ids
+from mimo.data.tokenizer import load_tokenizer
 from tests.support.hf_helpers import transformers
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -24,8 +25,8 @@ def tiny_tokenizer(directory, chat_template: str | None = None, words: list[str]
 
 def test_llava_15_format_without_chat_template(tmp_path):
     tok = tiny_tokenizer(tmp_path)
-    ids = llava_prompt_ids(tok, "what is this?", tokens_per_image=5)
     image = WORDS.index("<image>")
+    ids = question_ids(tok, CHAT, "what is this?", [[image] * 5], [])
     expected = [1, 4, 8] + [image] * 5 + [WORDS.index(w) for w in ("what", "is", "this", "?", "ASSISTANT", ":")]
     assert ids == expected
 
@@ -34,14 +35,11 @@ def test_chat_template_and_explicit_placeholder_id(tmp_path):
     template = ("<s>{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
                 "{% if add_generation_prompt %}assistant :{% endif %}")
     tok = tiny_tokenizer(tmp_path, template)
-    ids = llava_prompt_ids(tok, "what is this?", tokens_per_image=3, images=2, image_token_id=99)
+    ids = question_ids(tok, CHAT, "<image> <image> what is this?", [[99] * 3] * 2, [])
     assert ids.count(99) == 6 and ids.count(1) == 1 and ids[0] == 1
     assert ids[-2:] == [WORDS.index("assistant"), WORDS.index(":")]
 
 
-def test_missing_image_token_and_directory(tmp_path):
-    tok = tiny_tokenizer(tmp_path / "t", words=[w for w in WORDS if w != "<image>"])
-    with pytest.raises(ValueError, match="no '<image>' token; pass image_token_id"):
-        llava_prompt_ids(tok, "what?", tokens_per_image=2)
+def test_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="absent"):
         load_tokenizer(tmp_path / "absent")

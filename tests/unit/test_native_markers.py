@@ -115,9 +115,10 @@ def test_generate_prompts_take_the_markers_too(tmp_path):
     """`mimo generate`'s prompts: an image then a text give the processor's ids and get_rope_index's positions."""
     hf, cfg, model, _, images = marked_batch(tmp_path)
     tok = ByteTokenizer()
-    ids, inputs, _ = prompt_batch(cfg, model, [PromptRequest("pic", images=(images[1],))], "r", tok.encode, tok.BOS)
-    ref = qwen_processor()(text=["<|vision_start|><|image_pad|><|vision_end|>pic"], images=[Image.open(images[1])],
-                           return_tensors="pt")
+    ids, inputs, _ = prompt_batch(cfg, model, [PromptRequest("pic", images=(images[1],))], "r", tok)
+    # The run's prompt format (data.prompt_format = "chat", byte tokenizer): LLaVA-1.5's, the image's line first.
+    ref = qwen_processor()(text=["USER: <|vision_start|><|image_pad|><|vision_end|>\npic ASSISTANT:"],
+                           images=[Image.open(images[1])], return_tensors="pt")
     assert ids == ref["input_ids"].tolist()
     positions, _ = hf.model.get_rope_index(ref["input_ids"], ref["mm_token_type_ids"], ref["image_grid_thw"])
     ours = prompt_positions(cfg, ref["input_ids"], ref["attention_mask"], inputs)

@@ -35,7 +35,7 @@ def load_run(run: str | Path) -> tuple[Config, MimoModel]:
     """The single-process model of a run (its newest complete checkpoint) or of one of its
     `checkpoints/step_*` folders, read tensor by tensor from the sharded checkpoint whatever layout wrote it."""
     run_dir, step_dir = resolve_checkpoint(run)
-    cfg = load_config(run_dir / "config.toml")
+    cfg = load_config(run_dir / "config.toml", saved_run=True)
     # Built on the meta device, so no time goes into a random initialisation the weights replace; every
     # tensor of the model is in the checkpoint (strict), so nothing stays on meta.
     with torch.device("meta"):
