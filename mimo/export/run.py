@@ -10,11 +10,14 @@ import torch
 from torch import nn
 
 from mimo.config.load import load_config
+from mimo.data.chat import CHAT
+from mimo.data.prompts import run_prompt_format
 from mimo.data.tokenizer import run_tokenizer_spec
-from mimo.export.hf import export_causal_lm, export_llava
+from mimo.export.hf import export_causal_lm, export_llava, llava_parts
 from mimo.export.llava_next import export_llava_next
 from mimo.export.qwen2_vl import export_qwen2_vl
 from mimo.export.stream import CheckpointSource
+from mimo.export.tokens import chat_tokenizer
 from mimo.hf.build import build_model
 from mimo.train.checkpoint.tensors import CheckpointTensors, resolve_checkpoint
 
@@ -24,8 +27,9 @@ def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: to
     """`mimo export`: a run's weights (its newest complete checkpoint, or the `checkpoints/step_*` folder
     passed) as a LLaVA directory (Qwen2-VL / Qwen2.5-VL for a native_vision modality, LLaVA-NeXT / OneVision for
     an anyres one), or with `lm_only` the LM as a causal LM; the run's tokenizer travels with it
-    (`run_tokenizer_spec`). Streams tensor by tensor from the sharded checkpoint: the model is built on the meta
-    device for its names and shapes only, so the peak is about the largest tensor."""
+    (`run_tokenizer_spec`), a LLaVA one with the chat template of a run's "chat" prompt format. Streams tensor
+    by tensor from the sharded checkpoint: the model is built on the meta device for its names and shapes
+    only, so the peak is about the largest tensor."""
     run_dir, step_dir = resolve_checkpoint(run)
     cfg = load_config(run_dir / "config.toml", saved_run=True)
     with torch.device("meta"):
@@ -43,4 +47,6 @@ def export_run(run: str | Path, to: str | Path, lm_only: bool = False, dtype: to
         return export_qwen2_vl(model, to, dtype, tok, source_of, max_shard_bytes)
     if any(m.anyres_grid_pinpoints for m in cfg.model.modalities.values()):
         return export_llava_next(model, to, dtype, tok, source_of, max_shard_bytes)
+    if run_prompt_format(cfg) == CHAT:  # the export asks as training laid out chats
+        tok = chat_tokenizer(tok, model.special_token_ids[llava_parts(model)[0]], cfg.model.llm.extra_token_ids)
     return export_llava(model, to, dtype, tok, source_of, max_shard_bytes)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo.config.schema import ViTConfig
-from mimo.data.chat import special_ids
+from mimo.data.chat import chat_template, special_ids
 from mimo.data.tokenizer import (
     IMAGE,
     ByteTokenizer,
@@ -80,6 +80,14 @@ def run_tokenizer(spec: str, image_token_id: int | None, extra_tokens: dict[str,
         tok.pad_token = tok.eos_token
     tok = with_extra_tokens(tok, extra_tokens or {}, f"tokenizer '{spec}'")
     return tok if image_token_id is None else with_image_token(tok, image_token_id, f"tokenizer '{spec}'")
+
+
+def chat_tokenizer(spec: str, image_token_id: int, extra_tokens: dict[str, int] | None = None) -> Any:
+    """`run_tokenizer` carrying the chat template a run of data.prompt_format = "chat" laid out its chats with
+    (LLaVA-1.5's where the tokenizer has none: mimo.data.chat), so that `apply_chat_template` asks as training."""
+    tok = run_tokenizer(spec, image_token_id, extra_tokens)
+    tok.chat_template = chat_template(tok)
+    return tok
 
 
 def token_ids(tok: Any) -> dict[str, int | None]:

@@ -7,11 +7,13 @@ import json
 
 import pytest
 import torch
+from PIL import Image
 
 from mimo.cli import main
 from mimo.config.load import load_config
 from mimo.train.checkpoint.weights import load_run
 from tests.support.chat_task import COLOURS, QUESTIONS, WORDS, chat_manifest, chat_tokenizer
+from tests.support.hf_helpers import transformers
 from tests.support.tiny_run import DEMO, TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -82,3 +84,34 @@ def test_a_run_saved_without_the_key_reads_as_plain(chat_run, tmp_path):
     (old / "checkpoints").symlink_to(run / "checkpoints")
     assert load_run(old)[0].data.prompt_format == "plain"
     assert load_config(old / "config.toml").data.prompt_format == "chat"  # a new config's default
+
+
+def test_the_export_asked_through_its_chat_template_answers_as_mimo_generate(chat_run, capsys, tmp_path):
+    """transformers' LLaVA, its prompts made by the exported processor's own chat template (a string content with
+    `<image>` where the image goes), greedy: the same answers as `mimo generate`, in one left-padded batch."""
+    run, _, held_out = chat_run
+    ask, rows, _ = questions(held_out[:6], tmp_path)
+    ours = cli(capsys, "generate", "--run", run, "--prompts", ask, "--max-new-tokens", 4).splitlines()
+    out = tmp_path / "llava"
+    cli(capsys, "export", "--run", run, "--to", out)
+    proc = transformers.AutoProcessor.from_pretrained(out)
+    texts = [proc.apply_chat_template([{"role": "user", "content": "<image>\n" + r["prompt"]}],
+                                      add_generation_prompt=True) for r in rows]
+    inputs = proc(images=[Image.open(r["image"]) for r in rows], text=texts, padding=True, return_tensors="pt")
+    hf = transformers.LlavaForConditionalGeneration.from_pretrained(out).float().eval()
+    made = hf.generate(**inputs, max_new_tokens=4, do_sample=False)[:, inputs["input_ids"].shape[1]:]
+    theirs = proc.batch_decode(made, skip_special_tokens=True)
+    assert ours == theirs
+    assert len(set(ours)) > 1  # the answers depend on the image
+
+
+def test_one_line_per_prompt_whatever_the_answers_hold(chat_run, capsys, tmp_path, monkeypatch):
+    run, _, held_out = chat_run
+    ask, rows, _ = questions(held_out[:2], tmp_path)
+    answers = ["two\nlines", "a back\\slash", "", "cr\r"]
+    monkeypatch.setattr("mimo.data.prompts.generate_text", lambda *args: answers)
+    out = cli(capsys, "generate", "--run", run, "--prompts", ask)
+    assert out == "two\\nlines\na back\\\\slash\n\ncr\\r\n"
+    out = cli(capsys, "generate", "--run", run, "--prompts", ask, "--jsonl")
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"prompt": r["prompt"], "image": [r["image"]], "audio": None, "answer": a} for r, a in zip(rows, answers)]
