@@ -57,8 +57,9 @@ def write_librispeech(root):
 
 
 def config(out_dir, modalities: str, *extra: str):
-    """The audio demo's tiny model, with its vision modality dropped for audio-only data."""
-    over = [*TINY_AVLM, *TINY_AUDIO, "--data.name=jsonl", "--data.seq_len=48", "--data.global_batch=4",
+    """The audio demo's tiny model, with its vision modality dropped for audio-only data; rows hold a chat in
+    LLaVA-1.5's format (data.prompt_format = "chat")."""
+    over = [*TINY_AVLM, *TINY_AUDIO, "--data.name=jsonl", "--data.seq_len=80", "--data.global_batch=4",
             "--train.steps=3", "--train.log_every=1", "--run.name=tiny", f"--run.out_dir={out_dir}", *extra]
     cfg = load_config(AVLM, over)
     if modalities == "audio":

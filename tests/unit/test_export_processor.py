@@ -62,8 +62,10 @@ def cli(capsys, *args) -> str:
 
 
 def mimo_generate(capsys, run, images=(), prompts=PROMPTS) -> str:
+    """`mimo generate`'s answers as they are (its --jsonl "answer"s), one a line."""
     flags = [f for p in prompts for f in ("--prompt", p)] + [f for i in images for f in ("--image", i)]
-    return cli(capsys, "generate", "--run", run, "--max-new-tokens", STEPS, *flags)
+    out = cli(capsys, "generate", "--run", run, "--max-new-tokens", STEPS, "--jsonl", *flags)
+    return "".join(json.loads(line)["answer"] + "\n" for line in out.splitlines())
 
 
 def mimo_pixels(images) -> torch.Tensor:

@@ -166,11 +166,13 @@ def test_mimo_train_then_export_on_native_resolution_data(tmp_path, capsys):
 
 
 def hf_answers(hf, native: NativeViTConfig, tmp_path, texts: list[str]) -> str:
-    """transformers' greedy answers to `<bos> <image>*n text` for images i0 and i3 (as mimo's data reads them),
+    """transformers' greedy answers to the question `text` about images i0 and i3 (as mimo's data reads them),
     left-padded, one line each."""
     tok = ByteTokenizer()
     items = [load_item((ImageRef(str(tmp_path / f"i{k}.png")),), native) for k in (0, 3)]
-    rows = [[tok.BOS] + [tok.IMAGE] * (math.prod(g) // 4) + tok.encode(t) for (_, g), t in zip(items, texts)]
+    # data.prompt_format = "chat" with the byte tokenizer: LLaVA-1.5's "USER: <image>\ntext ASSISTANT:".
+    rows = [[tok.BOS, *tok.encode("USER: ")] + [tok.IMAGE] * (math.prod(g) // 4) + tok.encode(f"\n{t} ASSISTANT:")
+            for (_, g), t in zip(items, texts)]
     ids, mask = left_pad(rows, tok.PAD)
     out = hf.generate(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == tok.IMAGE).int(),
                       pixel_values=torch.from_numpy(np.concatenate([p for p, _ in items])),
