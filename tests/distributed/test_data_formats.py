@@ -48,7 +48,8 @@ def make_folder(root: Path, corrupt: set[int] = CORRUPT) -> Path:
 
 
 def data_overrides(name: str, path: Path, *extra: str) -> list[str]:
-    return [f"--data.name={name}", f"--data.path={path}", "--data.global_batch=8", "--data.seq_len=32", *extra]
+    """A real-data run; rows hold a chat in LLaVA-1.5's format (data.prompt_format = "chat") or a caption."""
+    return [f"--data.name={name}", f"--data.path={path}", "--data.global_batch=8", "--data.seq_len=64", *extra]
 
 
 def test_webdataset_with_5_percent_corrupt_images_trains_and_counts_them(tmp_path, capsys):
