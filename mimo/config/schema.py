@@ -346,9 +346,8 @@ class DataConfig:
     # as Whisper pads to 30 s; 0 = the longest clip the encoder takes (2 x audio.max_positions frames).
     audio_seconds: float = 0.0
     tokenizer: str = "byte"
-    # How real data's chats become tokens, and `mimo generate` asks: "chat" (the tokenizer's chat template, else
-    # LLaVA-1.5's "USER: ... ASSISTANT:"; loss on the answers) or "plain" (BOS, placeholders, each question + "\n",
-    # each answer + EOS: the format of runs saved without this key, which read as "plain").
+    # Real data's chats in training, `mimo generate` and the export: "chat" (the tokenizer's chat template, else
+    # LLaVA-1.5's) or "plain" (the old bare text; a saved run without this key reads as "plain"). mimo/data/chat.py.
     prompt_format: Literal["chat", "plain"] = "chat"
     seq_len: int = 64
     workers: int = 0

@@ -176,6 +176,22 @@ def conversation_ids(tok: Any, fmt: str, turns: list[tuple[str, str]],
     return ids, target
 
 
+PROBE = [("user", "<image>\nq1"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2")]
+"""A two-turn chat the gate lays out before training, so that a template the format cannot follow is refused."""
+
+
+def check_format(tok: Any, fmt: str) -> None:
+    """Raises PromptFormatError where `tok`'s chat template cannot lay out `PROBE` turn by turn."""
+    try:
+        conversation_ids(tok, fmt, PROBE, [0])
+    except PromptFormatError:
+        raise
+    except Exception as e:  # a template's own refusal (jinja2's TemplateError, its raise_exception)
+        raise PromptFormatError(f"the tokenizer's chat template fails on a two-turn chat ({type(e).__name__}: "
+                                f"{e}); set data.prompt_format = 'plain' or use a tokenizer whose template "
+                                "renders user and assistant turns") from e
+
+
 def question_ids(tok: Any, fmt: str, text: str, images: list[list[int]], lead: list[int]) -> list[int]:
     """A question's ids as `mimo generate` asks it: training's ids of a one-turn chat up to its answer. `images`
     are each image's placeholders, `lead` the other inputs' (a clip's); the images go first, or at the text's

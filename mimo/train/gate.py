@@ -26,6 +26,8 @@ import torch.distributed as dist
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModelConfig
 from mimo.config.validate import validate, validate_fast_path_keys, validate_float8_dtype
+from mimo.data.chat import PromptFormatError, check_format
+from mimo.data.image_text import IMAGE_TEXT_SETS
 from mimo.data.tokenizer import IMAGE, ByteTokenizer, load_tokenizer, with_extra_tokens
 from mimo.hf.build import extra_tokens_fix, resolve_hf_architecture
 from mimo.parallel.grid import Grid
@@ -160,11 +162,17 @@ def text_ids(tok: Any) -> tuple[int, set[int]]:
 
 
 def check_tokenizer(cfg: Config, model: ModelConfig) -> None:
-    """The data's tokenizer (with model.llm.extra_tokens added) fits the LM's vocabulary and writes none of the
-    placeholder or generation ids."""
+    """The data's tokenizer (with model.llm.extra_tokens added) lays out real data's chats in data.prompt_format,
+    fits the LM's vocabulary and writes none of the placeholder or generation ids."""
     tok = run_data_tokenizer(cfg, model)
     if tok is None:
         return
+    if cfg.data.name in IMAGE_TEXT_SETS:
+        try:
+            check_format(tok, cfg.data.prompt_format)
+        except PromptFormatError as e:
+            raise ConfigError(f"data.prompt_format = '{cfg.data.prompt_format}' with data.tokenizer = "
+                              f"'{cfg.data.tokenizer}': {e}") from e
     size, produced = text_ids(tok)
     source = "the byte tokenizer" if isinstance(tok, ByteTokenizer) else f"the tokenizer in '{cfg.data.tokenizer}'"
     if size > model.llm.vocab:

@@ -5,11 +5,14 @@ tokenizer's chat template and tokenizes it at once."""
 
 import pytest
 
+from mimo.config.schema import ConfigError
 from mimo.data.chat import CHAT, PLAIN, conversation_ids, question_ids
 from mimo.data.tokenizer import ByteTokenizer, load_tokenizer
 from mimo.export.tokens import chat_tokenizer
+from mimo.train.gate import validate_run
 from tests.support.chat_task import WORDS
 from tests.support.chat_task import chat_tokenizer as word_tokenizer
+from tests.support.tiny_run import tiny_config
 from tests.unit.test_hf_tokenizer import tiny_tokenizer
 
 pytest.importorskip("tokenizers")
@@ -70,3 +73,18 @@ def test_an_empty_question_asks_for_a_caption():
     tok = ByteTokenizer()
     for fmt in (CHAT, PLAIN):
         assert question_ids(tok, fmt, "", [[tok.IMAGE] * 2], []) == [tok.BOS, tok.IMAGE, tok.IMAGE]
+
+
+def test_a_template_that_does_not_extend_turn_by_turn_is_refused_before_training(tmp_path):
+    """A template that writes the last answer differently (as some reasoning templates do) cannot give the
+    question's ids as a prefix of training's: the gate refuses it, naming data.prompt_format."""
+    odd = ("{% for m in messages %}{% if loop.last and m['role'] == 'assistant' %}says {% endif %}"
+           "{{ m['content'] }} </s> {% endfor %}{% if add_generation_prompt %}assistant says{% endif %}")
+    folder = word_tokenizer(tmp_path / "odd", template=odd)
+    cfg = tiny_config(tmp_path, "--data.name=jsonl", "--data.path=unused.jsonl", f"--data.tokenizer={folder}",
+                      f"--model.llm.vocab={len(WORDS)}", f"--model.modalities.images.token_id={WORDS.index('<image>')}")
+    refusal = r"data.prompt_format = 'chat' with data.tokenizer = .*does not continue its generation prompt; set"
+    with pytest.raises(ConfigError, match=refusal + r" data.prompt_format = 'plain'"):
+        validate_run(cfg, 1)
+    cfg.data.prompt_format = PLAIN
+    validate_run(cfg, 1)
