@@ -211,6 +211,6 @@ def question_ids(tok: Any, fmt: str, text: str, images: list[list[int]], lead: l
         content, blocks = (f"{IMAGE}\n" if lead else "") + text, ([lead] if lead else []) + [list(x) for x in images]
     else:
         placeholders = flat + lead
-        content = f"{IMAGE}\n{text}" if placeholders else text
+        content = f"{IMAGE}\n{clean(text)}" if placeholders else clean(text)  # a stray marker: no input there
         blocks = [placeholders] if placeholders else []
     return chat_ids(tok, [{"role": "user", "content": content}], blocks, open_turn=True)[0]

@@ -69,10 +69,13 @@ def test_the_old_format_asks_as_it_trained():
     assert question_ids(tok, PLAIN, "what colour is the square?", [[tok.IMAGE] * ROWS], []) == question
 
 
-def test_an_empty_question_asks_for_a_caption():
+def test_an_empty_question_asks_for_a_caption_and_a_stray_marker_is_dropped():
     tok = ByteTokenizer()
     for fmt in (CHAT, PLAIN):
         assert question_ids(tok, fmt, "", [[tok.IMAGE] * 2], []) == [tok.BOS, tok.IMAGE, tok.IMAGE]
+    # a question naming an image it was not given (mimo generate warns) is asked without the marker, as training
+    # strips markers from its turns
+    assert question_ids(tok, CHAT, "<image> what?", [], []) == [tok.BOS, *b"USER: what? ASSISTANT:"]
 
 
 def test_a_template_that_does_not_extend_turn_by_turn_is_refused_before_training(tmp_path):
