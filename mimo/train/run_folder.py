@@ -23,6 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import tomllib
+
+from mimo.config.load import SAVED_RUN_DEFAULTS
 from mimo.config.schema import Config, ConfigError
 from mimo.parallel.verdict import first_problem
 from mimo.train.checkpoint.store import CheckpointStore, folder_step
@@ -104,7 +107,7 @@ class RunFolder:
             return (f"{self._held()}; continue it with --train.resume=true, choose another --run.name, or set "
                     "--run.overwrite=true to delete its outputs and start over")
         if resume is True or resume == "auto":
-            return ""
+            return self._format_change()
         named = Path(str(resume)).resolve()
         own = (self.path / "checkpoints").resolve()
         if named.parent != own:
@@ -116,7 +119,22 @@ class RunFolder:
             return (f"train.resume = '{resume}' rewinds the run in '{self.path}', whose later checkpoints {later} "
                     "its saves would replace; set --run.overwrite=true to allow that, or resume into a new "
                     "--run.name")
-        return ""
+        return self._format_change()
+
+    def _format_change(self) -> str:
+        """Why continuing the run in this folder would change what its samples mean (its saved config.toml has
+        another `data.prompt_format`; one written before the key existed reads as SAVED_RUN_DEFAULTS'), or ""."""
+        saved = self.path / "config.toml"
+        if not saved.is_file():
+            return ""
+        with saved.open("rb") as f:
+            data = tomllib.load(f).get("data", {})
+        was, now = data.get("prompt_format", SAVED_RUN_DEFAULTS["data"]["prompt_format"]), self.cfg.data.prompt_format
+        if was == now:
+            return ""
+        return (f"the run in '{self.path}' was trained with data.prompt_format = \"{was}\"; continuing it with "
+                f"\"{now}\" would change how its chats are laid out mid-run. Set --data.prompt_format={was} to "
+                "continue it, or train a new --run.name in the new format")
 
     def _refusal_if_fresh(self) -> str:
         """Why this run may not start at step 0 here (resume = true found nothing to load), or ""."""

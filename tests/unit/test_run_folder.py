@@ -141,3 +141,12 @@ def test_a_folder_that_cannot_be_locked_runs_with_a_warning(tmp_path, monkeypatc
     Trainer(tiny_config(tmp_path, "--train.steps=2")).train()
     assert "mimo: warning: cannot lock run folder" in capsys.readouterr().err
     assert [r["step"] for r in metrics(tmp_path)] == [0, 1]
+
+
+def test_resuming_a_run_saved_before_prompt_formats_keeps_its_format(tmp_path, run):
+    saved = run / "config.toml"
+    saved.write_text("\n".join(line for line in saved.read_text().splitlines() if not line.startswith("prompt_format")))
+    _refused(tmp_path, "--train.steps=8", "--train.resume=true",
+             match=r'trained with data.prompt_format = "plain"; continuing it with "chat".*--data.prompt_format=plain')
+    Trainer(tiny_config(tmp_path, "--train.steps=8", "--train.resume=true", "--data.prompt_format=plain")).train()
+    assert [r["step"] for r in metrics(tmp_path)][-2:] == [6, 7]
