@@ -14,6 +14,7 @@ microbatches split by samples as for any modality.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,7 +78,8 @@ class AnyResSpec:
 class AnyResImageTextData(ItemImageTextData):
     """`ImageTextData` for one anyres modality (see the module docstring)."""
 
-    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
+    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor, indices: Sequence[int] | None = None) -> dict:
+        """The batch of `n` rows from this rank's `items` (their own counts tell text-only rows; `indices` unused)."""
         spec = self.media[0]
         ids, labels, counts, shapes, tiles, _ = self._rows(items, n, bad)
         flags = [x[2] for x in shapes] if spec.max_tiles else None  # OneVision's: mimo.models.anyres.tiled_images

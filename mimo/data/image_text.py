@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import count
 from typing import Any
 
@@ -70,28 +70,30 @@ class _Samples(Dataset):
         or not it keeps them, so that the verdict does not depend on which rank decodes which input."""
         row, index, want_text, wanted = request
         rec = self.records[index]
+        media = [] if rec.text_only else self.media  # a text-only sample: no placeholders, no inputs
         try:
             ids, labels = encode_text(rec, self.tok, 0, 0, self.seq_len,
-                                      [m.token_id for m in self.media for _ in range(m.tokens)], self.prompt_format)
-            self._check_ids(ids)
-            for m in self.media:
+                                      [m.token_id for m in media for _ in range(m.tokens)], self.prompt_format)
+            self._check_ids(ids, media)
+            for m in media:
                 if (rec.image if m.kind == "vision" else rec.audio) is None:
                     raise BadSample("no image" if m.kind == "vision" else "no audio")
-            inputs = {m.name: m.decode(rec) for m in self.media if m.name in wanted}
+            inputs = {m.name: m.decode(rec) for m in media if m.name in wanted}
         except BadSample as e:
             return row, None, None, {}, f"sample '{rec.key}': {e}", SKIP
         except Exception as e:  # any other error must reach every rank, not only this one
             return row, None, None, {}, f"sample '{rec.key}' failed to load: {e!r}\n{traceback.format_exc()}", FAIL
         return row, ids if want_text else None, labels if want_text else None, inputs, "", USABLE
 
-    def _check_ids(self, ids: list[int]) -> None:
+    def _check_ids(self, ids: list[int], media: list[MediaSpec]) -> None:
         """One sample's ids against what `mimo.data.checks.check_batch` holds a batch to: as many placeholders
-        as each input gives rows, every other id inside the LM's vocabulary. Raises BadSample."""
+        as each of its inputs (`media`: none for a text-only sample) gives rows, every other id inside the LM's
+        vocabulary. Raises BadSample."""
         for m in self.media:
-            placeholders = ids.count(m.token_id)
-            if placeholders != m.tokens:
+            placeholders, rows = ids.count(m.token_id), m.tokens if m in media else 0
+            if placeholders != rows:
                 raise BadSample(f"its text holds {placeholders} placeholder ids ({m.token_id}) where the {m.name} "
-                                f"input gives {m.tokens} rows; the text must not produce the placeholder id")
+                                f"input gives {rows} rows; the text must not produce the placeholder id")
         marks = {m.token_id for m in self.media}
         outside = [i for i in ids if i not in marks and not 0 <= i < self.vocab] if self.vocab else []
         if outside:
@@ -235,7 +237,7 @@ class ImageTextData(SeededBatches):
         if (verdict == FAIL).any():
             raise BatchFailed(self._failure(items, where, verdict))
         bad = verdict > USABLE
-        batch = self._assemble(items, n, bad)
+        batch = self._assemble(items, n, bad, indices)
         for row in torch.nonzero(bad).reshape(-1).tolist():
             self.skipped += 1
             self.bad_samples.add(int(indices[row]))
@@ -251,12 +253,20 @@ class ImageTextData(SeededBatches):
         return (f"data: row(s) {rows} of the global batch of {where} failed to load on another rank; "
                 "its error names the sample and the cause")
 
-    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
+    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor, indices: Sequence[int] | None = None) -> dict:
+        """The batch of `n` rows from this rank's `items`; `indices` are the rows' samples (None: row r holds sample
+        r; rows past them are empty). A row holds one input of each modality (`modality_counts` 1) and its
+        placeholders, even where this rank reads nothing of it or the sample is skipped (zeros then), except a
+        usable text-only sample's row: none (0). Every rank knows which rows those are from the records alone."""
         s = self.seq_len
+        samples = range(n) if indices is None else indices
+        text_only = torch.zeros(n, dtype=torch.bool)
+        text_only[: len(samples)] = torch.tensor([self.records[int(i)].text_only for i in samples], dtype=torch.bool)
+        counts = (~text_only | bad).long()
         ids = torch.full((n, s), self.pad, dtype=torch.long)
         at = 0
         for m in self.media:  # rows left empty keep their placeholders, so every input still fills its rows
-            ids[:, at : at + m.tokens] = m.token_id
+            ids[counts.bool(), at : at + m.tokens] = m.token_id
             at += m.tokens
         labels = torch.full((n, s), IGNORE_INDEX, dtype=torch.long)
         values = {m.name: m.empty(n) for m in self.media}
@@ -270,7 +280,8 @@ class ImageTextData(SeededBatches):
             for name, value in row_inputs.items():
                 values[name][row] = torch.from_numpy(value)
         return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(s).expand(n, s).contiguous(),
-                "modality_inputs": {m.name: {m.encoder: m.inputs(values[m.name])} for m in self.media}}
+                "modality_inputs": {m.name: {m.encoder: m.inputs(values[m.name][counts.bool()])} for m in self.media},
+                COUNTS: {m.name: counts.clone() for m in self.media}}
 
     def _report(self, problem: str) -> None:
         self._reported += 1
@@ -293,7 +304,7 @@ class ImageTextData(SeededBatches):
             reader = src.reader(src)
             items = [reader[(r - lo, r, True, frozenset(m.name for m in src.media))] for r in rows]
             bad = torch.tensor([it[5] != USABLE for it in items])
-            batch = src._assemble(items, len(rows), bad)
+            batch = src._assemble(items, len(rows), bad, rows)
             batch = to_device(batch, torch.device(device))
             out = model(**{k: v for k, v in batch.items() if k != COUNTS})
             total += float(out.loss_sum)
@@ -312,8 +323,11 @@ class ImageTextData(SeededBatches):
         self.bad_samples = {int(i) for i in state.get("bad_samples", [])}
 
     def report(self) -> dict:
-        """What summary.json says about the data: samples, skips (occurrences), distinct bad samples."""
-        return {"samples": len(self.records), "skipped_rows": self.skipped, "corrupt_samples": len(self.bad_samples),
+        """What summary.json says about the data: samples, those that name no input (they train as text alone),
+        skips (occurrences), distinct bad samples."""
+        text_only = sum(r.text_only and not r.problem for r in self.records)
+        return {"samples": len(self.records), "text_only_samples": text_only,
+                "skipped_rows": self.skipped, "corrupt_samples": len(self.bad_samples),
                 "source_problems": self.source_problems}
 
 

@@ -6,7 +6,9 @@ one array of such objects (the LLaVA-Pretrain / LLaVA-Instruct layout).
 (`"messages"` with role/content works too); `"video": ["f0.jpg", "f1.jpg", ...]` (with `"fps"`, default 2)
 names a video's frames for native-resolution models, as `"image": ["a.jpg", "b.png"]` names several images of one
 sample (`[]`: none, a text-only sample); `"audio": "clips/1.flac"` names a clip (relative to the
-manifest's folder), alone with its transcript (`"text"`) or beside an image. Relative image paths start
+manifest's folder), alone with its transcript (`"text"`) or beside an image. A sample with none of these
+(LLaVA's ShareGPT conversations) is a text-only sample, unless its text writes `<image>` (or `<audio>`): then it
+is skipped and counted, its file missing. Relative image paths start
 from `image_root` (data.image_root), by default the manifest's folder. A line that is not valid JSON
 becomes a skipped sample, counted like an unreadable image; a .json file that is not one array of objects
 is refused whole.
@@ -19,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mimo.config.schema import ConfigError
-from mimo.data.samples import ImageRef, Record, record_from_json, resolve_image_path
+from mimo.data.samples import ImageRef, Record, record_from_json, resolve_image_path, text_only_checked
 
 
 def read_manifest(path: str | Path, field: str = "data.path", image_root: str = "") -> tuple[list[Record], list[str]]:
@@ -76,10 +78,11 @@ def _record(key: str, meta: object, root: Path, where: str, folder: Path) -> Rec
         if not all(isinstance(v, str) for v in image) or audio is not None:
             return Record(key, problem=f'{where}: "image" as a list must name image paths (none: a text-only '
                                        'sample), and no "audio"')
-        return replace(record_from_json(key, meta, None), images=tuple(ImageRef(str(resolve_image_path(root, v)))
-                                                                       for v in image))
-    if not isinstance(image, str) and not isinstance(audio, str):
-        return Record(key, problem=f'{where} has no "image" path' + ('' if audio is None else ' or "audio" path'))
-    return record_from_json(key, meta, ImageRef(str(resolve_image_path(root, image))) if isinstance(image, str)
-                            else None, ImageRef(str(resolve_image_path(folder, audio))) if isinstance(audio, str)
-                            else None)
+        return text_only_checked(replace(record_from_json(key, meta, None), images=tuple(
+            ImageRef(str(resolve_image_path(root, v))) for v in image)), where)
+    wrong = next((k for k, v in (("image", image), ("audio", audio)) if v is not None and not isinstance(v, str)), None)
+    if wrong:
+        return Record(key, problem=f'{where}: "{wrong}" must be a file path (leave it out for a text-only sample)')
+    return text_only_checked(record_from_json(
+        key, meta, ImageRef(str(resolve_image_path(root, image))) if isinstance(image, str) else None,
+        ImageRef(str(resolve_image_path(folder, audio))) if isinstance(audio, str) else None), where)

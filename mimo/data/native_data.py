@@ -20,6 +20,7 @@ placeholder counts: an anyres one too (mimo.data.anyres_data).
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,7 +169,8 @@ class ItemImageTextData(ImageTextData):
 class NativeImageTextData(ItemImageTextData):
     """`ImageTextData` for one native-resolution modality (see the module docstring)."""
 
-    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor) -> dict:
+    def _assemble(self, items: list[Item], n: int, bad: torch.Tensor, indices: Sequence[int] | None = None) -> dict:
+        """The batch of `n` rows from this rank's `items` (their own counts tell text-only rows; `indices` unused)."""
         spec = self.media[0]
         ids, labels, counts, grids, patches, texts = self._rows(items, n, bad)
         positions = torch.arange(self.seq_len).expand(n, self.seq_len)[..., None].repeat(1, 1, 3)

@@ -71,6 +71,21 @@ class Record:
     # Several images (or none) for native-resolution models (JSONL "image": [...]), in order; `image` is then None.
     images: tuple[ImageRef, ...] = ()
 
+    @property
+    def text_only(self) -> bool:
+        """Whether the sample names no input at all (no image, images, video or clip): its text trains alone."""
+        return self.image is None and not self.images and not self.frames and self.audio is None
+
+
+def text_only_checked(rec: Record, where: str) -> Record:
+    """`rec`, unless it names no input while its text writes an `<image>` or `<audio>` placeholder: then a record
+    with that problem (a skipped sample, counted), not a text-only sample."""
+    texts = [rec.caption or ""] + [content for _, content in rec.turns]
+    mark = next((m for m in ("<image>", "<audio>") if any(m in t for t in texts)), None)
+    if rec.problem or not rec.text_only or mark is None:
+        return rec
+    return Record(rec.key, problem=f"{where} writes {mark} in its text but names no {mark[1:-1]} file")
+
 
 def record_from_json(key: str, meta: Any, image: ImageRef | None, audio: ImageRef | None = None) -> Record:
     """A record from a JSON object with "caption"/"text" (a transcript), or LLaVA "conversations" / chat

@@ -3,9 +3,10 @@
 A sample holds one image (`.jpg`, `.png`, ...) and/or one clip (`.wav`, `.flac`, ...) and its text:
 `key.txt` (a caption or transcript) or `key.json` (`{"caption": ...}`, LLaVA `{"conversations": [...]}` or
 chat `{"messages": [...]}`). Several images of one sample (for native-resolution and anyres models, as a JSONL
-`"image": [...]` list) are numbered members `key.0.jpg`, `key.1.png`, ..., in that order. Indexing reads tar
-headers and the small text members only; images and clips stay in the shard and are read later by offset, so
-any sample can be fetched directly (a deterministic, resumable order needs no streaming).
+`"image": [...]` list) are numbered members `key.0.jpg`, `key.1.png`, ..., in that order. A sample of text alone
+is a text-only sample (skipped and counted if its text writes `<image>` or `<audio>`). Indexing reads tar headers
+and the small text members only; images and clips stay in the shard and are read later by offset, so any sample
+can be fetched directly (a deterministic, resumable order needs no streaming).
 A shard that is cut short keeps the samples before the damage; the damage is reported.
 """
 
@@ -17,7 +18,7 @@ import tarfile
 from dataclasses import replace
 from pathlib import Path
 
-from mimo.data.samples import AUDIO_EXTS, IMAGE_EXTS, ImageRef, Record, record_from_json
+from mimo.data.samples import AUDIO_EXTS, IMAGE_EXTS, ImageRef, Record, record_from_json, text_only_checked
 
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
@@ -99,8 +100,6 @@ def _record(path: str, key: str, members: dict[str, tarfile.TarInfo], texts: dic
         return Record(key, problem=f"{where} numbers its images {[n for n, _ in numbered]} beside {len(images)} "
                                    "unnumbered; name several images of a sample key.0.<ext>, key.1.<ext>, ...")
     several = tuple(ImageRef(path, m.offset_data, m.size) for _, m in numbered)
-    if image is None and audio is None and not several:
-        return Record(key, problem=f"{where} has no image or audio member")
     try:
         if ".json" in texts:
             rec = record_from_json(key, json.loads(texts[".json"].decode("utf-8")), image, audio)
@@ -110,7 +109,7 @@ def _record(path: str, key: str, members: dict[str, tarfile.TarInfo], texts: dic
             return Record(key, image, problem=f"{where} has no .txt or .json member")
     except (UnicodeDecodeError, ValueError) as e:
         return Record(key, image, problem=f"{where} has unreadable text ({e})")
-    return replace(rec, images=several) if several else rec
+    return text_only_checked(replace(rec, images=several) if several else rec, where)
 
 
 def read_webdataset(spec: str, field: str = "data.path") -> tuple[list[Record], list[str]]:

@@ -65,7 +65,8 @@ def test_webdataset_with_5_percent_corrupt_images_trains_and_counts_them(tmp_pat
     cfg = tiny_config(tmp_path, *data_overrides("webdataset", tmp_path / "shards", "--train.steps=5"))
     summary = Trainer(cfg).train()
     report = summary["eval"]["data"]
-    assert report == {"samples": N, "skipped_rows": 2, "corrupt_samples": 2, "source_problems": []}
+    assert report == {"samples": N, "text_only_samples": 0, "skipped_rows": 2, "corrupt_samples": 2,
+                      "source_problems": []}
     assert summary["steps"] == 5 and summary["final_loss"] == summary["final_loss"]  # finite, not NaN
     err = capsys.readouterr().err
     assert "skipped sample 'sub/img_007'" in err and "skipped sample 'sub/img_023'" in err

@@ -19,7 +19,8 @@ N = 16
 
 
 def make_llava_pretrain(root):
-    """root/LLaVA-Pretrain/{blip_laion_cc_sbu_558k.json, images/0000k/*.jpg}, one sample without an image."""
+    """root/LLaVA-Pretrain/{blip_laion_cc_sbu_558k.json, images/0000k/*.jpg}, one sample without an image
+    (a text-only sample)."""
     base = root / "LLaVA-Pretrain"
     items = []
     for i, s in enumerate(make_samples(N, 3)):
@@ -39,7 +40,7 @@ def test_reading_the_layout(tmp_path):
     assert len(records) == N + 1 and problems == []
     assert records[9].image.path == str(base / "images" / "00001" / "000000009.jpg")
     assert records[9].turns[1][0] == "gpt" and records[9].turns[0][1].endswith("<image>")
-    assert records[N].problem.endswith('item 16 has no "image" path')
+    assert records[N].text_only and records[N].problem == ""  # no image, no <image>: a text-only sample
     (tmp_path / "object.json").write_text('{"image": "a.jpg"}')
     with pytest.raises(ConfigError, match="holds a dict, not an array of samples"):
         read_manifest(tmp_path / "object.json")
