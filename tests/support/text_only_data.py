@@ -38,4 +38,4 @@ def mixed_manifest(folder: Path) -> tuple[Path, list[dict]]:
 
 
 def data_overrides(path: Path) -> list[str]:
-    return ["--data.name=jsonl", f"--data.path={path}", "--data.tokenizer=byte", "--data.seq_len=24"]
+    return ["--data.name=jsonl", f"--data.path={path}", "--data.tokenizer=byte", "--data.seq_len=40"]

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 BOS, EOS, PAD, IMG = 256, 257, 258, 259
 TOKENS = 4  # a 32-pixel image in 16-pixel patches
-SEQ = 24
+SEQ = 40
 TEXT_ONLY = {1, 3, 5, 6}
 SKIPPED = 4
 
@@ -42,13 +42,17 @@ def _bytes(text: str) -> list[int]:
 
 
 def expected_row(sample: int) -> tuple[list[int], list[int]]:
-    """A sample's ids and labels, by hand: BOS, an image's placeholders (none for a text-only sample), the text;
-    labels shifted by one, on the caption or the answer (and its EOS) only."""
+    """A sample's ids and labels, by hand: BOS, a chat in LLaVA-1.5's "USER: q ASSISTANT: a</s>" (data.prompt_format
+    "chat" with the byte tokenizer) with an image's placeholders opening the user turn's `<image>` line, or a caption
+    after the placeholders; a text-only sample has no placeholders and no `<image>` line. Labels shifted by one, on
+    the caption or the answer (and its EOS) only."""
+    before, after, answer = {0: ("", "", "red"), 1: ("USER: hi ASSISTANT:", "", " yo"),
+                             2: ("USER: ", "\nwhat ASSISTANT:", " a box"), 3: ("", "", "plain"),
+                             5: ("USER: why ASSISTANT:", "", " because"), 6: ("USER: sum 2 2 ASSISTANT:", "", " 4"),
+                             7: ("", "", "blue")}[sample]
     placeholders = [] if sample in TEXT_ONLY else [IMG] * TOKENS
-    prompt, answer = {0: ("", "red"), 1: ("hi\n", "yo"), 2: ("what\n", "a box"), 3: ("", "plain"),
-                      5: ("why\n", "because"), 6: ("sum 2 2\n", "4"), 7: ("", "blue")}[sample]
-    ids = [BOS, *placeholders, *_bytes(prompt), *_bytes(answer), EOS]
-    first_target = 1 + len(placeholders) + len(prompt)
+    ids = [BOS, *_bytes(before), *placeholders, *_bytes(after), *_bytes(answer), EOS]
+    first_target = len(ids) - len(answer) - 1
     labels = [ids[t + 1] if t + 1 >= first_target else IGNORE_INDEX for t in range(len(ids) - 1)] + [IGNORE_INDEX]
     return ids + [PAD] * (SEQ - len(ids)), labels + [IGNORE_INDEX] * (SEQ - len(labels))
 
@@ -139,3 +143,23 @@ def test_a_mixed_manifest_trains_and_packs_like_it_pads(tmp_path):
     assert packed.train_step(0)["loss"] == pytest.approx(padded.train_step(0)["loss"], rel=1e-5)
     losses = [padded.train_step(s)["loss"] for s in range(1, 8)]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+def test_a_rank_that_reads_nothing_of_a_text_only_row_lays_it_out_as_its_readers_do(tmp_path):
+    """The colocated bridges take every row's placeholders from each rank's own batch (`microbatch_rows`), so a rank
+    must lay out the rows it reads nothing of as their readers do: no placeholders and 0 images for a text-only
+    sample, one image's for any other. Here a rank reads rows 2-3 of 4 only; rows 0-1 are text-only samples."""
+    records, _ = read_manifest(mixed_manifest(tmp_path)[0])
+    whole, part = (ImageTextData(records, ByteTokenizer(), 32, TOKENS, IMG, SEQ) for _ in range(2))
+
+    def rows_2_3(probe: dict) -> list[dict]:
+        return [{"input_ids": probe["input_ids"][2:4],
+                 "modality_inputs": {"images": {"vit": {"pixel_values": probe["input_ids"][2:4, 0]}}}}]
+
+    part.shard_for(rows_2_3, 4)
+    assert part.text_rows == {2, 3} and part.image_rows == {2, 3}
+    assert [int(i) for i in part.global_batch_indices(0, 4, 2)] == [6, 5, 7, 2]
+    a, b = whole.global_batch(0, 4, 2), part.global_batch(0, 4, 2)
+    assert torch.equal(a["input_ids"].eq(IMG).sum(1), b["input_ids"].eq(IMG).sum(1))
+    assert b[COUNTS]["images"].tolist() == [0, 0, 1, 1] and b["input_ids"][:2].eq(PAD).all()
+    assert torch.equal(a["input_ids"][2:], b["input_ids"][2:]) and torch.equal(a["labels"][2:], b["labels"][2:])
