@@ -1,9 +1,10 @@
 """A JSONL manifest of image and text-only samples (tests.support.text_only_data: captions and chats with an image,
 chats and a caption without one, a chat that writes `<image>` without an image, skipped) on 2 gloo ranks, each
-rank decoding only its share: the images and the LM both dp2 (the first step's lane 0 is text-only), the colocated
-fan-in (images dp2 into LM tp2), and the pipelined encoder rank (images on rank 0, the LM on rank 1, 2 microbatches:
-the first step's first one is text-only) give the single process's losses and gradients within 1e-5 relative over
-two Trainer steps."""
+rank decoding only its share: the images and the LM both dp2 (the first step's lane 0 is text-only), replicated and
+FSDP2 (that lane's encoder runs a zero stand-in to join the collectives), the colocated fan-in (images dp2 into LM
+tp2), and the pipelined encoder rank (images on rank 0, the LM on rank 1, 2 microbatches: the first step's first one
+is text-only) give the single unpacked process's losses and gradients within 1e-5 relative over two Trainer steps;
+so does dp2 with the samples packed (every rank reads the whole batch and trains its lane's packed rows)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ STEPS = 2
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
 COMMON = ["--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2",
           "--data.seed=2", "--data.global_batch=4"]
-LAYOUTS = {"dp2": [], "fan_in2": [f"{LANG}.tp=2"],
+LAYOUTS = {"dp2": [], "dp2_fsdp": [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"], "fan_in2": [f"{LANG}.tp=2"],
+           "dp2_packed": ["--data.packing=true", "--data.pack_length=80"],
            "pipeline2": [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=1",
                          "--parallel.microbatches=2"]}
 
