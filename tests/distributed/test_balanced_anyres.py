@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from mimo.train.trainer import Trainer
+from tests.support.anyres_data import jsonl
 from tests.support.dist import run_distributed
 from tests.support.parity import assert_trains_like, assert_weights_like, trainer_steps
 from tests.support.tiny_run import tiny_config
-from tests.unit.test_anyres_data import jsonl
 
 RTOL = 1e-5
 STEPS = 3

@@ -19,8 +19,8 @@ from mimo.parallel.grid import Grid
 from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS, tiny_native_vlm
 from tests.support.dist import run_distributed
+from tests.support.native_data import TINY, manifest
 from tests.support.parity import assert_trains_like, trainer_steps
-from tests.unit.test_native_data import TINY, manifest
 
 STEPS = 2
 MARKS = ["--model.modalities.images.native.vision_start_token_id=262",

@@ -15,8 +15,8 @@ import torch
 from mimo.cli import main
 from mimo.data.anyres_tiles import tiled_inputs
 from mimo.data.tokenizer import ByteTokenizer
+from tests.support.anyres_export import CASES, PINPOINTS, PROMPTS, STEPS, images, processed, saved_anyres_run
 from tests.support.hf_helpers import PIL, transformers
-from tests.unit.test_export_llava_next import CASES, PINPOINTS, PROMPTS, STEPS, images, processed, saved_anyres_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.usefixtures("one_thread")]

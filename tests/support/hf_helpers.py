@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from mimo.data.tokenizer import load_tokenizer
 from mimo.export import export_causal_lm, export_llava
-from mimo.hf import import_llava, import_llm
+from mimo.hf import import_audio_encoder, import_llava, import_llm
 from mimo.models.layers import padded_causal_mask
 from mimo.models.llm import DecoderLM
 
 transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
 
 TOL = 1e-5
 PIL = {"backend": "pil"}
@@ -165,3 +167,30 @@ def llava_both_ways(text: str, directory: Path) -> None:
     assert again.config.text_config.model_type == text
     with torch.no_grad():
         assert rel_diff(again(input_ids=ids, pixel_values=pixels).logits, ours) <= TOL
+
+
+def whisper(tmp_path, max_positions: int = 10):
+    """A tiny random Whisper saved under `tmp_path`, and its encoder imported by mimo."""
+    cfg = transformers.WhisperConfig(
+        d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80, max_source_positions=max_positions, vocab_size=50,
+        max_target_positions=8, pad_token_id=1, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2)
+    torch.manual_seed(0)
+    hf = perturb(transformers.WhisperModel(cfg).eval())
+    return hf, import_audio_encoder(save(hf, tmp_path / "whisper"))
+
+
+WORDS = ["<unk>", "<s>", "</s>", "<image>", "USER", "ASSISTANT", "user", "assistant", ":", "what", "is", "this", "?"]
+
+
+def tiny_tokenizer(directory, chat_template: str | None = None, words: list[str] = WORDS):
+    """A word-level tokenizer that prepends <s>, saved and reloaded like a real checkpoint's."""
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>")
+    if chat_template:
+        fast.chat_template = chat_template
+    fast.save_pretrained(directory)
+    return load_tokenizer(directory)

@@ -14,7 +14,7 @@ CHECK = r"""
 import torch
 from mimo.perf.master_adamw import MasterAdamW
 from mimo.perf.adamw_triton import BLOCK
-from tests.unit import test_perf_paths as flat
+from tests.support import master_adamw_checks as flat
 
 assert BLOCK < 256 * 5 and (256 * 5) % BLOCK, "the first layer must fill whole blocks and a partial one"
 # atol: a weight whose gradient comes near zero moves by rounding noise, amplified by Adam (the flat buffer's

@@ -18,34 +18,14 @@ from mimo.data.make_shards import make_shards
 from mimo.tasks import build_demo_data
 from mimo.train.gate import check_data_set
 from mimo.train.trainer import Trainer
-from tests.support.anyres_run import ANYRES
+from tests.support.anyres_data import SIZES, jsonl, manifest
+from tests.support.anyres_hf import hf_counts, hf_image_processor, hf_onevision_counts
 from tests.support.tiny_run import tiny_config, train_losses
-from tests.unit.test_anyres_tiles import hf_counts, hf_image_processor, hf_onevision_counts
-from tests.unit.test_native_data import write_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PINPOINTS = [[16, 32], [32, 16], [32, 32]]
-SIZES = [(20, 40), (40, 24), (12, 44), (33, 33), (50, 17)]  # (height, width)
 TOKEN = 259
-
-
-def manifest(tmp_path) -> str:
-    """Images of SIZES one a sample, then two images (20 x 40, 40 x 24), text alone, a missing image and a video
-    (both skipped and counted)."""
-    paths = [write_image(tmp_path / f"i{k}.png", s, k) for k, s in enumerate(SIZES)]
-    lines = [{"image": p, "caption": f"picture {k}"} for k, p in enumerate(paths)]
-    lines += [{"image": paths[:2], "caption": "two"}, {"image": [], "caption": "none"},
-              {"image": str(tmp_path / "missing.png"), "caption": "gone"},
-              {"video": paths[3:], "fps": 1.0, "caption": "clip"}]
-    path = tmp_path / "m.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return str(path)
-
-
-def jsonl(tmp_path) -> list[str]:
-    return [*ANYRES, "--data.name=jsonl", f"--data.path={manifest(tmp_path)}", "--data.tokenizer=byte",
-            "--data.seq_len=64"]
 
 
 def test_batches_hold_transformers_tiles_and_placeholder_counts(tmp_path):

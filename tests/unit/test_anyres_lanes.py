@@ -12,9 +12,9 @@ from mimo.data.checks import check_batch
 from mimo.data.lanes import LaneBalancer, lane_loads, row_costs, take_rows
 from mimo.models.flops import lm_flops, projector_flops, vit_flops
 from mimo.train.trainer import Trainer
+from tests.support.anyres_data import jsonl
 from tests.support.anyres_run import ANYRES
 from tests.support.tiny_run import tiny_config
-from tests.unit.test_anyres_data import jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

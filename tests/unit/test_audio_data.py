@@ -4,43 +4,20 @@ in the two formats training to the same losses."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
-import wave
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
-from mimo.data.audio_demo import synth_tones
 from mimo.data.librispeech import main as librispeech_main
-from mimo.data.shapes import make_samples
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.models.audio_features import log_mel_spectrogram
 from mimo.models.loss import IGNORE_INDEX
 from mimo.train.trainer import Trainer
-from tests.support.configs import AVLM, TINY_AVLM
+from tests.support.audio_data import AUDIO_S, N, audio_config, clip, write_image_audio, write_wav
 from tests.support.tiny_run import metrics
-
-N = 8
-AUDIO_S = 0.32  # 32 frames -> 16 placeholders
-TINY_AUDIO = ["--model.modalities.audio.audio.max_positions=16", f"--data.audio_seconds={AUDIO_S}"]
-
-
-def clip(i: int) -> np.ndarray:
-    return synth_tones(("low", "high")[i % 2], 1 + i % 3, "rising", np.random.default_rng(i))[:4800]
-
-
-def write_wav(path, samples: np.ndarray) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
 
 
 def write_librispeech(root):
@@ -56,23 +33,12 @@ def write_librispeech(root):
     return root / "LibriSpeech" / "dev"
 
 
-def config(out_dir, modalities: str, *extra: str):
-    """The audio demo's tiny model, with its vision modality dropped for audio-only data; rows hold a chat in
-    LLaVA-1.5's format (data.prompt_format = "chat")."""
-    over = [*TINY_AVLM, *TINY_AUDIO, "--data.name=jsonl", "--data.seq_len=80", "--data.global_batch=4",
-            "--train.steps=3", "--train.log_every=1", "--run.name=tiny", f"--run.out_dir={out_dir}", *extra]
-    cfg = load_config(AVLM, over)
-    if modalities == "audio":
-        del cfg.model.modalities["images"]
-    return cfg
-
-
 def test_librispeech_manifest_and_the_batch_it_gives(tmp_path):
     split = write_librispeech(tmp_path)
     librispeech_main([str(split), str(tmp_path / "train.jsonl"), "--lowercase"])
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert rows[3] == {"audio": "LibriSpeech/dev/84/121/84-121-0003.flac", "text": "high 1"}
-    tr = Trainer(config(tmp_path, "audio", f"--data.path={tmp_path / 'train.jsonl'}"))
+    tr = Trainer(audio_config(tmp_path, "audio", f"--data.path={tmp_path / 'train.jsonl'}"))
     batch = tr.data.global_batch(0, 4, tr.cfg.data.seed)
     index = tr.data.global_batch_indices(0, 4, tr.cfg.data.seed)[0]
     tok = ByteTokenizer()
@@ -86,30 +52,11 @@ def test_librispeech_manifest_and_the_batch_it_gives(tmp_path):
     assert features.shape == (16, 32) and torch.allclose(features, reference[0], atol=2e-3)
 
 
-def write_image_audio(root) -> None:
-    """The same N image + clip + question samples as a JSONL manifest and as one tar shard."""
-    (root / "media").mkdir()
-    lines = []
-    with tarfile.open(root / "shard.tar", "w") as tar:
-        for i, s in enumerate(make_samples(N, 5)):
-            Image.fromarray(s.images[0]).save(root / "media" / f"{i}.png")
-            write_wav(root / "media" / f"{i}.wav", clip(i))
-            meta = {"conversations": [{"from": "human", "value": f"<image>\n<audio>\n{s.question}"},
-                                      {"from": "gpt", "value": s.answer}]}
-            lines.append({"image": f"media/{i}.png", "audio": f"media/{i}.wav", **meta})
-            for name, data in ((f"s{i}.png", (root / "media" / f"{i}.png").read_bytes()),
-                               (f"s{i}.wav", (root / "media" / f"{i}.wav").read_bytes()),
-                               (f"s{i}.json", json.dumps(meta).encode())):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-
-
 def test_image_and_audio_samples_train_alike_from_jsonl_and_webdataset(tmp_path):
     write_image_audio(tmp_path)
-    Trainer(config(tmp_path / "a", "both", f"--data.path={tmp_path / 'train.jsonl'}")).train()
-    Trainer(config(tmp_path / "b", "both", "--data.name=webdataset", f"--data.path={tmp_path / 'shard.tar'}")).train()
+    Trainer(audio_config(tmp_path / "a", "both", f"--data.path={tmp_path / 'train.jsonl'}")).train()
+    Trainer(audio_config(tmp_path / "b", "both", "--data.name=webdataset",
+                         f"--data.path={tmp_path / 'shard.tar'}")).train()
     losses = [[r["loss"] for r in metrics(tmp_path / d) if "loss" in r] for d in "ab"]
     assert len(losses[0]) == 3 and all(np.isfinite(losses[0])) and losses[0] == losses[1]
     summary = json.loads((tmp_path / "a" / "tiny" / "summary.json").read_text())
@@ -121,13 +68,13 @@ def test_a_sample_without_its_clip_is_skipped_and_bad_lengths_refused(tmp_path, 
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     rows = [{k: v for k, v in r.items() if k != "audio"} if i == 2 else r for i, r in enumerate(rows)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tr = Trainer(config(tmp_path, "both", f"--data.path={tmp_path / 'train.jsonl'}", "--train.steps=2"))
+    tr = Trainer(audio_config(tmp_path, "both", f"--data.path={tmp_path / 'train.jsonl'}", "--train.steps=2"))
     tr.train()
     assert "': no audio" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="data.audio_seconds = 2.0 gives clips of 200 frames, more than the 32"):
-        Trainer(config(tmp_path, "audio", f"--data.path={tmp_path / 'train.jsonl'}", "--data.audio_seconds=2"))
+        Trainer(audio_config(tmp_path, "audio", f"--data.path={tmp_path / 'train.jsonl'}", "--data.audio_seconds=2"))
     with pytest.raises(ConfigError, match=r"data.seq_len \(16\) must exceed the 16 placeholders"):
-        Trainer(config(tmp_path, "audio", f"--data.path={tmp_path / 'train.jsonl'}", "--data.seq_len=16"))
+        Trainer(audio_config(tmp_path, "audio", f"--data.path={tmp_path / 'train.jsonl'}", "--data.seq_len=16"))
 
 
 def test_without_soundfile_pcm_wav_still_decodes(tmp_path, monkeypatch):

@@ -5,8 +5,8 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.support.export_run import PROMPTS, STEPS, TOWERS, cli, make_run, mimo_generate
 from tests.support.hf_helpers import transformers
-from tests.unit.test_export_processor import PROMPTS, STEPS, TOWERS, cli, make_run, mimo_generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

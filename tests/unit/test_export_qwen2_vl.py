@@ -12,8 +12,8 @@ from mimo.models.build import build_model
 from mimo.models.mrope import mrope_positions
 from tests.support.configs import CONFIGS, tiny_native_vlm
 from tests.support.hf_helpers import TOL, rel_diff, transformers
-from tests.unit.test_hf_qwen2_vl import END, IMG, START, VID, batch, tiny_qwen_vl
-from tests.unit.test_native_data import TINY
+from tests.support.native_data import TINY
+from tests.support.qwen_vl import END, IMG, START, VID, batch, tiny_qwen_vl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

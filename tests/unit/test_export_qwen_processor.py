@@ -16,9 +16,9 @@ from mimo.export import export_qwen2_vl
 from mimo.models.build import build_model
 from mimo.train.checkpoint.weights import save_weights
 from tests.support.configs import CONFIGS
+from tests.support.export_run import STEPS, cli
 from tests.support.hf_helpers import PIL, perturb, transformers
-from tests.unit.test_export_processor import STEPS, cli
-from tests.unit.test_native_data import TINY
+from tests.support.native_data import TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NATIVE = "--model.modalities.images.native"

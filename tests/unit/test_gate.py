@@ -18,6 +18,7 @@ from mimo.parallel.layout import Layout
 from mimo.train.gate import check_layout, check_tokenizer, validate_run
 from tests.support.configs import T2I, TINY_T2I
 from tests.support.hf_helpers import tiny_causal_lm
+from tests.support.layout_error import layout_error
 from tests.support.tiny_run import DEMO, TINY, tiny_config, train_losses
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -136,13 +137,6 @@ def test_cuda_on_a_cpu_only_build_is_refused(monkeypatch, capsys, tmp_path):
     assert "mimo: error: train.device = 'cuda' but this torch build" in err and 'use train.device = "cpu"' in err
     err = train_refusal(capsys, tmp_path, "--train.device=gpu0")
     assert "mimo: error: train.device = 'gpu0'; use \"cpu\" or \"cuda\"" in err
-
-
-def layout_error(world: int, *overrides: str) -> str:
-    cfg = load_config(DEMO, [*TINY, *overrides])
-    with pytest.raises(ConfigError) as err:
-        check_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world))
-    return str(err.value)
 
 
 def test_layouts_that_failed_at_the_first_batch_are_refused_at_the_gate():

@@ -13,7 +13,7 @@ import torch
 
 from mimo.hf.qwen2_vl import import_qwen2_vl, qwen_vl_inputs
 from mimo.models.generate import greedy_generate, left_pad, next_positions
-from tests.unit.test_hf_qwen2_vl import END, IMAGE_GRIDS, IMG, PATCH_PIXELS, START, VID, VIDEO_GRIDS, tiny_qwen_vl
+from tests.support.qwen_vl import END, IMAGE_GRIDS, IMG, PATCH_PIXELS, START, VID, VIDEO_GRIDS, tiny_qwen_vl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,8 +18,8 @@ from mimo.data.tokenizer import ByteTokenizer
 from mimo.export.llava_next import export_llava_next
 from mimo.models.generate import greedy_generate, left_pad
 from mimo.train.checkpoint.weights import load_run
+from tests.support.anyres_export import saved_anyres_run
 from tests.support.hf_helpers import transformers
-from tests.unit.test_export_llava_next import saved_anyres_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

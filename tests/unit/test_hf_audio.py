@@ -7,15 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from mimo.config.schema import AudioConfig
-from mimo.hf import import_audio_encoder
 from mimo.models.audio import AudioEncoder, sinusoids
 from mimo.models.audio_features import log_mel_spectrogram
 from tests.support.hf_helpers import (
     TOL,
-    perturb,
     rel_diff,
-    save,
     transformers,
+    whisper,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,16 +37,6 @@ def test_log_mel_matches_whisper_feature_extractor(padding):
     assert ours.shape == ref["input_features"].shape
     assert (ours - ref["input_features"]).abs().max() <= 1e-4
     assert frames.tolist() == ref["attention_mask"].sum(1).tolist() == [70, 45]
-
-
-def whisper(tmp_path, max_positions: int = 10):
-    cfg = transformers.WhisperConfig(
-        d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80, max_source_positions=max_positions, vocab_size=50,
-        max_target_positions=8, pad_token_id=1, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2)
-    torch.manual_seed(0)
-    hf = perturb(transformers.WhisperModel(cfg).eval())
-    return hf, import_audio_encoder(save(hf, tmp_path / "whisper"))
 
 
 def test_encoder_matches_transformers(tmp_path):

@@ -17,9 +17,9 @@ from tests.support.hf_helpers import (
     tiny_causal_lm,
     tiny_llava,
     transformers,
+    whisper,
 )
 from tests.support.import_memory import measure_in_fresh_process, write_random_checkpoint
-from tests.unit.test_hf_audio import whisper
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,6 +15,7 @@ from mimo.models.generate import greedy_generate, left_pad
 from mimo.models.multimodal import MimoModel, ModalitySubmodules
 from mimo.models.projector import MLPProjector
 from mimo.models.vit import patchify
+from tests.support.hf_generate import EOS, PAD, hf_greedy
 from tests.support.hf_helpers import (
     TOL,
     llava_both_ways,
@@ -29,9 +30,8 @@ from tests.support.hf_helpers import (
     tiny_vision_config,
     transformers,
 )
+from tests.support.layout_error import layout_error
 from tests.support.tiny_run import DEMO, TINY
-from tests.unit.test_gate import layout_error
-from tests.unit.test_hf_padding import EOS, PAD, hf_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,6 +8,7 @@ import torch
 from mimo.hf import import_llava, import_llm
 from mimo.models.generate import greedy_generate, left_pad, padded_positions
 from mimo.models.multimodal import MimoModel
+from tests.support.hf_generate import EOS, IMG, PAD, hf_greedy
 from tests.support.hf_helpers import (
     TOL,
     perturb,
@@ -18,14 +19,6 @@ from tests.support.hf_helpers import (
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-EOS, PAD, IMG = 3, 0, 96
-
-
-def hf_greedy(hf, ids, mask, steps, **inputs) -> list[list[int]]:
-    out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False, eos_token_id=EOS,
-                      pad_token_id=PAD, **inputs)[:, ids.shape[1]:].tolist()
-    return [row[: row.index(EOS) + 1] if EOS in row else row for row in out]
 
 
 def real_rows(mask: torch.Tensor, *logits: torch.Tensor) -> list[torch.Tensor]:

@@ -4,23 +4,7 @@ import pytest
 
 from mimo.data.chat import CHAT, question_ids
 from mimo.data.tokenizer import load_tokenizer
-from tests.support.hf_helpers import transformers
-
-tokenizers = pytest.importorskip("tokenizers")
-WORDS = ["<unk>", "<s>", "</s>", "<image>", "USER", "ASSISTANT", "user", "assistant", ":", "what", "is", "this", "?"]
-
-
-def tiny_tokenizer(directory, chat_template: str | None = None, words: list[str] = WORDS):
-    """A word-level tokenizer that prepends <s>, saved and reloaded like a real checkpoint's."""
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                                unk_token="<unk>")
-    if chat_template:
-        fast.chat_template = chat_template
-    fast.save_pretrained(directory)
-    return load_tokenizer(directory)
+from tests.support.hf_helpers import WORDS, tiny_tokenizer
 
 
 def test_llava_15_format_without_chat_template(tmp_path):

@@ -21,8 +21,8 @@ from mimo.models.loss import IGNORE_INDEX
 from mimo.tasks import build_demo_data
 from tests.support.configs import CONFIGS
 from tests.support.hf_helpers import TOL, rel_diff, transformers
-from tests.unit.test_hf_qwen2_vl import tiny_qwen_vl
-from tests.unit.test_native_data import TINY, write_image
+from tests.support.native_data import TINY, write_image
+from tests.support.qwen_vl import tiny_qwen_vl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

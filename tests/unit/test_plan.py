@@ -33,24 +33,11 @@ from mimo.planner.memory import (
 )
 from mimo.planner.report import render
 from tests.support.configs import tiny_native_vlm
+from tests.support.plan_case import TINY, usage_of
 
-# A text-only LM small enough to count by hand (no biases, untied head):
-#   embedding 64 x 32 = 2048, head 2048, final norm 32;
-#   per layer: q 32x32 = 1024, k and v 16x32 = 512 each (2 kv heads of 8), o 1024, gate/up/down 3 x 64x32 = 6144
-#   -> 9216 in 2-D weights, + 2 x 32 = 64 in the two norms.
-#   total = 2048 + 2048 + 32 + 2 x (9216 + 64) = 22688 parameters.
-TINY = ["--model.llm.vocab=64", "--model.llm.hidden=32", "--model.llm.layers=2", "--model.llm.heads=4",
-        "--model.llm.kv_heads=2", "--model.llm.mlp=64", "--model.llm.qkv_bias=false", "--data.global_batch=8",
-        "--data.seq_len=16", "--train.dtype=bfloat16"]
 LLAMA_7B = ["--model.llm.hidden=4096", "--model.llm.layers=32", "--model.llm.heads=32", "--model.llm.kv_heads=8",
             "--model.llm.mlp=11008", "--model.llm.vocab=32000"]
 FIXED = 2 * GIB
-
-
-def _usage(cfg, modules, gpus):
-    layout = layout_of(cfg, modules, gpus)
-    assert layout is not None
-    return estimate(cfg, layout, module_sizes(cfg), modules)
 
 
 def test_estimate_matches_hand_computation():
@@ -58,40 +45,40 @@ def test_estimate_matches_hand_computation():
     assert module_sizes(cfg)["language"].params == 22688
     # dp2: tokens per lane = 8 / (1 x 2) x 16 = 64. States 16 B x 22688. Activations per layer 64 x 32 x 34 B,
     # two layers, plus fp32 logits and their grad 64 x 64 x 8 B.
-    dp = _usage(cfg, {"language": ModuleLayoutConfig()}, 2)
+    dp = usage_of(cfg, {"language": ModuleLayoutConfig()}, 2)
     assert dp.states == 16 * 22688
     assert dp.activations == 2 * 64 * 32 * 34 + 64 * 64 * 8
     assert dp.peak == 16 * 22688 + 2 * 64 * 32 * 34 + 64 * 64 * 8 + FIXED
     # FSDP over dp2 halves the states; activations are unchanged.
-    fsdp = _usage(cfg, {"language": ModuleLayoutConfig(fsdp=True)}, 2)
+    fsdp = usage_of(cfg, {"language": ModuleLayoutConfig(fsdp=True)}, 2)
     assert fsdp.states == 16 * 22688 / 2 and fsdp.activations == dp.activations
     # tp2 (dp1, 128 tokens): sharded = 2 x 9216 + 2048 + 2048 = 22528 -> /2; norms 2 x 64 / 2 + 32 stay whole.
     # Activations without SP: 128 x 32 x (10 + 24/2) per layer; logits 128 x 64 x 8 / 2.
-    tp = _usage(cfg, {"language": ModuleLayoutConfig(tp=2)}, 2)
+    tp = usage_of(cfg, {"language": ModuleLayoutConfig(tp=2)}, 2)
     assert tp.states == 16 * (22528 / 2 + 128 + 32)
     assert tp.activations == 2 * 128 * 32 * 22 + 128 * 64 * 8 / 2
     # With sequence parallel the layers' activations are 34 / tp per token per hidden unit.
-    sp = _usage(cfg, {"language": ModuleLayoutConfig(tp=2, sequence_parallel=True)}, 2)
+    sp = usage_of(cfg, {"language": ModuleLayoutConfig(tp=2, sequence_parallel=True)}, 2)
     assert sp.activations == 2 * 128 * 32 * 17 + 128 * 64 * 8 / 2
     # A tied head is the embedding: 2048 parameters fewer, counted once where one GPU holds both ends.
     tied = load_config(None, [*TINY, "--model.llm.tie_embeddings=true"])
     assert module_sizes(tied)["language"].params == 22688 - 2048
-    assert _usage(tied, {"language": ModuleLayoutConfig()}, 2).states == 16 * (22688 - 2048)
+    assert usage_of(tied, {"language": ModuleLayoutConfig()}, 2).states == 16 * (22688 - 2048)
 
 
 def test_activation_checkpointing_keeps_each_layers_input_and_recomputes_one_layer():
     ckpt = '--train.activation_checkpointing=["language"]'
     # dp2, 64 tokens per lane: each of the 2 layers keeps its fp32 input, 64 x 32 x 4 B; the backward rebuilds
     # one layer's activations at a time, 64 x 32 x 34 B, once; the logits stay as they were.
-    dp = _usage(load_config(None, [*TINY, ckpt]), {"language": ModuleLayoutConfig()}, 2)
+    dp = usage_of(load_config(None, [*TINY, ckpt]), {"language": ModuleLayoutConfig()}, 2)
     assert dp.activations == 2 * 64 * 32 * 4 + 64 * 32 * 34 + 64 * 64 * 8
     # tp2 with sequence parallel (128 tokens): the inputs are sharded too, 128 x 32 x 4 / 2 B per layer.
-    sp = _usage(load_config(None, [*TINY, ckpt]), {"language": ModuleLayoutConfig(tp=2, sequence_parallel=True)}, 2)
+    sp = usage_of(load_config(None, [*TINY, ckpt]), {"language": ModuleLayoutConfig(tp=2, sequence_parallel=True)}, 2)
     assert sp.activations == 2 * 128 * 32 * 2 + 128 * 32 * 17 + 128 * 64 * 8 / 2
     # pp2, 4 microbatches, 32 tokens each: the last stage (one microbatch: its layer's input, the logits, and
     # the recompute) has more than the first (two inputs and the recompute), and its states are the larger.
     four = load_config(None, [*TINY, "--parallel.microbatches=4", ckpt])
-    pp = _usage(four, {"language": ModuleLayoutConfig(pp=2)}, 2)
+    pp = usage_of(four, {"language": ModuleLayoutConfig(pp=2)}, 2)
     assert pp.activations == 32 * 32 * 4 + 32 * 64 * 8 + 32 * 32 * 34
 
 
@@ -99,13 +86,13 @@ def test_pipeline_first_stage_holds_microbatches_in_flight():
     # pp2 over 2 ranks, 4 microbatches: stage 0 holds min(2, 4) = 2 microbatches of 8/4 x 16 = 32 tokens of its
     # one layer, plus the embedding; stage 1 one microbatch, the head and its logits. Stage 0 is the worst.
     cfg = load_config(None, [*TINY, "--parallel.microbatches=4"])
-    u = _usage(cfg, {"language": ModuleLayoutConfig(pp=2)}, 2)
+    u = usage_of(cfg, {"language": ModuleLayoutConfig(pp=2)}, 2)
     assert u.states == 16 * (9216 + 2048 + 64 + 32)
     assert u.activations == 2 * 32 * 32 * 34
     # 3 layers: stage 0 holds 1 of them (earlier stages take the smaller share), stage 1 holds 2, the final
     # norm and the head: stage 1, with one microbatch of 2 layers and the logits, is now the worst.
     three = load_config(None, [*TINY, "--parallel.microbatches=4", "--model.llm.layers=3"])
-    u = _usage(three, {"language": ModuleLayoutConfig(pp=2)}, 2)
+    u = usage_of(three, {"language": ModuleLayoutConfig(pp=2)}, 2)
     assert u.states == 16 * (2 * 9216 + 2 * 64 + 2048 + 32)
     assert u.activations == 2 * 32 * 32 * 34 + 32 * 64 * 8
 
@@ -258,7 +245,7 @@ def test_host_estimate_by_phase_matches_hand_computation():
     cfg_fsdp = with_modules(cfg, fsdp_modules)
     layout = layout_of(cfg_fsdp, fsdp_modules, 2)
     est = host_estimate(cfg_fsdp, layout)
-    usage = _usage(cfg_fsdp, fsdp_modules, 2)
+    usage = usage_of(cfg_fsdp, fsdp_modules, 2)
     assert est["build"] == 4 * 22688 / 2 + largest + HOST_FIXED_BYTES
     # FSDP gathers the root (the final norm, 32) and its largest other unit: a layer (9280 parameters), larger
     # than the untied embedding's and head's own units (2048 each); 4 B weights + 4 B gradients each.

@@ -11,7 +11,7 @@ from mimo.parallel.layout import Layout
 from mimo.planner.candidates import label, make_plan, to_toml, with_modules
 from mimo.planner.memory import module_sizes
 from mimo.train.gate import check_layout
-from tests.unit.test_plan import TINY, _usage
+from tests.support.plan_case import TINY, usage_of
 
 # test_plan's TINY LM with a MoE feed-forward of 4 experts of width 16 on both layers:
 #   per layer: attention 1024 + 512 + 512 + 1024 = 3072, norms 64, router 4 x 32 = 128 (TP-replicated),
@@ -30,19 +30,19 @@ def test_expert_memory_splits_by_ep_by_hand():
     cfg = load_config(None, MOE)
     size = module_sizes(cfg)[LM]
     assert size.params == PARAMS and size.experts == 16 * EXPERTS
-    dp2 = _usage(cfg, _lm(), 2)
-    ep2 = _usage(cfg, _lm(ep=2), 2)
+    dp2 = usage_of(cfg, _lm(), 2)
+    ep2 = usage_of(cfg, _lm(ep=2), 2)
     assert dp2.states == 16 * PARAMS
     # ep2: each rank holds 2 of the 4 experts, half the expert share; activations unchanged.
     assert ep2.states == 16 * (PARAMS - EXPERTS / 2)
     assert dp2.states - ep2.states == 16 * EXPERTS / 2 and ep2.activations == dp2.activations
     # tp2 splits attention, embedding and head (2 x 3072 + 2048 + 2048 = 10240), not the router or experts.
-    assert _usage(cfg, _lm(tp=2), 2).states == 16 * (10240 / 2 + 2 * (64 + 128) + 32 + EXPERTS)
+    assert usage_of(cfg, _lm(tp=2), 2).states == 16 * (10240 / 2 + 2 * (64 + 128) + 32 + EXPERTS)
     # FSDP over dp4: every state / 4, ep or not (ep2's experts are FSDP-sharded over their 2 edp ranks).
-    assert _usage(cfg, _lm(fsdp=True, ep=2), 4).states == _usage(cfg, _lm(fsdp=True), 4).states == 16 * PARAMS / 4
+    assert usage_of(cfg, _lm(fsdp=True, ep=2), 4).states == usage_of(cfg, _lm(fsdp=True), 4).states == 16 * PARAMS / 4
     # master weights on dp4 ep2: dense 4 B + 12 B / 4 lanes; experts 4 B / 2 + 12 B / (2 edp x 2 ep).
     master = load_config(None, [*MOE, "--train.master_weights=true"])
-    assert _usage(master, _lm(ep=2), 4).states == (PARAMS - EXPERTS) * (4 + 3) + EXPERTS * (2 + 3)
+    assert usage_of(master, _lm(ep=2), 4).states == (PARAMS - EXPERTS) * (4 + 3) + EXPERTS * (2 + 3)
 
 
 def test_plan_lists_expert_parallel_candidates_that_pass_the_gate():

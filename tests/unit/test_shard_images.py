@@ -17,10 +17,10 @@ from mimo.config.load import load_config
 from mimo.data.make_shards import find_samples, make_shards
 from mimo.data.webdataset import read_shard
 from mimo.train.trainer import Trainer
+from tests.support.anyres_data import SIZES, jsonl
 from tests.support.configs import CONFIGS
+from tests.support.native_data import TINY, write_image
 from tests.support.tiny_run import tiny_config
-from tests.unit.test_anyres_data import SIZES, jsonl
-from tests.unit.test_native_data import TINY, write_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
