@@ -7,7 +7,6 @@ whole epoch, the data report and the held-out loss."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mimo.config.load import load_config
@@ -16,8 +15,8 @@ from mimo.data.make_shards import main as make_shards_main
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.train.held_out import evaluate_held_out
 from mimo.train.trainer import Trainer
-from tests.distributed.test_data_formats import N, data_overrides, make_folder
 from tests.support.configs import CONFIGS
+from tests.support.data_folders import data_overrides, make_folder, write_manifest
 from tests.support.dist import run_distributed
 from tests.support.tiny_run import TINY, tiny_config
 
@@ -34,20 +33,6 @@ class HashIsPlaceholder(ByteTokenizer):
         if "!" in text:
             raise KeyError("a tokenizer bug")
         return [PLACEHOLDER if b == ord("#") else b for b in text.encode("utf-8")]
-
-
-def write_manifest(root: Path, captions: dict[int, str]) -> Path:
-    """A JSONL manifest of make_folder's N images (samples 7 and 23 have broken image bytes), with the
-    caption of sample i replaced by captions[i]."""
-    make_folder(root)
-    lines = []
-    for i in range(N):
-        folder = "src/sub" if i % 2 else "src"
-        caption = captions.get(i, f"shape {i}")
-        lines.append(json.dumps({"image": f"{folder}/img.{i:03d}.png", "caption": caption}))
-    path = root / "train.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 # The tiny model on demo_pipeline.toml's 8 ranks: encoder tp2 on ranks 0-1, LM tp2 x pp3 on ranks 2-7 (ranks 4-5,

@@ -10,46 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from mimo.data.image_text import ImageTextData
 from mimo.data.jsonl import read_manifest
 from mimo.data.make_shards import main as make_shards_main
 from mimo.data.samples import BadSample, Record, encode_text
-from mimo.data.shapes import make_samples
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.data.webdataset import read_shard, read_webdataset
 from mimo.models.loss import IGNORE_INDEX
 from mimo.train.trainer import Trainer
+from tests.support.data_folders import N, data_overrides, make_folder
 from tests.support.dist import run_distributed
 from tests.support.tiny_run import tiny_config
-
-N = 40
-CORRUPT = {7, 23}  # 5% of 40
-
-
-def make_folder(root: Path, corrupt: set[int] = CORRUPT) -> Path:
-    """N shape images with their answer as caption; the `corrupt` ones have broken image bytes."""
-    src = root / "src"
-    (src / "sub").mkdir(parents=True)
-    for i, s in enumerate(make_samples(N, 7)):
-        folder = src / "sub" if i % 2 else src
-        img = folder / f"img.{i:03d}.png"
-        Image.fromarray(s.images[0]).save(img)
-        if i in corrupt:
-            img.write_bytes(img.read_bytes()[:40] if i % 2 else b"not an image at all")
-        if i % 3 == 0:
-            img.with_suffix(".json").write_text(json.dumps({"conversations": [
-                {"from": "human", "value": f"<image>\n{s.question}"}, {"from": "gpt", "value": s.answer}]}))
-        else:
-            img.with_suffix(".txt").write_text(s.answer)
-    Image.fromarray(make_samples(1, 1)[0].images[0]).save(src / "no_caption.png")
-    return src
-
-
-def data_overrides(name: str, path: Path, *extra: str) -> list[str]:
-    """A real-data run; rows hold a chat in LLaVA-1.5's format (data.prompt_format = "chat") or a caption."""
-    return [f"--data.name={name}", f"--data.path={path}", "--data.global_batch=8", "--data.seq_len=64", *extra]
 
 
 def test_webdataset_with_5_percent_corrupt_images_trains_and_counts_them(tmp_path, capsys):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mimo.train.trainer import Trainer
-from tests.distributed.test_checkpoint_reshard import _close, _continue
 from tests.support.dist import run_distributed
+from tests.support.reshard import continue_run, params_close
 from tests.support.tiny_run import metrics, tiny_config
 
 MOE = ["--train.steps=4", "--model.llm.moe_experts=4", "--model.llm.moe_mlp=32", "--model.llm.moe_top_k=2",
@@ -31,13 +31,13 @@ def write_ep2(rank: int, world: int, out: str, fsdp: bool) -> tuple[float, float
     tr = Trainer(tiny_config(Path(out), *MOE, *layout, "--train.save_every=4"))
     assert tr.checkpointer.expert_mesh.ndim == (2 if fsdp else 1)
     tr.train()
-    return _continue(tr, 4)
+    return continue_run(tr, 4)
 
 
 def read_ep4(rank: int, world: int, out: str) -> tuple[float, float, float]:
     tr = Trainer(tiny_config(Path(out) / "ep4", *MOE, f"{LANG}.ep=4", f"--train.resume={_ckpt(out)}"))
     assert tr.checkpointer.resume() == 4
-    return _continue(tr, 4)
+    return continue_run(tr, 4)
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
@@ -51,7 +51,7 @@ def test_ep2_trains_like_one_process_and_its_checkpoint_loads_into_ep4_and_one_p
 
     loaded = run_distributed(read_ep4, 4, str(tmp_path), timeout=300)
     assert all(r == loaded[0] for r in loaded)
-    assert _close(written, loaded[0]), (written, loaded[0])
+    assert params_close(written, loaded[0]), (written, loaded[0])
     single = Trainer(tiny_config(tmp_path / "one", *MOE, f"--train.resume={_ckpt(str(tmp_path))}"))
     assert single.checkpointer.resume() == 4
-    assert _close(written, _continue(single, 4)), written
+    assert params_close(written, continue_run(single, 4)), written

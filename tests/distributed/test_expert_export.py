@@ -9,9 +9,8 @@ import pytest
 
 from mimo.export.run import export_run
 from mimo.train.trainer import Trainer
-from tests.distributed.test_sharded_export import _logits
 from tests.support.dist import run_distributed
-from tests.support.hf_helpers import rel_diff
+from tests.support.hf_helpers import exported_logits, rel_diff
 from tests.support.tiny_run import tiny_config
 
 LANG = "--parallel.modules.language"
@@ -33,4 +32,4 @@ def test_expert_parallel_run_exports_the_single_process_logits(tmp_path, layout)
     single = export_run(ref, tmp_path / "single_hf")
     sharded = export_run(tmp_path / layout / "tiny", tmp_path / f"{layout}_hf")
     assert "Mixtral" in (sharded / "config.json").read_text()
-    assert rel_diff(_logits(sharded), _logits(single)) <= 1e-5
+    assert rel_diff(exported_logits(sharded), exported_logits(single)) <= 1e-5

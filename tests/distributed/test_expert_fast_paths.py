@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.test_fast_path_layouts import LANG, RTOL, SWITCHES, _assert_trains_like, _train
 from tests.support.dist import run_distributed
+from tests.support.fast_path_runs import LANG, RTOL, SWITCHES, assert_trains_like_reference, train_tiny
 
 MOE = ["--model.llm.moe_experts=4", "--model.llm.moe_mlp=32", "--model.llm.moe_top_k=2",
        "--model.llm.moe_aux_loss_weight=0.01"]
@@ -21,18 +21,18 @@ LAYOUTS = {"ep2": [f"{LANG}.ep=2"], "ep2_fsdp": [f"{LANG}.ep=2", f"{LANG}.fsdp=t
 
 
 def _rank(rank: int, world: int, out: str, layout: list[str]) -> tuple:
-    losses, grads, paths = _train(Path(out), *MOE, *layout, *ALL)
+    losses, grads, paths = train_tiny(Path(out), *MOE, *layout, *ALL)
     return losses, [{n: g.numpy() for n, g in step.items()} for step in grads], paths
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_fast_paths_train_like_one_process_under_expert_parallel(tmp_path, layout):
     threads = torch.get_num_threads()
-    ref_losses, ref_grads, _ = _train(tmp_path / "plain", *MOE)
+    ref_losses, ref_grads, _ = train_tiny(tmp_path / "plain", *MOE)
     torch.set_num_threads(threads)
     ranks = run_distributed(_rank, 2, str(tmp_path / layout), LAYOUTS[layout], timeout=900)
     losses, grads, _ = ranks[0]
     grads = [{n: torch.from_numpy(g) for n, g in step.items()} for step in grads]
     for rank, (_, _, paths) in enumerate(ranks):
         assert paths["graphs"] > 0 and paths["chunked_loss"] and paths["fused"] and paths["checkpointed"], (rank, paths)
-    _assert_trains_like(f"{layout} all fast paths (rtol {RTOL})", (losses, grads), (ref_losses, ref_grads))
+    assert_trains_like_reference(f"{layout} all fast paths (rtol {RTOL})", (losses, grads), (ref_losses, ref_grads))

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from mimo.train.trainer import Trainer
-from tests.distributed.test_hf_sharded_load import _record_reads
 from tests.support.dist import run_distributed
-from tests.support.hf_helpers import perturb, save, tiny_causal_lm, tiny_vision_config, transformers
+from tests.support.hf_helpers import perturb, record_reads, save, tiny_causal_lm, tiny_vision_config, transformers
 from tests.support.tiny_run import tiny_config
 
 LANG = "--parallel.modules.language"
@@ -25,7 +24,7 @@ def _config(out, lm_dir, tower_dir, *overrides):
 
 def _load(rank: int, world: int, out: str, lm_dir: str, tower_dir: str, layout: list[str]) -> dict:
     reads: list[int] = []
-    _record_reads(reads)
+    record_reads(reads)
     trainer = Trainer(_config(out, lm_dir, tower_dir, *layout))
     experts = {n: p.shape[0] for n, p in trainer.model.named_parameters() if n.endswith("w_up")}
     full = trainer.plan.gather_full(trainer.model)

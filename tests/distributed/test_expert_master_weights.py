@@ -14,8 +14,8 @@ import pytest
 
 from mimo.parallel.layout import Layout
 from mimo.perf.gpu_defaults import apply_gpu_defaults
-from tests.distributed.test_master_weights_layouts import LANG, LOSS_RTOL, MASTER, MASTER_OF_MOVE, MODEL, train
 from tests.support.dist import run_distributed
+from tests.support.master_weights import LANG, LOSS_RTOL, MASTER, MASTER_OF_MOVE, MODEL, train_with_masters
 from tests.support.tiny_run import tiny_config
 
 MOE = ["--model.llm.moe_experts=4", "--model.llm.moe_mlp=32", "--model.llm.moe_top_k=2"]
@@ -25,12 +25,12 @@ REPLICATED = {"ep2": (2, [f"{LANG}.ep=2"], 1 / 2, 1.0), "ep2_dp2": (4, [f"{LANG}
 
 
 def _rank(rank: int, world: int, out: str, layout: list[str]) -> dict:
-    return train(Path(out), *MOE, *layout, *MASTER)
+    return train_with_masters(Path(out), *MOE, *layout, *MASTER)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict:
-    return train(tmp_path_factory.mktemp("ref"), *MOE, *MASTER)
+    return train_with_masters(tmp_path_factory.mktemp("ref"), *MOE, *MASTER)
 
 
 def _assert_close(run: dict, ref: dict, what: str) -> None:

@@ -16,62 +16,26 @@ import copy
 import pytest
 import torch
 
-from mimo.config.schema import Config, ConfigError, ModuleLayoutConfig
+from mimo.config.schema import Config, ConfigError
 from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
-from mimo.models.moe import moe_layers
 from mimo.models.multimodal import modules_by_name
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
-from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import run_distributed
-from tests.support.parity import close, freeze_key_biases, grads_then_step, step_matches_reference
+from tests.support.expert_case import moe_batch, moe_config, moe_prepare
+from tests.support.parity import close, grads_then_step, step_matches_reference
 
 RTOL = 1e-5
-N, S, IMG, TOKENS_PER_IMAGE = 8, 12, 60, 4
-IMAGES = [0, 1, 2, 1, 0, 1, 1, 0]
-ROUTERS = {
-    "softmax": dict(moe_top_k=2, moe_aux_loss_weight=0.1, moe_z_loss_weight=0.01),
-    "all_to_one": dict(moe_top_k=1, moe_gating="sigmoid"),
-    "plain": dict(moe_top_k=2),
-}
-
-
-def _config(lm: dict, router: str, micro: int) -> Config:
-    llm = tiny_llm(init_std=0.1, moe_experts=4, moe_mlp=16, **ROUTERS[router])
-    return tiny_vlm(llm, tiny_vit(init_std=0.1), IMG,
-                    {"language": ModuleLayoutConfig(**lm), "images": ModuleLayoutConfig()}, micro, N)
-
-
-def _batch() -> dict:
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, 50, (N, S), generator=g)
-    labels = torch.randint(1, 50, (N, S), generator=g)
-    for i, k in enumerate(IMAGES):
-        ids[i, 1:1 + k * TOKENS_PER_IMAGE] = IMG
-        labels[i, :k * TOKENS_PER_IMAGE] = -100
-    pixels = torch.randn(sum(IMAGES), 3, 8, 8, generator=g)
-    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(S).expand(N, S).contiguous(),
-            "modality_inputs": {"images": {"vit": {"pixel_values": pixels}}}, COUNTS: {"images": torch.tensor(IMAGES)}}
-
-
-def _prepare(model, router: str) -> None:
-    """The same router-loss scale on every layout (what the trainer sets), and the imbalanced router's bias."""
-    layers = moe_layers(model)
-    for moe in layers.values():
-        moe.loss_scale = 1.0 / (len(layers) * N)
-        if router == "all_to_one":
-            moe.expert_bias[0] = 100.0
-    freeze_key_biases(model)
 
 
 def _reference(cfg: Config, batch: dict, router: str) -> dict:
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    _prepare(model, router)
+    moe_prepare(model, router)
     model.train()
     out = model(**{k: v for k, v in batch.items() if k != COUNTS})
     (out.loss_sum / out.num_tokens).backward()
@@ -82,16 +46,16 @@ def _reference(cfg: Config, batch: dict, router: str) -> dict:
 
 def _run_case(rank: int, world: int, lm: dict, router: str, micro: int) -> float:
     what = f"lm {lm} router {router} micro {micro}"
-    cfg = _config(lm, router, micro)
+    cfg = moe_config(lm, router, micro)
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world))
-    batch = _batch()
+    batch = moe_batch()
     ref = _reference(cfg, copy.deepcopy(batch), router)
     torch.manual_seed(0)
     with torch.device("meta"):
         par = build_model(cfg.model)
     plan = ParallelPlan(cfg, rank, world)
     plan.parallelize(par)
-    _prepare(par, router)
+    moe_prepare(par, router)
     par.train()
     held = {n: p.shape[0] for n, p in par.named_parameters() if n.endswith("w_gate")}
     assert all(e == 4 // lm["ep"] for e in held.values()), f"{what}: this rank holds {held} experts"
@@ -149,17 +113,17 @@ def test_expert_parallel_equals_single_process():
     (dict(ep=0), 4, r"parallel.modules.language.ep = 0 must be >= 1"),
 ])
 def test_gate_refuses_expert_layouts_it_cannot_run(lm, world, message):
-    cfg = _config(lm, "softmax", 1)
+    cfg = moe_config(lm, "softmax", 1)
     with pytest.raises(ConfigError, match=message):
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world))
 
 
 def test_gate_refuses_ep_without_experts_or_off_the_language_model():
-    cfg = _config(dict(ep=2), "softmax", 1)
+    cfg = moe_config(dict(ep=2), "softmax", 1)
     cfg.model.llm.moe_experts = 0
     with pytest.raises(ConfigError, match="ep = 2 needs an MoE language model; set model.llm.moe_experts"):
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))
-    cfg = _config(dict(), "softmax", 1)
+    cfg = moe_config(dict(), "softmax", 1)
     cfg.parallel.modules["images"].ep = 2
     with pytest.raises(ConfigError, match="parallel.modules.images.ep = 2: expert parallelism applies to the lang"):
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))

@@ -17,10 +17,10 @@ from mimo.models.moe import moe_layers
 from mimo.models.multimodal import modules_by_name
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
-from tests.distributed.test_pipeline import IMG, MICRO, PER_MB, RTOL, _batch, _module, _reference
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
 from tests.support.parity import freeze_key_biases, step_matches_reference
+from tests.support.pipeline_case import IMG, MICRO, PER_MB, RTOL, pipeline_batch, pipeline_module, pipeline_reference
 
 # LM (tp, pp, dp) on ranks 1..4 beside the encoder on rank 0, and its ep
 CASES = [((1, 2, 2), 2), ((1, 1, 4), 4), ((1, 1, 4), 2)]
@@ -29,10 +29,10 @@ CASES = [((1, 2, 2), 2), ((1, 1, 4), 4), ((1, 1, 4), 2)]
 def _config(lm: tuple[int, int, int], ep: int) -> Config:
     llm = tiny_llm(layers=3, init_std=0.1, moe_experts=4, moe_mlp=16, moe_top_k=2, moe_aux_loss_weight=0.1,
                    moe_z_loss_weight=0.01)
-    language = _module(1, *lm)
+    language = pipeline_module(1, *lm)
     language.ep = ep
-    return tiny_vlm(llm, tiny_vit(layers=2, init_std=0.1), IMG, {"images": _module(0, 1, 1, 1), "language": language},
-                    MICRO, PER_MB * MICRO)
+    modules = {"images": pipeline_module(0, 1, 1, 1), "language": language}
+    return tiny_vlm(llm, tiny_vit(layers=2, init_std=0.1), IMG, modules, MICRO, PER_MB * MICRO)
 
 
 def _prepare(model) -> None:
@@ -45,11 +45,11 @@ def _prepare(model) -> None:
 def _run_case(rank: int, world: int, lm: tuple, ep: int) -> float:
     what = f"LM {lm} ep {ep}"
     cfg = _config(lm, ep)
-    batch = _batch()
+    batch = pipeline_batch()
     torch.manual_seed(0)
     model = build_model(cfg.model)
     _prepare(model)
-    ref = _reference(cfg, batch, model)
+    ref = pipeline_reference(cfg, batch, model)
     torch.manual_seed(0)
     with torch.device("meta"):
         par = build_model(cfg.model)

@@ -23,31 +23,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
-from mimo.models.layers import SelfAttention
-from mimo.models.multimodal import MimoModel
-from mimo.perf.apply import chunked_lm_loss
-from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
-from tests.support.parity import rel_diff, trainer_steps
-from tests.support.tiny_run import tiny_config
+from tests.support.fast_path_runs import IMG, LANG, LAYOUTS, SWITCHES, assert_trains_like_reference, train_tiny
 
-RTOL = 1e-5
-STEPS = 2
-LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
-# heads 4 over kv_heads 2: grouped-query attention that tp2 still splits; 2 LM layers for the pipeline's 2 stages.
-# eps well above the gradients keeps Adam's first update proportional to them: with 1e-8 it is lr * sign(g),
-# which turns float noise in a near-zero gradient into +-lr before the second step.
-MODEL = ["--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
-LAYOUTS = {
-    "tp2_sp": (2, [f"{LANG}.tp=2", f"{LANG}.sequence_parallel=true", f"{IMG}.tp=2"]),
-    "cp2_tp2": (4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{LANG}.sequence_parallel=true", f"{IMG}.tp=2"]),
-    "fsdp2": (2, [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"]),
-    "fan_in4": (4, [f"{LANG}.tp=2"]),
-    "pipeline3": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
-                      "--parallel.microbatches=2"]),
-}
 ROWS_ONLY_LAYOUTS = {
     "cp2_tp2_no_sp": (4, [f"{LANG}.cp=2", f"{LANG}.tp=2", f"{IMG}.tp=2"]),
     "pipeline_cp2": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.cp=2"]),
@@ -56,32 +35,7 @@ ROWS_ONLY_LAYOUTS = {
 }
 """Layouts only the loss_rows_only test runs: CP without sequence parallel, and CP or sequence parallel on a
 pipeline (encoder on rank 0, LM on ranks 1-2)."""
-SWITCHES = {
-    "compile": ["--train.compile=true", "--train.compile_backend=aot_eager"],
-    "chunked_loss": ["--train.chunked_loss=true"],
-    "fuse_qkv": ["--train.fuse_qkv=true"],
-    "checkpointing": ['--train.activation_checkpointing=["language", "images"]'],
-}
 VARIANTS = {**SWITCHES, "all": [s for switches in SWITCHES.values() for s in switches]}
-
-
-def _train(out: Path, *overrides: str) -> tuple[list[float], list[dict[str, torch.Tensor]], dict[str, int]]:
-    """Losses and gradients of STEPS steps, and what of the fast paths this rank's model runs."""
-    trainer = Trainer(tiny_config(out, *MODEL, *overrides))
-    counters["stats"].clear()
-    counters["graph_break"].clear()
-    losses, grads = trainer_steps(trainer, STEPS)
-    return losses, grads, installed(trainer.model)
-
-
-def installed(model: MimoModel) -> dict:
-    """Compiled graphs and graph breaks since the run began, the loss function, fused and checkpointed
-    attention blocks: the test would pass on a switch that installed nothing."""
-    attention = [m for m in model.modules() if isinstance(m, SelfAttention)]
-    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sorted(counters["graph_break"]),
-            "chunked_loss": int(model.loss_fn is chunked_lm_loss),
-            "fused": sum(m.fused_qkv for m in attention),
-            "checkpointed": sum("forward" in vars(block) for block in model.modules())}
 
 
 def _variants(rank: int, world: int, out: str, layout: list[str], variants: dict[str, list[str]]) -> dict:
@@ -90,7 +44,7 @@ def _variants(rank: int, world: int, out: str, layout: list[str], variants: dict
     the rank)."""
     results = {}
     for name, switches in variants.items():
-        losses, grads, paths = _train(Path(out) / name, *layout, *switches)
+        losses, grads, paths = train_tiny(Path(out) / name, *layout, *switches)
         results[name] = losses, [{n: g.numpy() for n, g in step.items()} for step in grads], paths
     return results
 
@@ -117,27 +71,9 @@ def _assert_installed(what: str, switches: list[str], ranks: list[dict]) -> None
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
     threads = torch.get_num_threads()
-    losses, grads, _ = _train(tmp_path_factory.mktemp("plain"))
+    losses, grads, _ = train_tiny(tmp_path_factory.mktemp("plain"))
     yield losses, grads
     torch.set_num_threads(threads)
-
-
-def _assert_trains_like(what: str, run: tuple, reference: tuple) -> None:
-    (losses, grads), (ref_losses, ref_grads) = run, reference
-    assert len(losses) == len(ref_losses) == STEPS, what
-    for step, (a, b) in enumerate(zip(losses, ref_losses)):
-        assert abs(a - b) <= RTOL * abs(b), f"{what} step {step}: loss {a} vs single-process {b}"
-    for step, (got, ref) in enumerate(zip(grads, ref_grads)):
-        assert got.keys() == ref.keys(), f"{what} step {step}: gradient names differ"
-        for name, g in got.items():
-            if name.endswith("k_proj.bias") and "vit" in name:
-                # A ViT key bias shifts every score of a query alike (no rotary positions), so softmax cancels
-                # it: its true gradient is zero and both runs hold rounding noise, small against the weight's.
-                scale = ref[name.replace("bias", "weight")].abs().max()
-                assert max(g.abs().max(), ref[name].abs().max()) <= RTOL * scale, f"{what} step {step}: {name}"
-                continue
-            assert rel_diff(g, ref[name]) <= RTOL, \
-                f"{what} step {step}: gradient {name} off by {rel_diff(g, ref[name]):.2e} relative"
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -146,7 +82,7 @@ def test_fast_paths_train_like_single_process(reference, tmp_path, layout):
     assert results.keys() == VARIANTS.keys()
     for name, (losses, grads, ranks) in results.items():
         _assert_installed(f"{layout} {name}", VARIANTS[name], ranks)
-        _assert_trains_like(f"{layout} {name}", (losses, grads), reference)
+        assert_trains_like_reference(f"{layout} {name}", (losses, grads), reference)
 
 
 def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
@@ -155,7 +91,7 @@ def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
     switches = [s for s in VARIANTS["all"] if "compile_backend" not in s]
     losses, grads, ranks = _run(tmp_path, "tp2_sp", {"inductor": switches})["inductor"]
     _assert_installed("tp2_sp inductor", switches, ranks)
-    _assert_trains_like("tp2_sp inductor", (losses, grads), reference)
+    assert_trains_like_reference("tp2_sp inductor", (losses, grads), reference)
 
 
 @pytest.mark.parametrize("layout", ["tp2_sp", "cp2_tp2", "cp2_tp2_no_sp", "fsdp2", "fan_in4", "pipeline3",
@@ -171,4 +107,4 @@ def test_loss_rows_only_trains_like_single_process(reference, tmp_path, layout):
         variants["plain_loss"] = ["--train.loss_rows_only=true"]
     for name, (losses, grads, ranks) in _run(tmp_path, layout, variants).items():
         _assert_installed(f"{layout} {name}", variants[name], ranks)
-        _assert_trains_like(f"{layout} {name}", (losses, grads), reference)
+        assert_trains_like_reference(f"{layout} {name}", (losses, grads), reference)

@@ -15,8 +15,7 @@ from mimo.config.schema import ConfigError
 from mimo.tasks import build_demo_data
 from mimo.train.checkpoint.weights import load_run
 from mimo.train.trainer import Trainer
-from tests.distributed.test_data_faults import write_manifest
-from tests.distributed.test_data_formats import data_overrides
+from tests.support.data_folders import data_overrides, write_manifest
 from tests.support.dist import run_distributed
 from tests.support.tiny_run import metrics, tiny_config, train_rank
 

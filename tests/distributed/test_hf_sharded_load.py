@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mimo.hf import files
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
-from tests.support.hf_helpers import perturb, save, tiny_causal_lm, tiny_vision_config, transformers
+from tests.support.hf_helpers import perturb, record_reads, save, tiny_causal_lm, tiny_vision_config, transformers
 from tests.support.tiny_run import tiny_config
 
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
@@ -21,26 +20,6 @@ LAYOUTS = {
     "pipeline3": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
                       "--parallel.microbatches=2"]),
 }
-
-
-class _Recorded:
-    """A TensorSlice that counts the elements read through it."""
-
-    def __init__(self, inner, reads: list[int]):
-        self.inner, self.reads = inner, reads
-
-    def get_shape(self):
-        return self.inner.get_shape()
-
-    def __getitem__(self, index):
-        t = self.inner[index]
-        self.reads.append(t.numel())
-        return t
-
-
-def _record_reads(reads: list[int]) -> None:
-    get = files.DirectorySource.get_slice
-    files.DirectorySource.get_slice = lambda self, name: _Recorded(get(self, name), reads)
 
 
 def _config(out, lm_dir, tower_dir, *overrides):
@@ -53,7 +32,7 @@ def _config(out, lm_dir, tower_dir, *overrides):
 
 def _load(rank: int, world: int, out: str, lm_dir: str, tower_dir: str, layout: list[str]) -> dict:
     reads: list[int] = []
-    _record_reads(reads)
+    record_reads(reads)
     trainer = Trainer(_config(out, lm_dir, tower_dir, *layout))
     full = trainer.plan.gather_full(trainer.model)
     return {"read": sum(reads), "params": {n: t.numpy() for n, t in full.items()}}

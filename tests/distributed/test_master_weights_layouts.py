@@ -31,21 +31,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from mimo.models.layers import SelfAttention
 from mimo.perf.apply import chunked_lm_loss
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
+from tests.support.master_weights import IMG, LANG, LOSS_RTOL, MASTER, MASTER_OF_MOVE, MODEL, STEPS, train_with_masters
 from tests.support.tiny_run import tiny_config
 
-STEPS = 3
-LOSS_RTOL = 5e-4
-MASTER_OF_MOVE = 0.05
 FP32_RTOL = 1e-2  # benchmarks/loss_check.py --rtol
-LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
-MODEL = ["--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
-MASTER = ["--train.master_weights=true", "--train.dtype=bfloat16"]
 PIPELINE = [f"{IMG}.offset=0", f"{LANG}.pp=2", "--parallel.microbatches=2"]
 LAYOUTS = {"dp2": (2, []), "fan_in4": (4, [f"{LANG}.tp=2"]), "fsdp2": (2, [f"{LANG}.fsdp=true"]),
            "pipeline3": (3, [*PIPELINE, f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2"]),
@@ -59,49 +53,15 @@ SHARES = {  # per rank: the modules whose master state it holds, and the fractio
 SHARES["pipeline3_tied"] = SHARES["pipeline3"]
 
 
-def full_master_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """Collective: every parameter's fp32 master weights, whole (gathered over its data lanes, then over TP by
-    the plan), on rank 0; the model's parameters point at them afterwards (the run is over)."""
-    for _, opt in trainer.optimizer.parts:
-        flat = opt.master
-        if opt.group is not None:
-            flat = torch.empty(opt.weight.numel(), dtype=torch.float32, device=opt.master.device)
-            dist.all_gather_into_tensor(flat, opt.master, group=opt.group)
-        for p in opt.params:
-            off = p.data.storage_offset()
-            p.data = flat[off:off + p.numel()].view_as(p).clone()
-    if trainer.plan is None:
-        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    return trainer.plan.gather_full(trainer.model)
-
-
-def train(out: Path, *overrides: str) -> dict:
-    """Losses of STEPS steps; with master_weights the master weights and each part's shard fraction."""
-    trainer = Trainer(tiny_config(out, *MODEL, *overrides))
-    initial = {n: p.detach().float().numpy().copy() for n, p in trainer.model.named_parameters()} \
-        if trainer.plan is None else {}
-    losses = [trainer.train_step(step)["loss"] for step in range(STEPS)]
-    if not trainer.cfg.train.master_weights:
-        return {"losses": losses}
-    shards = [(name, opt.master.numel() / opt.weight.numel()) for name, opt in trainer.optimizer.parts]
-    fsdp = {name: (sum(p.to_local().numel() for p in ps), sum(p.numel() for p in ps),
-                   {str(p.dtype) for p in ps} | {str(v.dtype) for st in opt.state.values() for k, v in st.items()
-                                                if k != "step"})
-            for name, opt in trainer.optimizer.optimizers.items()
-            for ps in [[p for g in opt.param_groups for p in g["params"]]]}
-    master = {n: t.numpy() for n, t in full_master_weights(trainer).items()}
-    return {"losses": losses, "master": master, "shards": shards, "fsdp": fsdp, "initial": initial}
-
-
 def _rank(rank: int, world: int, out: str, layout: list[str]) -> dict:
-    return train(Path(out), *layout, *MASTER)
+    return train_with_masters(Path(out), *layout, *MASTER)
 
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory) -> tuple[dict, dict]:
     threads = torch.get_num_threads()
-    master = train(tmp_path_factory.mktemp("master"), *MASTER)
-    fp32 = train(tmp_path_factory.mktemp("fp32"))
+    master = train_with_masters(tmp_path_factory.mktemp("master"), *MASTER)
+    fp32 = train_with_masters(tmp_path_factory.mktemp("fp32"))
     yield master, fp32
     torch.set_num_threads(threads)
 
@@ -112,7 +72,8 @@ def test_master_weights_shard_over_data_lanes(tmp_path, layout, references):
     ref, fp32 = references
     world, overrides = LAYOUTS[layout]
     if layout.endswith("_tied"):  # the one-process runs of the tied model
-        ref, fp32 = train(tmp_path / "master", *TIED, *MASTER), train(tmp_path / "fp32", *TIED)
+        ref = train_with_masters(tmp_path / "master", *TIED, *MASTER)
+        fp32 = train_with_masters(tmp_path / "fp32", *TIED)
     ranks = run_distributed(_rank, world, str(tmp_path / "run"), overrides, timeout=600)
     run = ranks[0]
     for step, (a, b, c) in enumerate(zip(run["losses"], ref["losses"], fp32["losses"], strict=True)):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mimo.train.trainer import Trainer
-from tests.distributed.test_fast_path_layouts import LANG, LAYOUTS, MODEL
 from tests.support.dist import run_distributed
+from tests.support.fast_path_runs import LANG, LAYOUTS, MODEL
 from tests.support.tiny_run import tiny_config
 
 EXTRA = {

@@ -17,8 +17,8 @@ from mimo.models.multimodal import modules_by_name
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.router_loss import RouterLosses
-from tests.distributed.test_expert_parallel import N, _batch, _config, _prepare
 from tests.support.dist import run_distributed
+from tests.support.expert_case import N, moe_batch, moe_config, moe_prepare
 from tests.support.parity import close, grads_then_step, step_matches_reference
 
 RTOL = 1e-5
@@ -27,7 +27,7 @@ RTOL = 1e-5
 def _reference(cfg, batch: dict) -> dict:
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    _prepare(model, "softmax")
+    moe_prepare(model, "softmax")
     router = RouterLosses(model, cfg)
     router.begin()
     model.train()
@@ -40,15 +40,15 @@ def _reference(cfg, batch: dict) -> dict:
 
 def _run_case(rank: int, world: int, lm: dict, micro: int) -> float:
     what = f"lm {lm} micro {micro}"
-    cfg = _config(lm, "softmax", micro)
-    batch = _batch()
+    cfg = moe_config(lm, "softmax", micro)
+    batch = moe_batch()
     ref = _reference(cfg, copy.deepcopy(batch))
     torch.manual_seed(0)
     with torch.device("meta"):
         par = build_model(cfg.model)
     plan = ParallelPlan(cfg, rank, world)
     plan.parallelize(par)
-    _prepare(par, "softmax")
+    moe_prepare(par, "softmax")
     router = RouterLosses(par, cfg)
     router.begin()
     par.train()

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from mimo.config.schema import (
-    Config,
     ConfigError,
     ModuleLayoutConfig,
 )
@@ -29,13 +28,10 @@ from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.pipeline.schedule import warmup_microbatches
 from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.plan import ParallelPlan
-from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
-from tests.support.parity import grads_then_step, reference_and_parallel_copy, step_matches_reference
+from tests.support.parity import reference_and_parallel_copy, step_matches_reference
+from tests.support.pipeline_case import RTOL, pipeline_batch, pipeline_config, pipeline_module, pipeline_reference
 
-RTOL = 1e-5
-IMG, S, MICRO, PER_MB = 60, 16, 4, 4
-IMAGES_PER_SAMPLE = [0, 2, 1, 1, 2, 0, 1, 0, 0, 0, 0, 0, 1, 1, 2, 0]
 # (encoder (tp, pp, dp), LM (tp, pp, dp), tied LM embeddings, LM sequence parallel), by world size
 LAYOUTS = {
     2: [((1, 1, 1), (1, 1, 1), False, False)],
@@ -55,37 +51,13 @@ CP_LAYOUTS = {
 }
 
 
-def _module(offset: int, tp: int, pp: int, dp: int, sp: bool = False, cp: int = 1) -> ModuleLayoutConfig:
-    return ModuleLayoutConfig(offset=offset, size=tp * pp * dp * cp, tp=tp, pp=pp, cp=cp, sequence_parallel=sp)
-
-
-def _config(enc: tuple[int, int, int], lm: tuple[int, ...], tied: bool, sp: bool = False) -> Config:
-    enc_size = enc[0] * enc[1] * enc[2]
-    tp, pp, dp, *cp = lm
-    lm_module = _module(enc_size, tp, pp, dp, sp, *cp)
-    # PARITY_OPTIM's clip below the norm exercises the global norm across disjoint modules.
-    return tiny_vlm(tiny_llm(layers=3, init_std=0.1, tie_embeddings=tied), tiny_vit(layers=2, init_std=0.1), IMG,
-                    {"images": _module(0, *enc), "language": lm_module}, MICRO, PER_MB * MICRO)
-
-
-def _batch() -> dict:
-    return image_text_batch(torch.tensor(IMAGES_PER_SAMPLE), S, IMG, torch.Generator().manual_seed(7))
-
-
-def _reference(cfg: Config, batch: dict, model) -> dict:
-    out = model(batch["input_ids"], labels=batch["labels"], modality_inputs=batch["modality_inputs"])
-    loss = out.loss_sum / out.num_tokens
-    loss.backward()
-    grads, params = grads_then_step(cfg, model)
-    return {"loss": loss.item(), "grads": grads, "params": params}
-
-
 def _run_case(rank: int, world: int, enc: tuple, lm: tuple, tied: bool, sp: bool) -> float:
     """One layout; returns (on rank 0) the worst relative difference of loss, gradients and weights."""
     what = f"encoder {enc} LM {lm} tied {tied} sp {sp}"
-    cfg = _config(enc, lm, tied, sp)
-    batch = _batch()
-    ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda model: _reference(cfg, batch, model))
+    cfg = pipeline_config(enc, lm, tied, sp)
+    batch = pipeline_batch()
+    ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world,
+                                                      lambda model: pipeline_reference(cfg, batch, model))
     pipe = plan.pipeline
     result = pipe.train_step(par, batch if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])
@@ -132,7 +104,7 @@ def test_schedule_and_split_arithmetic():
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda c: c.parallel.modules.update(language=_module(2, 1, 6, 1)),
+    (lambda c: c.parallel.modules.update(language=pipeline_module(2, 1, 6, 1)),
      r"parallel.modules.language.pp \(6\) exceeds model.llm.layers \(3\)"),
     (lambda c: setattr(c.parallel.modules["images"], "fsdp", True),
      r"parallel.modules.images.fsdp: a pipelined encoder \(pp = 2\) cannot be sharded"),
@@ -142,7 +114,7 @@ def test_schedule_and_split_arithmetic():
      "a pipelined encoder cannot be sequence parallel"),
 ])
 def test_bad_pipeline_configs_are_rejected_before_any_collective(change, message):
-    cfg = _config((1, 2, 1), (2, 3, 1), False)
+    cfg = pipeline_config((1, 2, 1), (2, 3, 1), False)
     change(cfg)
     layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 8)
     with pytest.raises(ConfigError, match=message):
@@ -151,13 +123,13 @@ def test_bad_pipeline_configs_are_rejected_before_any_collective(change, message
 
 def test_a_sharded_encoder_on_its_own_ranks_passes_the_gate():
     """fsdp = true on an unsplit encoder (pp = 1, dp 2) on its own ranks; its parity run is in test_mixed_images."""
-    cfg = _config((1, 1, 2), (1, 2, 1), False)
+    cfg = pipeline_config((1, 1, 2), (1, 2, 1), False)
     cfg.parallel.modules["images"].fsdp = True
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], 4))
 
 
 def test_pipeline_stages_need_disjoint_ranks():
-    cfg = _config((1, 1, 1), (1, 1, 1), False)
+    cfg = pipeline_config((1, 1, 1), (1, 1, 1), False)
     cfg.parallel.modules = {"language": ModuleLayoutConfig(pp=2)}
     layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 2)
     with pytest.raises(ConfigError, match="pipeline parallelism needs the modules on disjoint ranks"):
@@ -166,8 +138,8 @@ def test_pipeline_stages_need_disjoint_ranks():
 
 def _bad_batch_case(rank: int, world: int, damage: str) -> str:
     """Returns the error this rank raised for a damaged batch (every rank must raise, none may hang)."""
-    cfg = _config((1, 1, 1), (1, 1, 1), False)
-    batch = _batch()
+    cfg = pipeline_config((1, 1, 1), (1, 1, 1), False)
+    batch = pipeline_batch()
     if damage == "placeholders":
         batch["input_ids"][3, 1] = 7  # sample 3 has one image (4 rows) but now only 3 placeholders
     elif damage == "labels":

@@ -19,8 +19,8 @@ from mimo.models.build import build_model
 from mimo.parallel.pipeline import stage as stage_module
 from mimo.parallel.plan import ParallelPlan
 from mimo.planner.simulate import one_f_one_b_ops
-from tests.distributed.test_pipeline import IMAGES_PER_SAMPLE, PER_MB, _batch, _config
 from tests.support.dist import rank_device, run_distributed
+from tests.support.pipeline_case import IMAGES_PER_SAMPLE, PER_MB, pipeline_batch, pipeline_config
 
 WORLD, MICRO = 4, 4
 
@@ -44,13 +44,13 @@ def _traced_step(rank: int, world: int) -> list[tuple[str, int, float, float]]:
             trace.append(("B", pending.popleft(), start, time.perf_counter()))
 
         cls.forward, cls.backward = traced_forward, traced_backward
-    cfg = _config((1, 1, 1), (1, 3, 1), False)
+    cfg = pipeline_config((1, 1, 1), (1, 3, 1), False)
     torch.manual_seed(0)
     model = build_model(cfg.model)
     plan = ParallelPlan(cfg, rank, world)
     plan.parallelize(model)
     pipe = plan.pipeline
-    pipe.train_step(model, _batch() if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
+    pipe.train_step(model, pipeline_batch() if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     return trace
 
 

@@ -18,7 +18,7 @@ from mimo.train.checkpoint import tensors as checkpoint_tensors
 from mimo.train.checkpoint.weights import load_run
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
-from tests.support.hf_helpers import rel_diff, transformers
+from tests.support.hf_helpers import exported_logits, rel_diff
 from tests.support.tiny_run import tiny_config
 
 LAYOUT = ["--parallel.modules.language.tp=2", "--parallel.modules.images.tp=2"]
@@ -71,17 +71,6 @@ def _train_tp(rank: int, world: int, out: str) -> dict:
     return {"held_bytes": model_bytes, "moved": sum(moved), "checkpoint": summary["checkpoint"]}
 
 
-def _logits(directory) -> torch.Tensor:
-    hf = transformers.LlavaForConditionalGeneration.from_pretrained(directory).float().eval()
-    n = hf.config.image_seq_length
-    token = hf.config.image_token_index
-    ids = torch.tensor([[1] + [token] * n + [5, 6, 7], [2] + [token] * n + [8, 9, 10]])
-    torch.manual_seed(4)
-    size = hf.config.vision_config.image_size
-    with torch.no_grad():
-        return hf(input_ids=ids, pixel_values=torch.randn(2, 3, size, size)).logits
-
-
 @pytest.mark.usefixtures("one_thread")
 def test_tp2_run_exports_the_single_process_logits_without_a_gather(tmp_path, monkeypatch):
     ref_summary = Trainer(tiny_config(tmp_path / "ref", *RUN)).train()
@@ -105,4 +94,4 @@ def test_tp2_run_exports_the_single_process_logits_without_a_gather(tmp_path, mo
     single = export_run(ref_summary["checkpoint"], tmp_path / "single_hf", max_shard_bytes=16 * 1024)
     sharded = export_run(tmp_path / "tp" / "tiny", tmp_path / "tp_hf", max_shard_bytes=16 * 1024)
     assert len(list(sharded.glob("model-*-of-*.safetensors"))) > 1
-    assert rel_diff(_logits(sharded), _logits(single)) <= 1e-6
+    assert rel_diff(exported_logits(sharded), exported_logits(single)) <= 1e-6

@@ -9,7 +9,7 @@ import torch
 
 from mimo.data.tokenizer import load_tokenizer
 from mimo.export import export_causal_lm, export_llava
-from mimo.hf import import_audio_encoder, import_llava, import_llm
+from mimo.hf import files, import_audio_encoder, import_llava, import_llm
 from mimo.models.layers import padded_causal_mask
 from mimo.models.llm import DecoderLM
 
@@ -194,3 +194,34 @@ def tiny_tokenizer(directory, chat_template: str | None = None, words: list[str]
         fast.chat_template = chat_template
     fast.save_pretrained(directory)
     return load_tokenizer(directory)
+
+
+class _Recorded:
+    """A TensorSlice that counts the elements read through it."""
+
+    def __init__(self, inner, reads: list[int]):
+        self.inner, self.reads = inner, reads
+
+    def get_shape(self):
+        return self.inner.get_shape()
+
+    def __getitem__(self, index):
+        t = self.inner[index]
+        self.reads.append(t.numel())
+        return t
+
+
+def record_reads(reads: list[int]) -> None:
+    get = files.DirectorySource.get_slice
+    files.DirectorySource.get_slice = lambda self, name: _Recorded(get(self, name), reads)
+
+
+def exported_logits(directory) -> torch.Tensor:
+    hf = transformers.LlavaForConditionalGeneration.from_pretrained(directory).float().eval()
+    n = hf.config.image_seq_length
+    token = hf.config.image_token_index
+    ids = torch.tensor([[1] + [token] * n + [5, 6, 7], [2] + [token] * n + [8, 9, 10]])
+    torch.manual_seed(4)
+    size = hf.config.vision_config.image_size
+    with torch.no_grad():
+        return hf(input_ids=ids, pixel_values=torch.randn(2, 3, size, size)).logits
