@@ -15,7 +15,6 @@ import torch
 from mimo.config.schema import (
     Config,
     ConfigError,
-    ModuleLayoutConfig,
 )
 from mimo.data.batching import COUNTS
 from mimo.data.packing import pack_batch
@@ -24,19 +23,13 @@ from mimo.parallel.context import check_divisible, gathered_order, zigzag_index
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.plan import ParallelPlan
-from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
+from tests.support.cp_case import IMG, PACK, PAD, TOKENS_PER_IMAGE, N, S, cp_config
 from tests.support.dist import run_distributed
 from tests.support.parity import close, grads_then_step, reference_and_parallel_copy, step_matches_reference
 
 RTOL = 1e-5
-N, S, PACK, IMG, PAD, TOKENS_PER_IMAGE = 16, 16, 32, 60, 0, 4
 IMAGES = [0, 2, 1, 1, 0, 2, 1, 0, 1, 2, 0, 1, 1, 0, 2, 1]
 LENGTHS = [7, 16, 9, 12, 5, 11, 16, 3, 8, 13, 6, 10, 14, 4, 9, 7]
-
-
-def _config(lm: dict, enc_tp: int, micro: int, tie: bool = False) -> Config:
-    return tiny_vlm(tiny_llm(init_std=0.1, tie_embeddings=tie), tiny_vit(init_std=0.1), IMG,
-                    {"language": ModuleLayoutConfig(**lm), "images": ModuleLayoutConfig(tp=enc_tp)}, micro, N)
 
 
 def _batch() -> dict:
@@ -70,7 +63,7 @@ def _reference(cfg: Config, batch: dict, model) -> dict:
 
 def _run_case(rank: int, world: int, lm: dict, enc_tp: int, micro: int, packed: bool, tie: bool) -> float:
     what = f"world {world} lm {lm} enc tp{enc_tp} micro {micro} packed {packed} tied {tie}"
-    cfg = _config(lm, enc_tp, micro, tie)
+    cfg = cp_config(lm, enc_tp, micro, tie)
     batch = _batch()
     ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda model: _reference(cfg, batch, model))
     data = pack_batch(batch, PAD, PACK, plan.batch_multiple())[0] if packed else batch
@@ -119,7 +112,7 @@ def _all_cases(rank: int, world: int) -> list[float]:
     if world != 8:
         return worst
     # A sequence length CP x SP cannot split fails on every rank before any collective.
-    plan = ParallelPlan(_config(dict(cp=4, tp=2, sequence_parallel=True), 4, 1), rank, world)
+    plan = ParallelPlan(cp_config(dict(cp=4, tp=2, sequence_parallel=True), 4, 1), rank, world)
     bad = {k: v[:, :12] if k in ("input_ids", "labels", "position_ids") else v for k, v in _batch().items()}
     with pytest.raises(ValueError, match=r"divisible by 2 x cp x tp = 2 x 4 x 2 = 16"):
         plan.microbatches(bad)
@@ -142,15 +135,15 @@ def test_zigzag_split_and_gathered_key_order():
 
 
 def test_plan_rejects_unsupported_context_parallel_configs():
-    cfg = _config(dict(cp=2), 1, 1)
+    cfg = cp_config(dict(cp=2), 1, 1)
     cfg.parallel.modules["images"].cp = 2
     with pytest.raises(ConfigError, match="context parallelism applies to the LM only"):
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], 8))
-    cfg = _config(dict(cp=2, tp=2, sequence_parallel=True), 2, 1)
+    cfg = cp_config(dict(cp=2, tp=2, sequence_parallel=True), 2, 1)
     cfg.data.packing, cfg.data.pack_length = True, 36
     with pytest.raises(ConfigError, match=r"data.pack_length \(36\) must be a multiple of 8"):
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], 8))
     # The Out path beside CP is no longer refused: it gathers the sequence whole (test_colocated_layouts.py).
-    cfg = _config(dict(cp=2), 1, 1)
+    cfg = cp_config(dict(cp=2), 1, 1)
     cfg.model.modalities["images"].output_token_id = 61
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], 8))

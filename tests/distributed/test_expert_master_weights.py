@@ -15,11 +15,18 @@ import pytest
 from mimo.parallel.layout import Layout
 from mimo.perf.gpu_defaults import apply_gpu_defaults
 from tests.support.dist import run_distributed
-from tests.support.master_weights import LANG, LOSS_RTOL, MASTER, MASTER_OF_MOVE, MODEL, train_with_masters
+from tests.support.master_weights import (
+    EP_FSDP,
+    LANG,
+    LOSS_RTOL,
+    MASTER,
+    MASTER_OF_MOVE,
+    MODEL,
+    MOE,
+    train_with_masters,
+)
 from tests.support.tiny_run import tiny_config
 
-MOE = ["--model.llm.moe_experts=4", "--model.llm.moe_mlp=32", "--model.llm.moe_top_k=2"]
-EP_FSDP = [f"{LANG}.ep=2", f"{LANG}.fsdp=true"]
 # world, layout, and the shard fractions (dense LM parts, expert parts) of each rank's master state.
 REPLICATED = {"ep2": (2, [f"{LANG}.ep=2"], 1 / 2, 1.0), "ep2_dp2": (4, [f"{LANG}.ep=2"], 1 / 4, 1 / 2)}
 

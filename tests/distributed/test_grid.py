@@ -123,7 +123,7 @@ def _build_on_4(rank: int, world_size: int) -> None:
 
 
 def _build_on_8(rank: int, world_size: int) -> None:
-    for grid in (TP2_DP4, TP2_DP2_PP2, Grid(tp=2, cp=2, dp=2), Grid(offset=4, cp=2, pp=2)):
+    for grid in (Grid(tp=2, dp=4), Grid(tp=2, dp=2, pp=2), Grid(tp=2, cp=2, dp=2), Grid(offset=4, cp=2, pp=2)):
         _check_built(grid, rank)
 
 

@@ -26,22 +26,15 @@ from mimo.parallel.pipeline.split import chunk_layers
 from mimo.parallel.plan import ParallelPlan
 from mimo.planner.simulate import interleaved_ops, one_f_one_b_ops, schedule_bubble, simulate
 from mimo.train.optim import MimoOptimizer
-from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
+from tests.support.configs import image_text_batch
 from tests.support.dist import rank_device, run_distributed
+from tests.support.interleaved_case import IMG, STEPS, S, interleaved_config
 from tests.support.parity import freeze_key_biases, rel_diff
 from tests.support.tiny_run import metrics, train_losses, train_rank
 
 RTOL = 1e-5
-IMG, S, PER_MB, STEPS = 60, 16, 2, 3
 # LM pp, microbatches, tied embeddings
 CASES = {3: (2, 4, False), 4: (3, 3, True)}
-
-
-def _config(pp: int, micro: int, tied: bool, chunks: int = 2) -> Config:
-    lm = ModuleLayoutConfig(offset=1, size=pp, pp=pp, virtual_stages=chunks)
-    modules = {"images": ModuleLayoutConfig(offset=0, size=1), "language": lm}
-    return tiny_vlm(tiny_llm(layers=pp * chunks, init_std=0.1, tie_embeddings=tied), tiny_vit(layers=2, init_std=0.1),
-                    IMG, modules, micro, PER_MB * micro)
 
 
 def _batch(n: int, step: int) -> dict:
@@ -64,7 +57,7 @@ def _reference(cfg: Config, model) -> tuple[list[float], dict]:
 
 def _run_case(rank: int, world: int) -> float:
     """Returns (on rank 0) the worst relative difference of the losses and the weights after the last step."""
-    cfg = _config(*CASES[world])
+    cfg = interleaved_config(*CASES[world])
     torch.manual_seed(0)
     model = build_model(cfg.model)
     freeze_key_biases(model)
@@ -195,7 +188,7 @@ def test_an_encoder_pipeline_feeding_an_interleaved_lm_cannot_deadlock(depth, pp
      r"the LM is not pipelined \(pp = 1\)"),
 ])
 def test_bad_virtual_stages_are_refused_by_the_gate(change, message):
-    cfg = _config(2, 4, False)
+    cfg = interleaved_config(2, 4, False)
     change(cfg)
     layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 3)
     with pytest.raises(ConfigError, match=message):

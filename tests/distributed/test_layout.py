@@ -106,7 +106,8 @@ def test_check_heads_divisible():
 def _validate_bad_layout(rank: int, world_size: int) -> str:
     """Every rank validates before building groups; a hang here would mean a rank skipped the check."""
     try:
-        layout = Layout.from_config({"vision": M(size=1), "language": M(offset=1, size=2)}, NAMES, world_size)
+        modules = {"vision": M(size=1), "language": M(offset=1, size=2)}
+        layout = Layout.from_config(modules, ["vision", "language"], world_size)
     except ValueError as e:
         return str(e)
     layout.grids["language"].build()

@@ -15,10 +15,9 @@ import pytest
 
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
+from tests.support.master_weights import MASTER_SAVES, STEP4
 from tests.support.tiny_run import metrics, tiny_config
 
-MASTER = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.steps=6", "--train.save_every=2"]
-STEP4 = Path("tiny") / "checkpoints" / "step_00000004"
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
 PIPELINE3 = [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
              "--model.llm.layers=2", "--parallel.microbatches=2"]  # encoder on rank 0, LM pp2 on ranks 1-2
@@ -27,7 +26,7 @@ PIPELINE3 = [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.si
 def _train_rank(rank: int, world: int, out: str, overrides: list[str]) -> list[np.ndarray]:
     """Train to the end; this rank's master state (every part's shard and step count) and its bf16 weights
     (as fp32, exact), in order."""
-    trainer = Trainer(tiny_config(Path(out), *MASTER, *overrides))
+    trainer = Trainer(tiny_config(Path(out), *MASTER_SAVES, *overrides))
     trainer.train()
     [parts] = trainer.optimizer.master_state(rank).values()
     weights = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().float()
@@ -56,16 +55,16 @@ def test_resumed_master_weights_run_is_bitwise_the_uninterrupted_one(tmp_path, w
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), rank
     if world == 2:  # the fp32 state is this layout's shards: one process cannot take it
         with pytest.raises(ValueError, match=r"sharded over the layout it was written with \(2 ranks"):
-            Trainer(tiny_config(tmp_path / "one", *MASTER, f"--train.resume={ref / STEP4}")).checkpointer.resume()
+            Trainer(tiny_config(tmp_path / "one", *MASTER_SAVES, f"--train.resume={ref / STEP4}")).checkpointer.resume()
 
 
 def test_a_checkpoint_of_the_other_optimizer_kind_is_refused(tmp_path):
-    Trainer(tiny_config(tmp_path / "master", *MASTER)).train()
-    plain = [a for a in MASTER if "master_weights" not in a and "dtype" not in a]
+    Trainer(tiny_config(tmp_path / "master", *MASTER_SAVES)).train()
+    plain = [a for a in MASTER_SAVES if "master_weights" not in a and "dtype" not in a]
     with pytest.raises(ValueError, match=r"written with train.master_weights = true, this run has false"):
         Trainer(tiny_config(tmp_path / "plain", *plain,
                             f"--train.resume={tmp_path / 'master' / STEP4}")).checkpointer.resume()
     Trainer(tiny_config(tmp_path / "fp32", *plain)).train()
     with pytest.raises(ValueError, match=r"written with train.master_weights = false, this run has true"):
-        Trainer(tiny_config(tmp_path / "again", *MASTER,
+        Trainer(tiny_config(tmp_path / "again", *MASTER_SAVES,
                             f"--train.resume={tmp_path / 'fp32' / STEP4}")).checkpointer.resume()

@@ -19,13 +19,11 @@ from mimo.train.trainer import Trainer
 from tests.support.anyres_run import ANYRES
 from tests.support.dist import run_distributed
 from tests.support.parity import assert_trains_like, assert_weights_like, trainer_steps
-from tests.support.tiny_run import tiny_config
+from tests.support.tiny_run import MIXED_IMAGES, tiny_config
 
 RTOL = 1e-5
 STEPS = 2
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
-MIXED = ["--data.min_images_per_sample=0", "--data.images_per_sample=3", "--data.global_batch=8", "--data.seed=3",
-         "--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
 LAYOUTS = {
     "fan_in4": (4, [f"{LANG}.tp=2"]),
     "pipeline3": (3, [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2",
@@ -40,7 +38,7 @@ ANYRES_LAYOUTS = {"dp2": [], "dp2_fsdp": [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true
 
 def _train(out: Path, *overrides: str) -> tuple[list[float], list[dict], dict]:
     """Each step's loss and gradients, then the weights after the last step (unsharded; on rank 0 under a layout)."""
-    trainer = Trainer(tiny_config(out, *MIXED, *overrides))
+    trainer = Trainer(tiny_config(out, *MIXED_IMAGES, *overrides))
     losses, grads = trainer_steps(trainer, STEPS)
     weights = (trainer.plan.gather_full(trainer.model) if trainer.plan is not None
                else {n: p.detach() for n, p in trainer.model.named_parameters()})
@@ -67,7 +65,7 @@ def anyres_reference(tmp_path_factory) -> tuple[list[float], list[dict], dict]:
 
 
 def test_batches_mix_text_only_and_several_images(tmp_path):
-    cfg = tiny_config(tmp_path, *MIXED)
+    cfg = tiny_config(tmp_path, *MIXED_IMAGES)
     data = DemoVLMData(cfg.data.train_samples, 4, cfg.data.seed, 5, 260, images=cfg.data.images_range)
     counts = [len(s.images) for s in data.train]
     assert sorted(set(counts)) == [0, 1, 2, 3]

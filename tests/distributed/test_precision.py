@@ -19,24 +19,11 @@ from mimo.models.build import build_model
 from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
+from tests.support.precision_probe import LM_LINEAR, PROJECTOR, VIT_LINEAR, record_dtypes
 from tests.support.tiny_run import tiny_config
 
-VIT_LINEAR = "modality_submodules.images.encoders.vit.layers.0.mlp.fc1"
-PROJECTOR = "modality_submodules.images.input_projections.0.fc1"
-LM_LINEAR = "language_model.layers.0.self_attn.q_proj"
 PIPELINE = ["--parallel.modules.images.size=1", "--parallel.modules.language.offset=1",
             "--parallel.modules.language.size=1"]
-
-
-def _record_dtypes(model: torch.nn.Module) -> dict[str, list[torch.dtype]]:
-    """Output dtypes of the watched linears this rank holds, filled on every call."""
-    seen: dict[str, list[torch.dtype]] = {}
-    modules = dict(model.named_modules())
-    for name in (VIT_LINEAR, PROJECTOR, LM_LINEAR):
-        if name in modules:
-            seen[name] = []
-            modules[name].register_forward_hook(lambda m, i, out, name=name: seen[name].append(out.dtype))
-    return seen
 
 
 def _pixels() -> dict:
@@ -54,7 +41,7 @@ def test_a_modality_computes_in_its_own_dtype_beside_the_language_model(tmp_path
     model = build_model(cfg.model)
     plain = copy.deepcopy(model)
     assert apply_module_precision(cfg, model) == ["images"]
-    seen = _record_dtypes(model)
+    seen = record_dtypes(model)
     with step_autocast(cfg, torch.device("cpu")):
         rows = model.modality_submodules["images"](_pixels())
         model.language_model(torch.randn(2, 8, 32), torch.arange(8).expand(2, 8))
@@ -67,7 +54,7 @@ def test_a_modality_computes_in_its_own_dtype_beside_the_language_model(tmp_path
 
 def test_the_trainer_runs_each_module_in_its_dtype(tmp_path):
     trainer = Trainer(tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.module_dtype.images=float32"))
-    seen = _record_dtypes(trainer.model)
+    seen = record_dtypes(trainer.model)
     rec = trainer.train_step(0)
     assert rec["stepped"] and torch.isfinite(torch.tensor(rec["loss"]))
     assert set(seen[VIT_LINEAR]) == set(seen[PROJECTOR]) == {torch.float32} and seen[VIT_LINEAR]
@@ -77,7 +64,7 @@ def test_the_trainer_runs_each_module_in_its_dtype(tmp_path):
 def _pipeline_rank(rank: int, world: int, out_dir: str) -> dict[str, list[str]]:
     trainer = Trainer(tiny_config(Path(out_dir), "--train.dtype=bfloat16", "--train.module_dtype.images=float32",
                                   *PIPELINE))
-    seen = _record_dtypes(trainer.model)
+    seen = record_dtypes(trainer.model)
     assert trainer.train_step(0)["stepped"]
     return {name: sorted({str(d) for d in dtypes}) for name, dtypes in seen.items() if dtypes}
 

@@ -13,10 +13,8 @@ from mimo.models.build import build_model
 from mimo.models.loss import IGNORE_INDEX
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
-from tests.support.tiny_run import metrics, tiny_config, train_rank
+from tests.support.tiny_run import SYNTHETIC, metrics, tiny_config, train_rank
 
-# tiny_run's ViT gives 4 tokens per image: 3 images are 12 placeholders, then 12 text tokens.
-SYNTHETIC = ["--data.name=synthetic", "--data.images_per_sample=3", "--data.seq_len=24", "--train.steps=4"]
 PLACEHOLDERS = 12
 
 

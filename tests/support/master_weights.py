@@ -52,3 +52,13 @@ def train_with_masters(out: Path, *overrides: str) -> dict:
             for ps in [[p for g in opt.param_groups for p in g["params"]]]}
     master = {n: t.numpy() for n, t in full_master_weights(trainer).items()}
     return {"losses": losses, "master": master, "shards": shards, "fsdp": fsdp, "initial": initial}
+
+
+# the MoE model and the expert layout that the master weights are tested on beside expert parallelism
+MOE = ["--model.llm.moe_experts=4", "--model.llm.moe_mlp=32", "--model.llm.moe_top_k=2"]
+EP_FSDP = [f"{LANG}.ep=2", f"{LANG}.fsdp=true"]
+
+
+# a master-weights run of 6 steps that saves every 2, and the checkpoint it resumes from
+MASTER_SAVES = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.steps=6", "--train.save_every=2"]
+STEP4 = Path("tiny") / "checkpoints" / "step_00000004"

@@ -48,3 +48,13 @@ def train_rank(rank: int, world: int, out_dir: str, overrides: list[str]) -> dic
     pids.mkdir(parents=True, exist_ok=True)
     (pids / f"rank_{rank}").write_text(str(os.getpid()))
     return Trainer(tiny_config(Path(out_dir), *overrides)).train()
+
+
+# samples of 0 to 3 images, on a model wide enough to learn something in a few steps
+MIXED_IMAGES = ["--data.min_images_per_sample=0", "--data.images_per_sample=3", "--data.global_batch=8",
+                "--data.seed=3", "--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2",
+                "--optim.eps=1e-2"]
+
+
+# tiny_run's ViT gives 4 tokens per image: 3 images are 12 placeholders, then 12 text tokens.
+SYNTHETIC = ["--data.name=synthetic", "--data.images_per_sample=3", "--data.seq_len=24", "--train.steps=4"]
