@@ -3,8 +3,7 @@ same MoE model, within the bf16 bounds of tests/distributed/test_master_weights_
 - LM ep2 with FSDP2 (its fp32 shards, experts over their edp ranks, are the master weights);
 - a replicated LM (no FSDP), ep2 on 2 ranks (edp 1) and ep2 x dp2 on 4 ranks (edp 2): ZeRO-1 master state of
   the dense parameters sharded over all the LM's lanes, that of the experts over their edp group only. Each
-  rank's parts then hold 1/dp of the dense buffers and 1/edp of the expert buffers (hand values below).
-The GPU defaults turn master weights on under ep with or without FSDP."""
+  rank's parts then hold 1/dp of the dense buffers and 1/edp of the expert buffers (hand values below)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from mimo.parallel.layout import Layout
-from mimo.perf.gpu_defaults import apply_gpu_defaults
 from tests.support.dist import run_distributed
 from tests.support.master_weights import (
     EP_FSDP,
@@ -21,11 +18,9 @@ from tests.support.master_weights import (
     LOSS_RTOL,
     MASTER,
     MASTER_OF_MOVE,
-    MODEL,
     MOE,
     train_with_masters,
 )
-from tests.support.tiny_run import tiny_config
 
 # world, layout, and the shard fractions (dense LM parts, expert parts) of each rank's master state.
 REPLICATED = {"ep2": (2, [f"{LANG}.ep=2"], 1 / 2, 1.0), "ep2_dp2": (4, [f"{LANG}.ep=2"], 1 / 4, 1 / 2)}
@@ -64,10 +59,3 @@ def test_master_weights_shard_experts_over_their_edp_group(tmp_path, reference, 
         lm = [frac for name, frac in r["shards"] if name == "language"]
         assert sorted(set(lm)) == sorted({dense, expert}), (rank, r["shards"])
         assert r["fsdp"] == {}, rank
-
-
-def test_gpu_defaults_turn_master_weights_on_under_expert_parallel(tmp_path):
-    for layout in ([f"{LANG}.ep=2"], EP_FSDP):
-        cfg = tiny_config(tmp_path, *MODEL, *MOE, *layout, "--train.device=cuda")
-        applied = apply_gpu_defaults(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))
-        assert applied.get("master_weights", False) is True, (layout, applied)

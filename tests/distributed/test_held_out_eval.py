@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from mimo.config.schema import ConfigError
 from mimo.tasks import build_demo_data
 from mimo.train.checkpoint.weights import load_run
 from mimo.train.trainer import Trainer
@@ -72,10 +71,3 @@ def test_real_data_evaluates_data_eval_path_on_two_ranks(tmp_path):
     summary = json.loads((tmp_path / "two" / "tiny" / "summary.json").read_text())
     assert summary["eval"]["held_out_data"]["corrupt_samples"] == 2
     assert close(got[-1]["eval_loss"], one["loss"])
-
-
-def test_eval_every_needs_a_held_out_split(tmp_path):
-    with pytest.raises(ConfigError, match="needs data.eval_path"):
-        tiny_config(tmp_path, *data_overrides("jsonl", tmp_path / "x.jsonl", "--train.eval_every=5"))
-    with pytest.raises(ConfigError, match="data.eval_path is read by"):
-        tiny_config(tmp_path, f"--data.eval_path={tmp_path}")

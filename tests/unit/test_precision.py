@@ -2,14 +2,13 @@
 
 The oracle is the plain model: a modality in fp32 beside a bf16 language model gives exactly the rows the
 fp32 model gives without autocast, and one in bf16 beside an fp32 language model those of bf16 autocast.
-Forward hooks read the dtype each module computed in, in one process and in a pipeline on 2 ranks (encoder
-and language model on different ranks). The memory estimate follows each module's dtype.
+Forward hooks read the dtype each module computed in, in one process (in a pipeline on 2 ranks:
+test_precision_ranks.py). The memory estimate follows each module's dtype.
 """
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,12 +17,8 @@ from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.models.build import build_model
 from mimo.train.precision import apply_module_precision, step_autocast
 from mimo.train.trainer import Trainer
-from tests.support.dist import run_distributed
 from tests.support.precision_probe import LM_LINEAR, PROJECTOR, VIT_LINEAR, record_dtypes
 from tests.support.tiny_run import tiny_config
-
-PIPELINE = ["--parallel.modules.images.size=1", "--parallel.modules.language.offset=1",
-            "--parallel.modules.language.size=1"]
 
 
 def _pixels() -> dict:
@@ -59,20 +54,6 @@ def test_the_trainer_runs_each_module_in_its_dtype(tmp_path):
     assert rec["stepped"] and torch.isfinite(torch.tensor(rec["loss"]))
     assert set(seen[VIT_LINEAR]) == set(seen[PROJECTOR]) == {torch.float32} and seen[VIT_LINEAR]
     assert set(seen[LM_LINEAR]) == {torch.bfloat16}
-
-
-def _pipeline_rank(rank: int, world: int, out_dir: str) -> dict[str, list[str]]:
-    trainer = Trainer(tiny_config(Path(out_dir), "--train.dtype=bfloat16", "--train.module_dtype.images=float32",
-                                  *PIPELINE))
-    seen = record_dtypes(trainer.model)
-    assert trainer.train_step(0)["stepped"]
-    return {name: sorted({str(d) for d in dtypes}) for name, dtypes in seen.items() if dtypes}
-
-
-def test_module_dtypes_hold_in_a_pipeline_on_two_ranks(tmp_path):
-    encoder_rank, lm_rank = run_distributed(_pipeline_rank, 2, str(tmp_path), timeout=120)
-    assert encoder_rank == {VIT_LINEAR: ["torch.float32"], PROJECTOR: ["torch.float32"]}
-    assert lm_rank == {LM_LINEAR: ["torch.bfloat16"]}
 
 
 @pytest.mark.parametrize("override, message", [

@@ -1,12 +1,10 @@
 """Real data formats: WebDataset shards (made by make_shards) and JSONL manifests, with corrupt samples
-skipped and counted exactly, a deterministic resumable order, worker processes, and per-rank sharding
-that gives the single-process losses."""
+skipped and counted exactly, a deterministic resumable order and worker processes."""
 
 from __future__ import annotations
 
 import json
 import tarfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +18,6 @@ from mimo.data.webdataset import read_shard, read_webdataset
 from mimo.models.loss import IGNORE_INDEX
 from mimo.train.trainer import Trainer
 from tests.support.data_folders import N, data_overrides, make_folder
-from tests.support.dist import run_distributed
 from tests.support.tiny_run import tiny_config
 
 
@@ -110,22 +107,3 @@ def test_damaged_shard_keeps_earlier_samples(tmp_path):
     shard.write_bytes(shard.read_bytes()[: cut + 100])
     records, problem = read_shard(shard)
     assert 9 <= len(records) <= 11 and "damaged" in problem
-
-
-def _two_rank_losses(rank: int, world: int, out: str, overrides: list[str]) -> tuple[list[float], dict, int]:
-    tr = Trainer(tiny_config(Path(out), *overrides))
-    losses = [tr.train_step(s)["loss"] for s in range(3)]
-    return losses, tr.data.report(), len(tr.data.image_rows)
-
-
-def test_two_ranks_decode_their_share_and_match_one_process(tmp_path):
-    src = make_folder(tmp_path)
-    make_shards_main([str(src), str(tmp_path / "shards")])
-    overrides = data_overrides("webdataset", tmp_path / "shards", "--train.steps=3")
-    one = Trainer(tiny_config(tmp_path / "one", *overrides))
-    expected = [one.train_step(s)["loss"] for s in range(3)]
-    results = run_distributed(_two_rank_losses, 2, str(tmp_path / "two"), overrides, timeout=240)
-    for losses, report, rows in results:
-        assert rows == 4  # half of the global batch of 8
-        assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(expected, losses)), (expected, losses)
-        assert report == one.data.report()

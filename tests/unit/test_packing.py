@@ -1,10 +1,8 @@
-"""Sequence packing: the packed batch's structure, its equality with unpacked training, and the trainer.
+"""Sequence packing: the packed batch's structure and its equality with unpacked training.
 
 The packed and the padded batch hold the same samples, so a packed step must reproduce the padded
 step: same loss-token count, loss and gradients (single process here; every CP/TP layout in
-test_context_parallel). Through the trainer, the tiny demo packed (one process, and LM cp2 x tp2 with
-sequence parallel on 4 ranks) has the unpacked run's per-step losses, with less padding.
-"""
+test_context_parallel)."""
 
 import pytest
 import torch
@@ -14,10 +12,7 @@ from mimo.data.batching import COUNTS
 from mimo.data.packing import first_fit, pack_batch, sample_lengths
 from mimo.models.build import build_model
 from mimo.models.layers import document_mask
-from mimo.train.trainer import Trainer
 from tests.support.configs import tiny_llm
-from tests.support.dist import run_distributed
-from tests.support.tiny_run import metrics, tiny_config, train_rank
 
 PAD, IMG = 0, 60
 
@@ -101,27 +96,3 @@ def test_packed_step_equals_padded_step():
     packed = {k: v for k, v in pack_batch(_batch(), PAD, 10)[0].items() if k != COUNTS}
     with pytest.raises(ValueError, match="pass attention_mask or document_ids, not both"):
         model(**packed, attention_mask=torch.ones(4, 1, 10, 10, dtype=torch.bool))
-
-
-LAYOUT = ["--model.llm.kv_heads=2", "--train.steps=3", "--data.global_batch=8"]
-PACKED = ["--data.packing=true", "--data.pack_length=48"]
-CP_TP = ["--parallel.modules.language.cp=2", "--parallel.modules.language.tp=2",
-         "--parallel.modules.language.sequence_parallel=true", "--parallel.modules.images.tp=2"]
-
-
-def test_trainer_packed_and_context_parallel_reproduce_the_unpacked_losses(tmp_path):
-    runs = {}
-    for name, overrides in (("padded", []), ("packed", PACKED)):
-        out = tmp_path / name
-        summary = Trainer(tiny_config(out, *LAYOUT, *overrides)).train()
-        runs[name] = [m["loss"] for m in metrics(out)]
-    assert summary["padding"]["padding_after"] < summary["padding"]["padding_before"]
-    out = tmp_path / "cp2_tp2_packed"
-    run_distributed(train_rank, 4, str(out), [*LAYOUT, *PACKED, *CP_TP], timeout=300)
-    runs["cp2_tp2_packed"] = [m["loss"] for m in metrics(out)]
-    ref = runs["padded"]
-    assert len(ref) == 3
-    for name, losses in runs.items():
-        assert len(losses) == len(ref), name
-        for step, (a, b) in enumerate(zip(losses, ref)):
-            assert abs(a - b) <= 1e-5 * abs(b), f"{name} step {step}: {a} vs padded {b}"

@@ -1,0 +1,59 @@
+"""Pipeline schedule arithmetic and the gate's pipeline refusals, in one process."""
+
+import pytest
+
+from mimo.config.schema import (
+    ConfigError,
+    ModuleLayoutConfig,
+)
+from mimo.parallel.bridge.pipelined import lane_overlaps
+from mimo.parallel.layout import Layout
+from mimo.parallel.layout_rules import validate_plan
+from mimo.parallel.pipeline.schedule import warmup_microbatches
+from mimo.parallel.pipeline.split import stage_layers
+from tests.support.pipeline_case import pipeline_config, pipeline_module
+
+
+def test_schedule_and_split_arithmetic():
+    assert [warmup_microbatches(4, s, 4) for s in range(4)] == [3, 2, 1, 0]
+    assert warmup_microbatches(6, 0, 4) == 4
+    assert [stage_layers(3, 2, r) for r in range(2)] == [["0"], ["1", "2"]]
+    with pytest.raises(ValueError, match="3 layers cannot fill 4"):
+        stage_layers(3, 4, 0)
+    # encoder lane, LM lane, samples [lo, hi) of the microbatch
+    assert lane_overlaps(4, 1, 4) == [(0, 0, 0, 1), (1, 0, 1, 2), (2, 0, 2, 3), (3, 0, 3, 4)]
+    assert lane_overlaps(1, 2, 4) == [(0, 0, 0, 2), (0, 1, 2, 4)]
+    assert lane_overlaps(2, 3, 6) == [(0, 0, 0, 2), (0, 1, 2, 3), (1, 1, 3, 4), (1, 2, 4, 6)]
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: c.parallel.modules.update(language=pipeline_module(2, 1, 6, 1)),
+     r"parallel.modules.language.pp \(6\) exceeds model.llm.layers \(3\)"),
+    (lambda c: setattr(c.parallel.modules["images"], "fsdp", True),
+     r"parallel.modules.images.fsdp: a pipelined encoder \(pp = 2\) cannot be sharded"),
+    (lambda c: setattr(c.parallel.modules["language"], "fsdp", True),
+     r"parallel.modules.language.fsdp: sharding a pipelined LM is available with tp = cp = ep = 1 only \(got tp 2"),
+    (lambda c: setattr(c.parallel.modules["images"], "sequence_parallel", True),
+     "a pipelined encoder cannot be sequence parallel"),
+])
+def test_bad_pipeline_configs_are_rejected_before_any_collective(change, message):
+    cfg = pipeline_config((1, 2, 1), (2, 3, 1), False)
+    change(cfg)
+    layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 8)
+    with pytest.raises(ConfigError, match=message):
+        validate_plan(cfg, layout)
+
+
+def test_a_sharded_encoder_on_its_own_ranks_passes_the_gate():
+    """fsdp = true on an unsplit encoder (pp = 1, dp 2) on its own ranks; its parity run is in test_mixed_images."""
+    cfg = pipeline_config((1, 1, 2), (1, 2, 1), False)
+    cfg.parallel.modules["images"].fsdp = True
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], 4))
+
+
+def test_pipeline_stages_need_disjoint_ranks():
+    cfg = pipeline_config((1, 1, 1), (1, 1, 1), False)
+    cfg.parallel.modules = {"language": ModuleLayoutConfig(pp=2)}
+    layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 2)
+    with pytest.raises(ConfigError, match="pipeline parallelism needs the modules on disjoint ranks"):
+        validate_plan(cfg, layout)
