@@ -9,6 +9,7 @@
 - Process groups are created in parallel/grid.py only.
 - No file over 450 lines, no function over 60 (decorators, signature and docstring included); every folder
   of mimo/ is a package.
+- A file under tests/ imports from tests/support/ only, never from a test file: shared helpers live there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "mimo"
+TESTS = Path(__file__).resolve().parent
 
 ROOMS = {  # module name (or package prefix) -> room
     "mimo.config": "config", "mimo.models": "models", "mimo.data": "data", "mimo.hf": "hf",
@@ -234,3 +236,26 @@ def test_the_checks_see_the_whole_package():
     assert rooms == set(FLOORS), rooms ^ set(FLOORS)
     assert any(t.startswith("mimo.models.") for t in GRAPH.edges["mimo.train.trainer"])
     assert "mimo.parallel.grid" in GRAPH.edges["mimo.parallel.bridge.colocated"]
+
+
+def test_imports_between_tests_go_through_support():
+    """`from tests.unit.test_x import helper` couples two test files: the helper belongs in tests/support/."""
+    bad, through_support = [], 0
+    for path in TESTS.rglob("*.py"):
+        package = ".".join(path.relative_to(TESTS.parent).parent.parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+                module = ".".join(p for p in (base, node.module or "") if p)
+                names = [module] if node.module else [f"{module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name == "tests.support" or name.startswith("tests.support."):
+                    through_support += 1
+                elif name.startswith("tests.") or name == "tests":
+                    bad.append(f"{path.relative_to(TESTS.parent)}:{node.lineno} imports {name}")
+    assert not bad, "move what these share into tests/support/:\n" + "\n".join(bad)
+    assert through_support > 100, through_support  # the walk saw the suites' imports
