@@ -8,6 +8,7 @@ import tarfile
 import wave
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from mimo.config.load import load_config
@@ -61,3 +62,16 @@ def write_image_audio(root) -> None:
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def write_librispeech(root):
+    """root/LibriSpeech/dev/<spk>/<chap>/<spk>-<chap>-<utt>.flac + the chapter's .trans.txt."""
+    soundfile = pytest.importorskip("soundfile", reason="FLAC needs the audio extra: pip install -e '.[audio]'")
+    chapter = root / "LibriSpeech" / "dev" / "84" / "121"
+    chapter.mkdir(parents=True)
+    lines = []
+    for i in range(N):
+        soundfile.write(chapter / f"84-121-{i:04d}.flac", clip(i), 16000)
+        lines.append(f"84-121-{i:04d} {'HIGH' if i % 2 else 'LOW'} {i % 3 + 1}")
+    (chapter / "84-121.trans.txt").write_text("\n".join(lines) + "\n")
+    return root / "LibriSpeech" / "dev"

@@ -225,3 +225,17 @@ def exported_logits(directory) -> torch.Tensor:
     size = hf.config.vision_config.image_size
     with torch.no_grad():
         return hf(input_ids=ids, pixel_values=torch.randn(2, 3, size, size)).logits
+
+
+def llava_parts(directory: Path, lm_family: str, tower: str) -> tuple[torch.nn.Module, torch.nn.Module, list[str]]:
+    """A tiny random `lm_family` LM and `tower` ("clip" or "siglip") saved under `directory`, and the overrides
+    that point a LLaVA preset (configs/llava_*.toml) at them, with the image placeholder at id 90."""
+    lm = perturb(tiny_causal_lm(lm_family))
+    cls = transformers.CLIPVisionModel if tower == "clip" else transformers.SiglipVisionModel
+    torch.manual_seed(0)
+    # 18-pixel images with 4-pixel patches: the patch grid floors, as SigLIP-so400m's 384 / 14 does.
+    vision = perturb(cls(tiny_vision_config(tower, image_size=18)).eval())
+    overrides = [f"--model.llm.hf_path={save(lm, directory / 'lm')}",
+                 f"--model.modalities.images.hf_path={save(vision, directory / 'tower')}",
+                 "--model.modalities.images.token_id=90"]
+    return lm, vision, overrides

@@ -16,21 +16,8 @@ from mimo.data.tokenizer import ByteTokenizer
 from mimo.models.audio_features import log_mel_spectrogram
 from mimo.models.loss import IGNORE_INDEX
 from mimo.train.trainer import Trainer
-from tests.support.audio_data import AUDIO_S, N, audio_config, clip, write_image_audio, write_wav
+from tests.support.audio_data import AUDIO_S, audio_config, clip, write_image_audio, write_librispeech, write_wav
 from tests.support.tiny_run import metrics
-
-
-def write_librispeech(root):
-    """root/LibriSpeech/dev/<spk>/<chap>/<spk>-<chap>-<utt>.flac + the chapter's .trans.txt."""
-    soundfile = pytest.importorskip("soundfile", reason="FLAC needs the audio extra: pip install -e '.[audio]'")
-    chapter = root / "LibriSpeech" / "dev" / "84" / "121"
-    chapter.mkdir(parents=True)
-    lines = []
-    for i in range(N):
-        soundfile.write(chapter / f"84-121-{i:04d}.flac", clip(i), 16000)
-        lines.append(f"84-121-{i:04d} {'HIGH' if i % 2 else 'LOW'} {i % 3 + 1}")
-    (chapter / "84-121.trans.txt").write_text("\n".join(lines) + "\n")
-    return root / "LibriSpeech" / "dev"
 
 
 def test_librispeech_manifest_and_the_batch_it_gives(tmp_path):

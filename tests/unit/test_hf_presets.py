@@ -12,11 +12,8 @@ from mimo.export import export_llava
 from mimo.hf.build import build_model
 from tests.support.hf_helpers import (
     TOL,
-    perturb,
+    llava_parts,
     rel_diff,
-    save,
-    tiny_causal_lm,
-    tiny_vision_config,
     transformers,
 )
 
@@ -26,15 +23,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def build_preset(tmp_path, preset: str, lm_family: str, tower: str, extra: list[str] = ()):
-    lm = perturb(tiny_causal_lm(lm_family))
-    cls = transformers.CLIPVisionModel if tower == "clip" else transformers.SiglipVisionModel
-    torch.manual_seed(0)
-    # 18-pixel images with 4-pixel patches: the patch grid floors, as SigLIP-so400m's 384 / 14 does.
-    vision = perturb(cls(tiny_vision_config(tower, image_size=18)).eval())
-    overrides = [f"--model.llm.hf_path={save(lm, tmp_path / 'lm')}",
-                 f"--model.modalities.images.hf_path={save(vision, tmp_path / 'tower')}",
-                 "--model.modalities.images.token_id=90", *extra]
-    cfg = load_config(CONFIGS / preset, overrides)
+    lm, vision, overrides = llava_parts(tmp_path, lm_family, tower)
+    cfg = load_config(CONFIGS / preset, [*overrides, *extra])
     return cfg, build_model(cfg.model), lm, vision
 
 
