@@ -1,14 +1,13 @@
 """The GPU benchmark's pieces on the CPU: the baseline copies, the FLOPs formula, the TOML presets against the
 workloads of presets.json, and the whole benchmark (mimo's `Trainer` on a preset and, where transformers is
-installed, the Hugging Face baseline) on preset `tiny`, on one process and data-parallel on two."""
+installed, the Hugging Face baseline) on preset `tiny` on one process
+(data-parallel on two: tests/distributed/test_benchmark_ranks.py)."""
 
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +24,8 @@ from benchmarks.workload import (
 )
 from mimo.config.load import load_config
 from mimo.models.flops import train_step_flops
+from tests.support.cli_curve import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "bench"
 WORKLOADS = [k for k in json.loads((BASELINE_DIR / "presets.json").read_text()) if not k.startswith("_")]
 
@@ -96,21 +95,6 @@ def test_benchmark_runs_on_tiny(tmp_path):
         assert rows["hf eager"]["tokens_per_s"] > 0 and "x hf eager" in table
     else:
         assert "error" in rows["hf eager"]
-
-
-def test_benchmark_runs_data_parallel_on_tiny(tmp_path):
-    """mimo on 2 gloo ranks through torchrun: one row, whose throughput is over both ranks; the one-process keys
-    are off, train.master_weights on (its fp32 state sharded over the two ranks)."""
-    cmd = [sys.executable, "-m", "benchmarks.bench_vlm", "--preset", "tiny", "--nproc", "2", "--no-baseline",
-           "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    [row] = map(json.loads, (tmp_path / "tiny.jsonl").read_text().splitlines())
-    assert row["label"] == "mimo on 2 GPUs" and row["gpus"] == 2, row
-    assert row["train"]["master_weights"] and not row["train"]["lm_update_early"], row["train"]
-    assert row["tokens_per_s_per_gpu"] > 0 and math.isfinite(row["final_loss"]), row
-    assert "| mimo on 2 GPUs | 2 |" in (tmp_path / "tiny.md").read_text()
 
 
 def test_trace_gaps_split_phases_at_markers():
