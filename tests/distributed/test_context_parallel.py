@@ -12,9 +12,7 @@ max |diff| <= 1e-5 x max |ref|. Packed cases pack the same samples into rows of 
 import pytest
 import torch
 
-from mimo.config.schema import (
-    Config,
-)
+from mimo.config.schema import Config
 from mimo.data.batching import COUNTS
 from mimo.data.packing import pack_batch
 from mimo.models.loss import loss_weights

@@ -12,15 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.dist import run_distributed
-from tests.support.master_weights import (
-    EP_FSDP,
-    LANG,
-    LOSS_RTOL,
-    MASTER,
-    MASTER_OF_MOVE,
-    MOE,
-    train_with_masters,
-)
+from tests.support.master_weights import EP_FSDP, LANG, LOSS_RTOL, MASTER, MASTER_OF_MOVE, MOE, train_with_masters
 
 # world, layout, and the shard fractions (dense LM parts, expert parts) of each rank's master state.
 REPLICATED = {"ep2": (2, [f"{LANG}.ep=2"], 1 / 2, 1.0), "ep2_dp2": (4, [f"{LANG}.ep=2"], 1 / 4, 1 / 2)}

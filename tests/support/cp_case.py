@@ -1,9 +1,6 @@
 """The context-parallel tests' tiny VLM and its sizes."""
 
-from mimo.config.schema import (
-    Config,
-    ModuleLayoutConfig,
-)
+from mimo.config.schema import Config, ModuleLayoutConfig
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 
 N, S, PACK, IMG, PAD, TOKENS_PER_IMAGE = 16, 16, 32, 60, 0, 4

@@ -2,10 +2,7 @@
 
 import torch
 
-from mimo.config.schema import (
-    Config,
-    ModuleLayoutConfig,
-)
+from mimo.config.schema import Config, ModuleLayoutConfig
 from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
 from tests.support.parity import grads_then_step
 

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from mimo.planner.candidates import (
-    layout_of,
-)
-from mimo.planner.memory import (
-    estimate,
-    module_sizes,
-)
+from mimo.planner.candidates import layout_of
+from mimo.planner.memory import estimate, module_sizes
 
 # A text-only LM small enough to count by hand (no biases, untied head):
 #   embedding 64 x 32 = 2048, head 2048, final norm 32;

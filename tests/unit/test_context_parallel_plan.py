@@ -2,9 +2,7 @@
 
 import pytest
 
-from mimo.config.schema import (
-    ConfigError,
-)
+from mimo.config.schema import ConfigError
 from mimo.parallel.context import check_divisible, gathered_order, zigzag_index
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from mimo.parallel.layout import Layout
 from mimo.perf.gpu_defaults import apply_gpu_defaults
-from tests.support.master_weights import (
-    EP_FSDP,
-    LANG,
-    MODEL,
-    MOE,
-)
+from tests.support.master_weights import EP_FSDP, LANG, MODEL, MOE
 from tests.support.tiny_run import tiny_config
 
 

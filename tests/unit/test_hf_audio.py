@@ -9,12 +9,7 @@ import torch.nn.functional as F
 from mimo.config.schema import AudioConfig
 from mimo.models.audio import AudioEncoder, sinusoids
 from mimo.models.audio_features import log_mel_spectrogram
-from tests.support.hf_helpers import (
-    TOL,
-    rel_diff,
-    transformers,
-    whisper,
-)
+from tests.support.hf_helpers import TOL, rel_diff, transformers, whisper
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,16 +9,7 @@ import torch
 
 from mimo.hf import import_audio_encoder, import_llava, import_llm, import_vision
 from mimo.hf.names import llm_names
-from tests.support.hf_helpers import (
-    TOL,
-    perturb,
-    rel_diff,
-    save,
-    tiny_causal_lm,
-    tiny_llava,
-    transformers,
-    whisper,
-)
+from tests.support.hf_helpers import TOL, perturb, rel_diff, save, tiny_causal_lm, tiny_llava, transformers, whisper
 from tests.support.import_memory import measure_in_fresh_process, write_random_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,12 +10,7 @@ from mimo.config.load import dump_toml, load_config
 from mimo.config.schema import ConfigError
 from mimo.export import export_llava
 from mimo.hf.build import build_model
-from tests.support.hf_helpers import (
-    TOL,
-    llava_parts,
-    rel_diff,
-    transformers,
-)
+from tests.support.hf_helpers import TOL, llava_parts, rel_diff, transformers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -2,10 +2,7 @@
 
 import pytest
 
-from mimo.config.schema import (
-    ConfigError,
-    ModuleLayoutConfig,
-)
+from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.parallel.bridge.pipelined import lane_overlaps
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
