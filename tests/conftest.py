@@ -8,7 +8,23 @@ also `core`, so `make test` is `pytest -m "not distributed or core"`.
 import pytest
 import torch
 
+D = "tests/distributed/"
 CORE = {  # family -> the test that stands for it in `make test`
+    "colocated bridge (fan-in, fan-out, equal)": D + "test_bridge.py::test_bridge_moves_and_backward_on_8_ranks",
+    "colocated layouts train like one process": D + "test_colocated.py::"
+                                                    "test_colocated_fan_in_and_fan_out_equal_single_process[2]",
+    "pipeline (1F1B) and its bridge": D + "test_pipeline.py::test_pipelined_layouts_equal_single_process[4]",
+    "interleaved pipeline": D + "test_interleaved_ranks.py::test_interleaved_1f1b_trains_like_single_process[3]",
+    "context parallel": D + "test_context_parallel.py::test_context_parallel_equals_single_process[2]",
+    "tensor + sequence parallel": D + "test_tensor_parallel.py::test_tensor_parallel_matches_single_process[2]",
+    "data parallel and FSDP": D + "test_data_parallel.py::test_data_parallel_matches_single_process_2_ranks",
+    "expert parallel": D + "test_expert_parallel.py::test_expert_parallel_equals_single_process",
+    "checkpoint resume into another layout": D + "test_checkpoint_reshard.py::"
+                                                 "test_dp2_checkpoint_loads_into_tp2_and_into_one_process",
+    "packing": D + "test_packing_ranks.py::test_trainer_packed_and_context_parallel_reproduce_the_unpacked_losses",
+    "launcher (mimo train --nproc)": D + "test_launcher.py::test_a_failing_rank_is_reported_once_without_tracebacks",
+    "a shipped config through mimo train": D + "test_shipped_configs.py::"
+                                               "test_shipped_config_trains_2_steps[demo_vlm.toml]",
 }
 
 
