@@ -1,7 +1,7 @@
 """parallel.timeout_s bounds every collective: a rank whose peer never joins a collective fails after about
 that long instead of waiting forever (torch's default would be 30 minutes), on the default group and on
 the groups the grid makes; `collective_failed` knows the error for what it is (`mimo train` reports it as a
-failed collective). Other errors, NCCL named in them or not, are not taken for one."""
+failed collective; other errors: tests/unit/test_collective_failed.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ import subprocess
 import sys
 import time
 
-import torch.distributed as dist
-
-from mimo.parallel.runtime import collective_failed
 from tests.support.cli_curve import ROOT
 
 SCRIPT = """
@@ -63,11 +60,3 @@ def test_a_collective_without_its_peer_fails_after_parallel_timeout_s(tmp_path):
         assert 2.5 <= waited < 15, line
         assert line.split()[-1] == "True", line
     assert elapsed < 60
-
-
-def test_only_collective_errors_are_taken_for_failed_collectives():
-    assert collective_failed(dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error"))
-    assert collective_failed(dist.DistNetworkError("connection to the store lost"))
-    assert not collective_failed(RuntimeError("NCCL_P2P_LEVEL names no known level"))
-    assert not collective_failed(RuntimeError("[enforce fail at the model] Timed out waiting for the user"))
-    assert not collective_failed(ValueError("[x/gloo/transport/tcp/pair.cc:1] not a runtime error"))
