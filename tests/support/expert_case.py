@@ -1,4 +1,4 @@
-"""The expert-parallel tests' tiny MoE VLM, its batches and its single-process reference."""
+"""The expert-parallel tests' tiny MoE VLM (three routers), its batch, and the router set-up every layout shares."""
 
 import torch
 
