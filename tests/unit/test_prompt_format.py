@@ -12,8 +12,8 @@ from mimo.export.tokens import chat_tokenizer
 from mimo.train.gate import validate_run
 from tests.support.chat_task import WORDS
 from tests.support.chat_task import chat_tokenizer as word_tokenizer
+from tests.support.hf_helpers import tiny_tokenizer
 from tests.support.tiny_run import tiny_config
-from tests.unit.test_hf_tokenizer import tiny_tokenizer
 
 pytest.importorskip("tokenizers")
 
