@@ -178,7 +178,7 @@ class Trainer:
             micro = [sequence_parallel_rows(mb, dist.get_world_size(group), dist.get_rank(group)) for mb in micro]
         if self.captured is not None:
             micro = [pinned(mb) for mb in micro]
-        fed = fed_modalities(batch.get("modality_inputs"))
+        fed = self.fed_by(batch)
         return micro, int(batch["input_ids"].numel()), train_step_flops(self.cfg.model, batch), lanes, fed
 
     def balance(self, batch: dict) -> tuple[dict, dict]:
@@ -211,10 +211,21 @@ class Trainer:
             self.plan.finalize_grads(self.model)
         return self.all_reduce_sum(loss_total), n_global
 
+    def fed_by(self, batch: dict) -> frozenset[str]:
+        """The modalities the global `batch` feeds (`fed_modalities`). A reader that decodes only this rank's rows
+        (`shard_for`) holds only their inputs, so there the ranks that read data agree: collective, one elementwise
+        maximum of a flag per modality through the reader's own `agree`, which every reading rank calls here."""
+        fed = fed_modalities(batch.get("modality_inputs"))
+        if getattr(self.data, "input_rows", None) is None:
+            return fed
+        names = sorted(self.model.modality_submodules)
+        flags = self.data.agree(torch.tensor([float(name in fed) for name in names]))
+        return frozenset(name for name, flag in zip(names, flags.tolist()) if flag > 0)
+
     def leave_unfed(self, fed: frozenset[str]) -> None:
         """After the step's gradients are final: none for what its global batch, feeding only the modalities `fed`,
         does not train (`MimoModel.unfed_parameters`), so that every layout's optimizer skips those parameters as
-        one process does. Not collective: every rank holding them read the same global batch."""
+        one process does. Not collective (`fed_by` agreed `fed` where ranks read different rows)."""
         for p in self.model.unfed_parameters(fed):
             p.grad = None
 
@@ -261,7 +272,7 @@ class Trainer:
                                  problem=problem)
         self.plan.finalize_grads(self.model)
         if batch is not None:  # read where a stage needs it: by every rank of an FSDP2-sharded encoder (pp = 1)
-            self.leave_unfed(fed_modalities(batch.get("modality_inputs")))
+            self.leave_unfed(self.fed_by(batch))
         router_objective, router_log = self.router_losses.end(pipe.sum_per_lm_lane)
         rec = self.update(step, result.loss + result.out_objective + router_objective)
         self.router_losses.after_update(rec["stepped"])
