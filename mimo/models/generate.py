@@ -80,7 +80,7 @@ def greedy_generate(model: MimoModel, input_ids: torch.Tensor, modality_inputs: 
     for _ in range(max_new_tokens):
         # Without padding the LM's own causal masks (and SDPA's fast causal kernel) serve.
         hidden = lm(embeds, pos, mask=mask if attention_mask is not None else None, cache=cache)
-        nxt = model.logits_fn(hidden[:, -1:], lm)[:, -1].argmax(-1)
+        nxt = model.runtime.logits_fn(hidden[:, -1:], lm)[:, -1].argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
         out = torch.cat([out, nxt[:, None]], dim=1)
         done |= nxt == eos_id

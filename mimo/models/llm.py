@@ -8,6 +8,8 @@ ModuleDict keyed by their global index so a pipeline stage can drop layers and k
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -72,6 +74,20 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+WeightLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""`(hidden [N, H], head weight [V, H], labels [N]) -> (loss sum, token count)`: see `DecoderLM.head_loss`."""
+
+
+class LMHead(nn.Linear):
+    """An untied LM head: a linear layer whose weight a loss can also take whole (`weight_loss`)."""
+
+    def weight_loss(self, hidden: torch.Tensor, labels: torch.Tensor,
+                    loss: WeightLoss) -> tuple[torch.Tensor, torch.Tensor]:
+        """`loss(hidden, self.weight, labels)`: a method of the head, so that FSDP2 gathers a head sharded as a
+        unit of its own around it (mimo.parallel.data's `own_entry_methods`)."""
+        return loss(hidden, self.weight, labels)
+
+
 class DecoderLM(nn.Module):
     """Decoder-only LM. `embed_tokens`, `norm` and `lm_head` may be None on pipeline stages."""
 
@@ -81,8 +97,7 @@ class DecoderLM(nn.Module):
         self.embed_tokens: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.hidden)
         self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i) for i in range(cfg.layers)})
         self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps, cfg.norm_offset)
-        self.lm_head: nn.Linear | None = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab,
-                                                                                    bias=False)
+        self.lm_head: nn.Linear | None = None if cfg.tie_embeddings else LMHead(cfg.hidden, cfg.vocab, bias=False)
         self.init_weights()
 
     @property
@@ -163,6 +178,15 @@ class DecoderLM(nn.Module):
         theta = self.cfg.rope_local_theta or self.cfg.rope_theta
         rope = rope_cos_sin(position_ids, self.head_dim, theta, self.cfg.rope_scaling, self.cfg.mrope_section)
         return rope, sliding_window_mask(mask, self.cfg.sliding_window, s, past + s, device)
+
+    def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor,
+                  loss: WeightLoss) -> tuple[torch.Tensor, torch.Tensor]:
+        """`loss(hidden, W, labels)` of the head's weight W `[V, H]` (the tied embedding's, or an untied head's
+        through its `weight_loss`): a loss that never forms the logits (mimo.perf's chunked loss). A method of
+        the LM and of the head, so FSDP2 gathers either where it shards them (their entry methods)."""
+        if self.lm_head is None:
+            return loss(hidden, self.embed_tokens.weight, labels)
+        return self.lm_head.weight_loss(hidden, labels, loss)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`hidden @ W^T`, soft-capped with `logit_softcap` (Gemma 2). An untied head is called as a module,

@@ -2,13 +2,15 @@
 are placed at their placeholder tokens, and the LM runs over the combined sequence.
 
 Where encoder output crosses to the LM: `MimoModel.embed_modalities` runs each submodule and passes
-its rows through `self.bridges[name]` (identity on one process; parallel/bridge/ installs the real
-crossing for a layout), then `align_embeddings` writes them into the sequence.
+its rows through its bridge in `self.runtime` (mimo.models.runtime: identity on one process; a layout's
+`ParallelPlan.parallelize` gives the model the real crossings), then `align_embeddings` writes them into the
+sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import contextlib
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +19,7 @@ from torch import nn
 from mimo.config.schema import LANGUAGE
 from mimo.models.layers import DocumentRows, document_mask, padding_causal_mask
 from mimo.models.llm import DecoderLM
-from mimo.models.loss import cross_entropy_sum
+from mimo.models.runtime import ModelRuntime
 from mimo.models.sample_rows import leading_rows, run_encoder
 
 BLOCK_STACKS = ("layers", "blocks")
@@ -26,9 +28,6 @@ other towers), `blocks` (the native-resolution tower, named as transformers' Qwe
 Where FSDP cuts its units (mimo.parallel.data) and the fast paths find blocks (mimo.perf.apply)."""
 
 TEXT = "text"
-
-Crossing = Callable[..., torch.Tensor]
-"""A bridge hook: `(rows, counts, microbatch_rows=None) -> rows` (see `MimoModel.__init__`)."""
 
 
 def out_key(name: str) -> str:
@@ -51,6 +50,14 @@ class ModalitySubmodules(nn.Module):
         self.input_projections = nn.ModuleList(input_projections or [])
         self.output_projections = nn.ModuleList(output_projections or [])
         self.decoders = nn.ModuleDict(decoders or {})
+        self.autocast: tuple[str, bool] | None = None  # (device type, bf16) from `ModelRuntime.modality_autocast`
+
+    def own_precision(self) -> contextlib.AbstractContextManager:
+        """The autocast context this modality's encoders, projections and decoders run in: its own where the
+        runtime gives it one (`MimoModel.set_runtime`), else the caller's."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.autocast[0], dtype=torch.bfloat16, enabled=self.autocast[1])
 
     def encode(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Run every encoder on its keyword inputs; each output flattened to rows `[n, h]`."""
@@ -59,7 +66,8 @@ class ModalitySubmodules(nn.Module):
             if name not in encoder_inputs:
                 raise ValueError(f"no inputs for encoder '{name}'; modality_inputs[modality] must have keys "
                                  f"{list(self.encoders)}, got {list(encoder_inputs)}")
-            out = run_encoder(encoder, encoder_inputs[name], name)
+            with self.own_precision():
+                out = run_encoder(encoder, encoder_inputs[name], name)
             if out.dim() == 3:
                 out = out.reshape(-1, out.shape[-1])
             elif out.dim() != 2:
@@ -75,8 +83,9 @@ class ModalitySubmodules(nn.Module):
         return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
 
     def project(self, rows: torch.Tensor) -> torch.Tensor:
-        for proj in self.input_projections:
-            rows = proj(rows)
+        with self.own_precision():
+            for proj in self.input_projections:
+                rows = proj(rows)
         return rows
 
     def forward(self, encoder_inputs: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
@@ -87,7 +96,8 @@ class ModalitySubmodules(nn.Module):
         rows): (its output as returned, `[n, s, h]` or `[rows, h]`; those rows `[rows, H]` through the input
         projections). One call through this module's own parameters, so a wrapper that registers it as a
         forward (FSDP2's entry methods, as the pipeline's encoder stage needs) gathers them around it."""
-        out = run_encoder(self.encoders[name], inputs, name)
+        with self.own_precision():
+            out = run_encoder(self.encoders[name], inputs, name)
         return out, self.project(out.reshape(-1, out.shape[-1]))
 
     def decode(self, hidden_rows: torch.Tensor) -> torch.Tensor:
@@ -95,10 +105,11 @@ class ModalitySubmodules(nn.Module):
         if not self.output_projections and not self.decoders:
             raise ValueError("this modality has no output projection or decoder; it cannot decode")
         x = hidden_rows
-        for proj in self.output_projections:
-            x = proj(x)
-        for dec in self.decoders.values():
-            x = dec(x)
+        with self.own_precision():
+            for proj in self.output_projections:
+                x = proj(x)
+            for dec in self.decoders.values():
+                x = dec(x)
         return x
 
     def output_loss(self, pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,14 +204,6 @@ class MimoOutput:
     modality_num_tokens: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-LossFn = Callable[[torch.Tensor, DecoderLM, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
-
-
-def lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
-            loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    return cross_entropy_sum(lm.logits(hidden), labels, loss_mask)
-
-
 class MimoModel(nn.Module):
     """An LM plus modality submodules keyed by modality name (`images`, `audio`, ...)."""
 
@@ -220,23 +223,24 @@ class MimoModel(nn.Module):
         if no_decoder:
             raise ValueError(f"output_token_ids names {no_decoder}, which have no decoder; give those modality "
                              "submodules decoders (and output projections)")
-        # Hooks that parallel/ sets from outside; the defaults are the single-process behaviour.
-        # bridges[m](rows, counts, microbatch_rows): modality m's encoder rows -> this LM replica's, `counts`
-        # `[B]` its rows per sample, `microbatch_rows` (or None) the host list of every sample's rows in the
-        # whole microbatch (all data lanes), which spares a bridge exchanging counts; output_bridges[m] = (to
-        # the modality's layout, back to the LM's), the same contract, around the Out path's decoder.
-        self.bridges: dict[str, Crossing] = {}
-        self.output_bridges: dict[str, tuple[Crossing, Crossing]] = {}
-        self.shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
-        # The Out path's undoing of shard_sequence: this rank's `[B, S_local, H]` LM states -> the whole
-        # `[B, S, H]` (identical on the ranks that shared the sequence), gradient back to this rank's positions.
-        self.gather_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
-        # Row positions of the queries this rank's attention runs and of the keys it sees, for masks built
-        # from document ids (context parallel: a zigzag of queries, keys in all-gathered order); None: the
-        # whole row in order.
-        self.mask_positions: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.loss_fn: LossFn = lm_loss
-        self.logits_fn: Callable[[torch.Tensor, DecoderLM], torch.Tensor] = lambda h, lm: lm.logits(h)
+        self.runtime = ModelRuntime()
+
+    def set_runtime(self, runtime: ModelRuntime) -> ModelRuntime:
+        """Give the model how it computes on this rank (mimo.models.runtime); returns the one it had. The one
+        entry point for a layout's crossings, sequence split, loss and per-modality precision. Not collective."""
+        previous, self.runtime = self.runtime, runtime
+        for name, sub in self.modality_submodules.items():
+            sub.autocast = runtime.modality_autocast.get(name)
+        return previous
+
+    @contextlib.contextmanager
+    def running(self, runtime: ModelRuntime) -> Iterator[None]:
+        """Inside the block the model computes with `runtime`; the one it had is given back on exit."""
+        previous = self.set_runtime(runtime)
+        try:
+            yield
+        finally:
+            self.set_runtime(previous)
 
     def embed_modalities(self, input_ids: torch.Tensor,
                          modality_inputs: dict[str, dict[str, dict[str, torch.Tensor]]] | None,
@@ -252,7 +256,7 @@ class MimoModel(nn.Module):
         rows = {}
         for name, sub in self.modality_submodules.items():
             inputs = modality_inputs.get(name)
-            bridge = self.bridges.get(name)
+            bridge = self.runtime.bridges.get(name)
             if inputs is None:
                 continue
             r = sub(inputs)
@@ -325,7 +329,7 @@ class MimoModel(nn.Module):
         if document_ids is not None:
             if attention_mask is not None:
                 raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
-            if self.mask_positions is None:
+            if self.runtime.mask_positions is None:
                 attention_mask = DocumentRows.of(document_ids)
             else:
                 queries, keys = self.row_positions(input_ids.shape[1], document_ids.device)
@@ -340,17 +344,17 @@ class MimoModel(nn.Module):
         embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices, microbatch_rows)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        if self.shard_sequence is not None:
-            embeds = self.shard_sequence(embeds)
+        if self.runtime.shard_sequence is not None:
+            embeds = self.runtime.shard_sequence(embeds)
         hidden = self.language_model(embeds, position_ids, mask=attention_mask, output_rows=loss_rows,
                                       shard_rows=shard_loss_rows)
         if loss_rows is not None:
             labels = labels.reshape(-1).index_select(0, loss_rows)
             loss_mask = None if loss_mask is None else loss_mask.reshape(-1).index_select(0, loss_rows)
         if labels is None:
-            out = MimoOutput(hidden=hidden, logits=self.logits_fn(hidden, self.language_model))
+            out = MimoOutput(hidden=hidden, logits=self.runtime.logits_fn(hidden, self.language_model))
         else:
-            loss_sum, num_tokens = self.loss_fn(hidden, self.language_model, labels, loss_mask)
+            loss_sum, num_tokens = self.runtime.loss_fn(hidden, self.language_model, labels, loss_mask)
             out = MimoOutput(hidden=hidden, loss_sum=loss_sum, num_tokens=num_tokens)
         if modality_targets:
             out.modality_loss_sums, out.modality_num_tokens = self.output_losses(hidden, input_ids, modality_targets,
@@ -359,11 +363,11 @@ class MimoModel(nn.Module):
 
     def row_positions(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Row positions of this rank's queries and keys for masks built from per-token values: the whole
-        row in order, or what `mask_positions` says (context parallel)."""
-        if self.mask_positions is None:
+        row in order, or what the runtime's `mask_positions` says (context parallel)."""
+        if self.runtime.mask_positions is None:
             row = torch.arange(length, device=device)
             return row, row
-        return self.mask_positions(length, device)
+        return self.runtime.mask_positions(length, device)
 
     def output_rows(self, name: str, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """The Out path's first step: LM states `[N, H]` at `name`'s generation tokens, batch-major."""
@@ -372,7 +376,7 @@ class MimoModel(nn.Module):
         if hidden.shape[:2] != input_ids.shape:
             raise ValueError(f"the Out path needs the whole sequence's LM states {tuple(input_ids.shape)}, got "
                              f"{tuple(hidden.shape[:2])}; a sharded sequence (sequence or context parallel) "
-                             "must be made whole first (MimoModel.gather_sequence)")
+                             "must be made whole first (ModelRuntime.gather_sequence)")
         return hidden[input_ids == self.output_token_ids[name]]
 
     def output_losses(self, hidden: torch.Tensor, input_ids: torch.Tensor, modality_targets: dict[str, torch.Tensor],
@@ -382,19 +386,19 @@ class MimoModel(nn.Module):
 
         Targets are sample-aligned, `[B, K, D]`: sample b's first c_b rows are the targets of its c_b
         generation tokens (in order), the rest padding. So any split of the batch by samples keeps the
-        targets with their tokens. The decoder runs even on zero tokens, so every rank joins it. With
-        `output_bridges[name]` the rows cross to the modality's layout, are decoded there and come back. With
+        targets with their tokens. The decoder runs even on zero tokens, so every rank joins it. With the
+        runtime's `output_bridges[name]` the rows cross to the modality's layout, are decoded there and come back. With
         `gather_sequence` (a sharded sequence) `hidden` is this rank's positions and is made whole first.
         """
         sums, counts = {}, {}
-        if self.gather_sequence is not None:
-            hidden = self.gather_sequence(hidden)
+        if self.runtime.gather_sequence is not None:
+            hidden = self.runtime.gather_sequence(hidden)
         for name, targets in modality_targets.items():
             rows = self.output_rows(name, hidden, input_ids)
             per_sample = (input_ids == self.output_token_ids[name]).sum(1)
             sub = self.modality_submodules[name]
             target_rows = leading_rows(targets, per_sample, f"modality_targets['{name}']")
-            there, back = self.output_bridges.get(name, (None, None))
+            there, back = self.runtime.output_bridges.get(name, (None, None))
             hint = (microbatch_rows or {}).get(out_key(name))
             pred = sub.decode(rows if there is None else there(rows, per_sample, hint))
             pred = pred if back is None else back(pred, per_sample, hint)

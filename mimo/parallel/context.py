@@ -21,12 +21,15 @@ all-reduce backward) right after their bridge.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from mimo.models.layers import SelfAttention, attention
-from mimo.models.multimodal import Crossing, MimoModel
+from mimo.models.multimodal import MimoModel
+from mimo.models.runtime import Crossing, ModelRuntime
 from mimo.parallel.comm import copy_to_tp, gather_from_sp, gather_from_tp
 
 SEQ_DIM = 1
@@ -99,7 +102,7 @@ class ContextParallel:
         Labels, loss mask and position ids (`arange` when absent) keep this rank's positions; an
         attention mask `[..., S, S]` keeps this rank's query rows and orders its key columns as the
         all-gathered keys; packed rows' `document_ids` stay whole (the model builds this rank's mask from
-        them, `MimoModel.mask_positions`). Raises ValueError on a sequence length CP cannot split.
+        them, `ModelRuntime.mask_positions`). Raises ValueError on a sequence length CP cannot split.
         """
         ids = batch["input_ids"]
         seq = ids.shape[SEQ_DIM]
@@ -182,28 +185,24 @@ class ContextParallel:
 
         return cross
 
-    def apply(self, model: MimoModel) -> None:
-        """Install CP on a (TP-parallelized, bridged) model in place: sequence sharding before any
-        sequence-parallel split (and the Out path's gather after undoing it), CP attention in every LM
-        layer, CP entry after every modality bridge."""
-        inner = model.shard_sequence
+    def apply(self, model: MimoModel, runtime: ModelRuntime) -> ModelRuntime:
+        """Install CP on a (TP-parallelized, bridged) model: CP attention in every LM layer, in place; returns
+        `runtime` with sequence sharding before any sequence-parallel split (and the Out path's gather after
+        undoing it), this rank's mask positions and CP entry after every modality bridge."""
+        inner, inner_gather = runtime.shard_sequence, runtime.gather_sequence
 
         def shard(embeds: torch.Tensor) -> torch.Tensor:
             local = self.shard_sequence(embeds)
             return inner(local) if inner is not None else local
 
-        model.shard_sequence = shard
-        inner_gather = model.gather_sequence
-
         def gather(hidden: torch.Tensor) -> torch.Tensor:
             return self.gather_sequence(inner_gather(hidden) if inner_gather is not None else hidden)
 
-        model.gather_sequence = gather
-        model.mask_positions = self.positions
         self.own_attention = {m: m.attention_fn for m in model.language_model.modules() if isinstance(m, SelfAttention)}
         self.attend_locally(False)
-        for name in model.modality_submodules:
-            model.bridges[name] = self.enter(model.bridges.get(name))
+        bridges = {name: self.enter(runtime.bridges.get(name)) for name in model.modality_submodules}
+        return dataclasses.replace(runtime, shard_sequence=shard, gather_sequence=gather,
+                                   mask_positions=self.positions, bridges=bridges)
 
     def attend_locally(self, local: bool) -> None:
         """Switch the LM's layers between CP attention (False, as `apply` installs it) and their own attention

@@ -115,11 +115,6 @@ def _unpack(bucket: list[nn.Parameter], flat: torch.Tensor) -> None:
             p.grad.copy_(chunk)
 
 
-FSDP_ENTRY_METHODS = "_mimo_fsdp_entry_methods"
-"""Module attribute: names of methods other than forward that callers invoke directly and that use the
-module's root-level parameters (mimo.perf's chunked head + loss); `apply_fsdp` registers them with FSDP2
-beside its `entry_methods`."""
-
 FSDP_REDUCES_UNUSED_PARAMS = hasattr(FSDPModule, "set_reduce_scatter_unused_params")
 """Whether this torch's FSDP2 can reduce-scatter zeros for parameters a rank did not use. Without it
 (torch 2.11, say) every rank must use the same parameters each step: true of every layout here except an
@@ -134,13 +129,14 @@ unit all-gathers them in bf16 for its forward and backward, and gradients are re
 def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: MixedPrecisionPolicy | None = None,
                entry_methods: Sequence[str] = (), own_units: Sequence[str] = (),
+               own_entry_methods: Sequence[str] = (),
                inner_units: Sequence[tuple[nn.Module, DeviceMesh]] = ()) -> FSDPModule:
     """Shard `module` with FSDP2 over the 1-D DP `mesh`: first each of `inner_units` over its own 1-D mesh
     (an expert-parallel LM's experts over their edp ranks, with its router and shared expert over `mesh`
     first so that the experts' unit holds the experts only), then one unit per block, one per child named
     in `own_units` (e.g. an untied LM's embedding and head: each gathered only around its lookup or product,
     forward and backward, not from the first forward to the last backward as the root's parameters are;
-    the child's own FSDP_ENTRY_METHODS are registered on its unit), then the root.
+    those of `own_entry_methods` the child defines are registered on its unit), then the root.
 
     Blocks are the children of every ModuleDict/ModuleList named in BLOCK_STACKS (LM decoder layers, ViT and
     native-tower blocks).
@@ -149,8 +145,8 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
     shard once. Unused parameters of a unit that ran reduce-scatter zeros, keeping collectives alike.
 
     `entry_methods` names methods other than forward that callers invoke directly and that use
-    root-level parameters; for DecoderLM pass ("embed", "logits") (MimoModel calls both outside the
-    LM's forward); methods named by the module's FSDP_ENTRY_METHODS attribute are registered too. Build the
+    root-level parameters; for DecoderLM pass ("embed", "logits", "head_loss") (MimoModel calls them outside the
+    LM's forward). Build the
     optimizer after this call: sharding replaces the parameters.
 
     FSDP2 runs collectives in forward and backward, so every rank of the mesh must run every unit's
@@ -175,10 +171,10 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
         unit = getattr(module, name, None)
         if unit is not None:
             fully_shard(unit, **kwargs)
-            for method in getattr(unit, FSDP_ENTRY_METHODS, ()):
+            for method in (m for m in own_entry_methods if hasattr(unit, m)):
                 register_fsdp_forward_method(unit, method)
     root = fully_shard(module, **kwargs)
-    for name in (*entry_methods, *getattr(module, FSDP_ENTRY_METHODS, ())):
+    for name in entry_methods:
         register_fsdp_forward_method(root, name)
     for unit in root.modules():
         if isinstance(unit, FSDPModule):

@@ -10,6 +10,7 @@ attention. No weight moves; TP, FSDP and expert sharding stay as trained.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 from mimo.config.schema import LANGUAGE
@@ -21,7 +22,8 @@ from mimo.parallel.tensor import set_lm_sequence_parallel, tp_lm_logits
 @contextlib.contextmanager
 def whole_sequences(plan: ParallelPlan, model: MimoModel) -> Iterator[None]:
     """Inside the block `model` (laid out by `plan.parallelize`) takes whole, unsplit sequences on every rank;
-    the layout as trained is restored on exit. Refuses a layout that cannot decode in place
+    the layout as trained is restored on exit: the model runs a runtime of whole sequences
+    (`MimoModel.running`), its LM's layers their unsplit forms. Refuses a layout that cannot decode in place
     (`ParallelPlan.decodes_in_place`). Not collective itself; the model's forwards inside stay collective."""
     if not plan.decodes_in_place():
         raise ValueError("this layout cannot decode in place (pipelined, or a bridge between data lanes of "
@@ -29,17 +31,16 @@ def whole_sequences(plan: ParallelPlan, model: MimoModel) -> Iterator[None]:
     lm_cfg = plan.module_cfg[LANGUAGE]
     split = (lm_cfg is not None and lm_cfg.sequence_parallel and plan.layout.grids[LANGUAGE].tp > 1
              and plan.holds(LANGUAGE))
-    saved = (model.shard_sequence, model.gather_sequence, model.mask_positions, model.logits_fn)
+    runtime = dataclasses.replace(model.runtime, shard_sequence=None, gather_sequence=None, mask_positions=None)
     if split:
         set_lm_sequence_parallel(model.language_model, False)
-        model.logits_fn = tp_lm_logits(plan.groups[LANGUAGE].group("tp"), False)
+        runtime = dataclasses.replace(runtime, logits_fn=tp_lm_logits(plan.groups[LANGUAGE].group("tp"), False))
     if plan.context is not None:
         plan.context.attend_locally(True)
-    model.shard_sequence = model.gather_sequence = model.mask_positions = None
     try:
-        yield
+        with model.running(runtime):
+            yield
     finally:
-        model.shard_sequence, model.gather_sequence, model.mask_positions, model.logits_fn = saved
         if split:
             set_lm_sequence_parallel(model.language_model, True)
         if plan.context is not None:

@@ -6,6 +6,7 @@ Built identically on every rank, from a config the gate has passed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ from mimo.config.schema import LANGUAGE, Config
 from mimo.data.batching import split_microbatches
 from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize
 from mimo.models.multimodal import MimoModel, modules_by_name, out_key
+from mimo.models.runtime import ModelRuntime
 from mimo.parallel.bridge.colocated import ColocatedBridge
 from mimo.parallel.context import ContextParallel
 from mimo.parallel.data import (
@@ -92,12 +94,14 @@ class ParallelPlan:
         m = self.module_cfg[name]
         return bool(m is not None and getattr(m, field))
 
-    def parallelize(self, model: MimoModel, compute_paths: Callable[[MimoModel], None] | None = None,
+    def parallelize(self, model: MimoModel,
+                    compute_paths: Callable[[MimoModel, ModelRuntime], ModelRuntime] | None = None,
                     device: torch.device | str = "cpu") -> None:
         """Lay the full model out in place, in one order: TP (+SP) per module, the bridges, the pipeline
         split, CP; then `compute_paths`, the caller's changes to how blocks compute (mimo.perf's fused q/k/v,
         activation checkpointing, torch.compile: torchtitan's order, so that FSDP2 wraps compiled,
-        checkpointed blocks); then DP per module.
+        checkpointed blocks), which takes the layout's runtime and returns it with its own loss or precision;
+        the model is given that runtime (`MimoModel.set_runtime`); then DP per module.
 
         A model built on the meta device (mimo.models.build) is laid out there and only then materialised on
         `device`: each rank allocates and initialises just its own TP slices, stage and FSDP shards, with the
@@ -108,13 +112,13 @@ class ParallelPlan:
         on_meta = is_on_meta(model)
         lm_tp = self.groups[LANGUAGE].group("tp")
         sp = self._flag(LANGUAGE, "sequence_parallel")
+        runtime = ModelRuntime()
         if self.layout.grids[LANGUAGE].tp > 1 and self.holds(LANGUAGE):
             parallelize_lm(model.language_model, lm_tp, sp)
-            model.loss_fn = tp_lm_loss(lm_tp, sp)
-            model.logits_fn = tp_lm_logits(lm_tp, sp)
+            runtime = dataclasses.replace(runtime, loss_fn=tp_lm_loss(lm_tp, sp), logits_fn=tp_lm_logits(lm_tp, sp))
             if sp:
-                model.shard_sequence = sequence_shard(lm_tp)
-                model.gather_sequence = sequence_gather(lm_tp)
+                runtime = dataclasses.replace(runtime, shard_sequence=sequence_shard(lm_tp),
+                                              gather_sequence=sequence_gather(lm_tp))
         if self.ep > 1 and self.holds(LANGUAGE):
             group = self.expert_groups[0]
             shard_experts(model.language_model, dist.get_rank(group), self.ep, group)
@@ -124,14 +128,15 @@ class ParallelPlan:
                 parallelize_vit(sub.encoders["vit"], self.groups[name].group("tp"),
                                 self._flag(name, "sequence_parallel"))
                 mark_tp_replicated(sub, tp)
-        self.install_bridges(model)
+        runtime = self.install_bridges(model, runtime)
         if self.pipeline is not None:
             self.pipeline.split(model)
         if self.context is not None:
-            self.context.apply(model)
+            runtime = self.context.apply(model, runtime)
         self.share_router_rows(model)
         if compute_paths is not None:
-            compute_paths(model)
+            runtime = compute_paths(model, runtime)
+        model.set_runtime(runtime)
         self.apply_data_parallel(model, sharded=True)
         if on_meta:
             self.materialize_local(model, device)
@@ -181,7 +186,7 @@ class ParallelPlan:
                 # Called outside the module's forward: the LM's embedding and head, the Out path (by MimoModel), an
                 # encoder on its own ranks (by the pipeline's EncoderStage).
                 out_path = ("decode",) if name in model.output_token_ids else ()
-                entry = ("embed", "logits") if name == LANGUAGE else ("encode_project", *out_path)
+                entry = ("embed", "logits", "head_loss") if name == LANGUAGE else ("encode_project", *out_path)
                 # An untied embedding and head are each used once a forward: their own units free them between
                 # that use and its backward (a tied one sits in the root unit, used at both ends).
                 untied = name == LANGUAGE and not self.cfg.model.llm.tie_embeddings
@@ -189,7 +194,8 @@ class ParallelPlan:
                 mesh = self.groups[name].device_mesh(lanes)
                 experts = name == LANGUAGE and self.ep > 1
                 inner = expert_fsdp_units(module, mesh, self.expert_groups[1]) if experts else []
-                apply_fsdp(module, mesh, entry_methods=entry, own_units=own, inner_units=inner,
+                apply_fsdp(module, mesh, entry_methods=entry, own_units=own, own_entry_methods=("weight_loss",),
+                           inner_units=inner,
                            mp_policy=BF16_COMPUTE if self.cfg.train.master_weights else None)
             elif name == LANGUAGE and self.ep > 1:
                 experts = expert_params(module)
@@ -297,16 +303,19 @@ class ParallelPlan:
     def dp(self, name: str) -> int:
         return self.layout.grids[name].dp
 
-    def install_bridges(self, model: MimoModel) -> None:
+    def install_bridges(self, model: MimoModel, runtime: ModelRuntime) -> ModelRuntime:
+        """`runtime` with the colocated bridges whose data lanes differ (an equal one is the identity)."""
+        bridges, output_bridges = dict(runtime.bridges), dict(runtime.output_bridges)
         for name, bridge in self.bridges.items():
             if bridge.direction != "equal":
                 # The model's token ids, whose counts per sample the bridges take from the host (microbatch_rows).
                 self.row_tokens[name] = {name: model.special_token_ids[name]}
                 if name in model.output_token_ids:
                     self.row_tokens[name][out_key(name)] = model.output_token_ids[name]
-                model.bridges[name] = bridge.to_language
+                bridges[name] = bridge.to_language
                 if name in model.output_token_ids:
-                    model.output_bridges[name] = (bridge.to_encoder, bridge.to_language)
+                    output_bridges[name] = (bridge.to_encoder, bridge.to_language)
+        return dataclasses.replace(runtime, bridges=bridges, output_bridges=output_bridges)
 
     def microbatches(self, batch: dict) -> list[dict]:
         """This rank's model inputs for each microbatch: text from the LM's DP lane, each modality's

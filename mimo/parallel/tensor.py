@@ -6,7 +6,7 @@ full weights for this TP rank, so initialisation does not depend on the layout. 
 local head count from the projection shapes, so sharded q/k/v need no change to the model code.
 
 Explicit layers, not DTensor: every communication is one call of `parallel/comm.py`, and sequence
-parallelism shards the *combined* multimodal sequence through `MimoModel.shard_sequence`.
+parallelism shards the *combined* multimodal sequence through the model runtime's `shard_sequence`.
 
 Communication per block: the input enters the TP region once (`copy_to_tp`, or with sequence parallel
 `gather_from_sp`), installed as a forward pre-hook on the attention / MLP module so that q, k and v
@@ -31,7 +31,7 @@ from torch.distributed import ProcessGroup
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import loss_weights
 from mimo.models.moe import MoEFeedForward
-from mimo.models.multimodal import LossFn
+from mimo.models.runtime import LossFn
 from mimo.models.vit import VisionTransformer
 from mimo.parallel.comm import (
     copy_to_tp,
@@ -118,9 +118,9 @@ def parallelize_lm(lm: DecoderLM, tp_group: ProcessGroup, sequence_parallel: boo
     embedding (and an untied head) split by vocabulary. Not collective. A mixture-of-experts MLP is not split:
     its router and experts run TP-replicated on the replicated input (expert parallelism splits the experts).
 
-    With sequence parallel the LM runs on this rank's sequence shard: set `MimoModel.shard_sequence`
-    to `sequence_shard(tp_group)`. Either way set `MimoModel.loss_fn` to `tp_lm_loss(...)` and
-    `MimoModel.logits_fn` to `tp_lm_logits(...)`. The sizes divide by tp (the gate checked them).
+    With sequence parallel the LM runs on this rank's sequence shard: give the model a runtime
+    (mimo.models.runtime) whose `shard_sequence` is `sequence_shard(tp_group)`; either way its `loss_fn` is
+    `tp_lm_loss(...)` and its `logits_fn` `tp_lm_logits(...)`. The sizes divide by tp (the gate checked them).
     """
     cfg, tp = lm.cfg, dist.get_world_size(tp_group)
     assert not (cfg.heads % tp or cfg.kv_heads % tp or cfg.vocab % tp or cfg.mlp % tp), "the gate's validate_plan"
@@ -177,7 +177,7 @@ def parallelize_vit(vit: VisionTransformer, tp_group: ProcessGroup, sequence_par
 
 
 def sequence_shard(tp_group: ProcessGroup) -> Callable[[torch.Tensor], torch.Tensor]:
-    """For `MimoModel.shard_sequence`: keep this TP rank's contiguous chunk of the combined `[B, S, H]`
+    """For `ModelRuntime.shard_sequence`: keep this TP rank's contiguous chunk of the combined `[B, S, H]`
     sequence (backward all-gathers). Collective in backward."""
     tp = dist.get_world_size(tp_group)
 
@@ -192,7 +192,7 @@ def sequence_shard(tp_group: ProcessGroup) -> Callable[[torch.Tensor], torch.Ten
 
 
 def sequence_gather(tp_group: ProcessGroup) -> Callable[[torch.Tensor], torch.Tensor]:
-    """For `MimoModel.gather_sequence`: the TP group's contiguous chunks of `[B, S/tp, H]` -> the whole
+    """For `ModelRuntime.gather_sequence`: the TP group's contiguous chunks of `[B, S/tp, H]` -> the whole
     `[B, S, H]` on every TP rank (all-gather); backward keeps this rank's chunk of the gradient, which
     every TP rank holds whole (the Out path decodes the same rows on each). Collective in forward."""
 
@@ -231,7 +231,7 @@ def sequence_parallel_rows(mb: dict, tp: int, rank: int) -> dict:
 
 
 def tp_lm_loss(tp_group: ProcessGroup, sequence_parallel: bool) -> LossFn:
-    """For `MimoModel.loss_fn`: (loss sum, token count) through the vocab-parallel head and cross
+    """For `ModelRuntime.loss_fn`: (loss sum, token count) through the vocab-parallel head and cross
     entropy, never gathering full logits. Collective; both results are replicated over the TP group."""
 
     def loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
@@ -246,7 +246,7 @@ def tp_lm_loss(tp_group: ProcessGroup, sequence_parallel: bool) -> LossFn:
 
 def tp_lm_logits(tp_group: ProcessGroup,
                  sequence_parallel: bool) -> Callable[[torch.Tensor, DecoderLM], torch.Tensor]:
-    """For `MimoModel.logits_fn`: full `[B, S, V]` logits on every TP rank (inference). Collective."""
+    """For `ModelRuntime.logits_fn`: full `[B, S, V]` logits on every TP rank (inference). Collective."""
 
     def logits(hidden: torch.Tensor, lm: DecoderLM) -> torch.Tensor:
         local = lm.logits(enter_head(hidden, tp_group, sequence_parallel))

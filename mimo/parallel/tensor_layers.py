@@ -13,6 +13,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed import ProcessGroup
 
+from mimo.models.llm import WeightLoss
 from mimo.models.loss import IGNORE_INDEX
 from mimo.parallel.comm import (
     reduce_from_tp,
@@ -62,6 +63,11 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+    def weight_loss(self, hidden: torch.Tensor, labels: torch.Tensor,
+                    loss: WeightLoss) -> tuple[torch.Tensor, torch.Tensor]:
+        """`loss(hidden, this rank's weight shard, labels)`, as `LMHead.weight_loss` (a vocab-parallel head's)."""
+        return loss(hidden, self.weight, labels)
 
 
 class RowParallelLinear(nn.Module):

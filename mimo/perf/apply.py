@@ -6,7 +6,8 @@ Switched on by `train.attention_backend`, `train.chunked_loss`, `train.fuse_qkv`
 "float8"`, `train.activation_checkpointing`, `train.compile` and `train.encoder_compile`, on every layout, installed
 in that order where torchtitan installs them: after the parallel plan's tensor, context and pipeline
 parallelism, before its data parallelism (`ParallelPlan.parallelize(model, compute_paths=...)`), so FSDP2
-wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not notice.
+wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not notice. The
+loss is the model runtime's (`ChunkedLMLoss`); the rest changes modules in place, through PyTorch's own APIs.
 The step's own fast paths (`train.loss_rows_only`, `train.master_weights` with `grad_table`,
 `lm_update_early` and `step_graph`) belong to the trainer's step and optimizer; `check_fast_path_layout`
 holds all of them to the layout, before any collective.
@@ -14,8 +15,9 @@ holds all of them to the layout, before any collective.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import types
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,7 +27,7 @@ from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.models.llm import DecoderLM
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import BLOCK_STACKS, MimoModel
-from mimo.parallel.data import FSDP_ENTRY_METHODS
+from mimo.models.runtime import ModelRuntime
 from mimo.parallel.layout import Layout
 from mimo.parallel.tensor import enter_head
 from mimo.perf.float8 import Float8Swap, check_float8_layout, convert_float8
@@ -40,56 +42,35 @@ up (README, "Fast paths"). train.master_weights runs on every layout: each modul
 fp32 state sharded over its data lanes, FSDP2's over its shards."""
 
 
-def chunked_head_loss(lm: DecoderLM, hidden: torch.Tensor, labels: torch.Tensor,
-                      tp_group: ProcessGroup | None = None,
-                      sequence_parallel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss sum, loss tokens) of the LM's head over `hidden` through `linear_cross_entropy`, in the autocast
-    dtype where autocast is on. With `tp_group` (a vocab-parallel LM) the hidden states enter the TP region
-    as `tp_lm_loss`'s do and the loss is vocab-parallel (collective over the group; both results replicated
-    on it). Installed as a method of the LM (`install_chunked_loss`); an untied head's product runs in
-    `head_chunked_loss`, a method of the head module, so that FSDP2 gathers a head sharded as its own unit
-    around that call only, as around the head's forward in `DecoderLM.logits`."""
-    device = hidden.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-    hidden = hidden.to(dtype)
-    if tp_group is not None:
-        hidden = enter_head(hidden, tp_group, sequence_parallel)
-    if lm.lm_head is not None:
-        return lm.lm_head.chunked_loss(hidden, labels)
-    return linear_cross_entropy(hidden, lm.embed_tokens.weight.to(dtype), labels, kernel="auto", tp_group=tp_group)
-
-
-def head_chunked_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor,
+def head_chunked_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                       tp_group: ProcessGroup | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`linear_cross_entropy` of an untied head module (`nn.Linear`, or its vocab-parallel
-    `ColumnParallelLinear` with `tp_group`: collective over it) in `hidden`'s dtype."""
-    return linear_cross_entropy(hidden, head.weight.to(hidden.dtype), labels, kernel="auto", tp_group=tp_group)
+    """`linear_cross_entropy` of a head weight (a vocab-parallel shard with `tp_group`: collective over it) in
+    `hidden`'s dtype: the `mimo.models.llm.WeightLoss` that `DecoderLM.head_loss` runs."""
+    return linear_cross_entropy(hidden, weight.to(hidden.dtype), labels, kernel="auto", tp_group=tp_group)
 
 
-def chunked_lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
-                    loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """MimoModel's `loss_fn` contract through the LM's installed `chunked_head_loss`; a `loss_mask` acts as a
-    0/1 mask (positions where it is 0 take no loss)."""
-    if loss_mask is not None:
-        labels = torch.where(loss_mask.bool(), labels, IGNORE_INDEX)
-    return lm.chunked_head_loss(hidden, labels)
+@dataclass(frozen=True)
+class ChunkedLMLoss:
+    """`ModelRuntime.loss_fn` of `train.chunked_loss`: (loss sum, loss tokens) of the LM's head over `hidden`
+    through `linear_cross_entropy`, in the autocast dtype where autocast is on, never forming the logits. With
+    `tp_group` (a vocab-parallel LM) the hidden states enter the TP region as `tp_lm_loss`'s do and the loss is
+    vocab-parallel (collective over the group; both results replicated on it). A `loss_mask` acts as a 0/1
+    mask (positions where it is 0 take no loss). The product runs in `DecoderLM.head_loss`, an FSDP2 entry of
+    the LM (and of an untied head sharded as its own unit)."""
 
+    tp_group: ProcessGroup | None = None
+    sequence_parallel: bool = False
 
-def install_chunked_loss(model: MimoModel, tp: tuple[ProcessGroup, bool] | None) -> None:
-    """The chunked head + loss as `model`'s loss, vocab-parallel where `tp` = (TP group, sequence parallel);
-    its LM method, and an untied head's `chunked_loss`, are declared FSDP2 entries of their modules
-    (mimo.parallel.data.FSDP_ENTRY_METHODS)."""
-    lm = model.language_model
-    tp_group = None if tp is None else tp[0]
-    head = chunked_head_loss if tp is None else functools.partial(chunked_head_loss, tp_group=tp_group,
-                                                                  sequence_parallel=tp[1])
-    lm.chunked_head_loss = types.MethodType(head, lm)
-    setattr(lm, FSDP_ENTRY_METHODS, (*getattr(lm, FSDP_ENTRY_METHODS, ()), "chunked_head_loss"))
-    if lm.lm_head is not None:
-        lm.lm_head.chunked_loss = types.MethodType(functools.partial(head_chunked_loss, tp_group=tp_group),
-                                                   lm.lm_head)
-        setattr(lm.lm_head, FSDP_ENTRY_METHODS, ("chunked_loss",))
-    model.loss_fn = chunked_lm_loss
+    def __call__(self, hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
+                 loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if loss_mask is not None:
+            labels = torch.where(loss_mask.bool(), labels, IGNORE_INDEX)
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        hidden = hidden.to(dtype)
+        if self.tp_group is not None:
+            hidden = enter_head(hidden, self.tp_group, self.sequence_parallel)
+        return lm.head_loss(hidden, labels, functools.partial(head_chunked_loss, tp_group=self.tp_group))
 
 
 def transformer_blocks(model: MimoModel, module: str) -> list[nn.Module]:
@@ -104,18 +85,21 @@ def transformer_blocks(model: MimoModel, module: str) -> list[nn.Module]:
     return [block for stack in stacks for block in stack.values()]
 
 
-def apply_fast_paths(cfg: Config, model: MimoModel, lm_tp: tuple[ProcessGroup, bool] | None = None,
-                     float8_swap: Float8Swap | None = None) -> None:
+def apply_fast_paths(cfg: Config, model: MimoModel, runtime: ModelRuntime | None = None,
+                     lm_tp: tuple[ProcessGroup, bool] | None = None,
+                     float8_swap: Float8Swap | None = None) -> ModelRuntime:
     """Install what `cfg.train` asks for on a model laid out up to data parallelism (as the
-    `compute_paths` of `ParallelPlan.parallelize`; on one process, on the built model): the loss, fused
+    `compute_paths` of `ParallelPlan.parallelize`; on one process, on the built model) and return `runtime`
+    (default: one process's) with the chunked loss where asked for, for `MimoModel.set_runtime`: fused
     q/k/v, the FP8 linears (after fused q/k/v, which keeps those three in bf16), then checkpointing before
     compiling, so that the checkpoint is traced into each compiled block. `lm_tp` = (TP group, sequence
     parallel) of a tensor-parallel LM (`ParallelPlan.lm_tensor_parallel`) makes the chunked loss vocab-parallel.
     `float8_swap` replaces torchao's conversion (mimo.perf.float8.convert_float8; the CPU tests' reference)."""
+    runtime = runtime or ModelRuntime()
     if torch.device(cfg.train.device).type == "cuda":
         use_sdpa_backend(cfg.train.attention_backend)
     if cfg.train.chunked_loss:
-        install_chunked_loss(model, lm_tp)
+        runtime = dataclasses.replace(runtime, loss_fn=ChunkedLMLoss(*(lm_tp or ())))
     if cfg.train.fuse_qkv:
         fuse_qkv(model)
     convert_float8(cfg, model, float8_swap)
@@ -128,6 +112,7 @@ def apply_fast_paths(cfg: Config, model: MimoModel, lm_tp: tuple[ProcessGroup, b
                 compile_blocks(sub.encoders.values(), backend=cfg.train.compile_backend)
             else:
                 compile_blocks(transformer_blocks(model, name), backend=cfg.train.compile_backend)
+    return runtime
 
 
 def check_fast_path_layout(cfg: Config, layout: Layout) -> None:

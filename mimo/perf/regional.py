@@ -2,20 +2,19 @@
 to an already built model, from outside.
 
 Nothing here renames a module or a parameter: blocks are compiled in place (`nn.Module.compile`), and
-checkpointing swaps one block's bound `forward`, so state dicts and tensor-parallel plans see the same
-names as the eager model.
+checkpointed through hooks (PyTorch's composable `checkpoint`), so state dicts and tensor-parallel plans see
+the same names as the eager model.
 """
 
 from __future__ import annotations
 
 import os
-import types
 from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.distributed._composable import checkpoint
 from torch.nn.attention import SDPBackend
-from torch.utils.checkpoint import checkpoint
 
 from mimo.config.schema import COMPILE_BACKENDS
 
@@ -43,32 +42,15 @@ def compile_blocks(blocks: Iterable[nn.Module], mode: str | None = None, backend
         block.compile(**options)
 
 
-def _checkpointed_forward(self: nn.Module, *args, **kwargs):
-    return checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
-
-
-_CHECKPOINTED_FORWARDS: dict[type, types.FunctionType] = {}
-
-
-def _checkpointed_forward_of(cls: type) -> types.FunctionType:
-    """`_checkpointed_forward` with a code object of its own for `cls`: torch.compile keeps compiled code
-    per code object, and one shared by the LM's layers and a ViT's blocks would recompile from one to the
-    other with their shapes made dynamic (under FSDP2 the gathered weights' too, which the checkpoint's
-    traced region cannot take)."""
-    if cls not in _CHECKPOINTED_FORWARDS:
-        code = _checkpointed_forward.__code__.replace(co_name=f"{cls.__name__}_checkpointed_forward")
-        _CHECKPOINTED_FORWARDS[cls] = types.FunctionType(code, _checkpointed_forward.__globals__)
-    return _CHECKPOINTED_FORWARDS[cls]
-
-
 def checkpoint_blocks(blocks: Iterable[nn.Module]) -> None:
     """Keep only the inputs of these blocks in forward and recompute the rest in backward.
 
-    Applied before `compile_blocks`, the checkpoint is traced into the compiled graph. Every instance of
-    a block class gets the same function (not a closure per block), so compiled blocks still share guards.
+    PyTorch's composable `checkpoint` (non-reentrant, as FSDP2 composes with it): hooks on each block, no
+    wrapper module, so every parameter keeps its name. Applied before `compile_blocks`, the checkpoint is traced
+    into each compiled block.
     """
     for block in blocks:
-        block.forward = types.MethodType(_checkpointed_forward_of(type(block)), block)
+        checkpoint(block)
 
 
 def use_sdpa_backend(name: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from mimo.config.load import dump_toml, to_dict
 from mimo.config.schema import Config
@@ -25,6 +26,7 @@ from mimo.models.init import INIT_SPECS, materialize, whole
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.models.out_loss import OutPathLoss
+from mimo.models.runtime import ModelRuntime
 from mimo.models.sample_rows import fed_modalities
 from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.plan import ParallelPlan
@@ -43,7 +45,7 @@ from mimo.train.master_optim import MasterOptimizer, UpdatedInStep
 from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.optim import MimoOptimizer
 from mimo.train.plot import plot_curve, run_curve
-from mimo.train.precision import apply_module_precision, step_autocast
+from mimo.train.precision import step_autocast, with_module_precision
 from mimo.train.router_loss import ROUTER_KEYS, RouterLosses
 from mimo.train.run_folder import RunFolder
 from mimo.train.threads import set_threads
@@ -116,16 +118,21 @@ class Trainer:
             model = build_model(self.cfg.model, load_weights=False)
         if self.plan is not None:
             lm_tp = self.plan.lm_tensor_parallel()
-            self.plan.parallelize(model, compute_paths=lambda m: apply_fast_paths(self.cfg, m, lm_tp),
+            self.plan.parallelize(model, compute_paths=lambda m, runtime: self.compute_paths(m, runtime, lm_tp),
                                   device=self.device)
             view = self.plan.local_view(model)
         else:
             materialize(model, getattr(model, INIT_SPECS), self.device)
-            apply_fast_paths(self.cfg, model)
+            model.set_runtime(self.compute_paths(model, ModelRuntime()))
             view = whole
         load_hf_weights_into(model, self.cfg.model, view)
-        apply_module_precision(self.cfg, model)
         return model
+
+    def compute_paths(self, model: MimoModel, runtime: ModelRuntime,
+                      lm_tp: tuple[ProcessGroup, bool] | None = None) -> ModelRuntime:
+        """The fast paths installed on `model` and the runtime it computes with: `runtime` (the layout's) with
+        the chunked loss and each modality's own precision where the config asks for them."""
+        return with_module_precision(self.cfg, model, apply_fast_paths(self.cfg, model, runtime, lm_tp))
 
     def build_optimizer(self) -> MimoOptimizer | MasterOptimizer:
         """MimoOptimizer (fp32 weights), or MasterOptimizer under train.master_weights (turns them bf16)."""

@@ -7,7 +7,7 @@ process (losses and every gradient within 1e-5 relative):
   before);
 - the Out path with the LM's sequence sharded: LM tp2 + SP beside images dp4, LM cp2 x dp2 beside images
   tp2 x dp2 (equal DP, no bridge), LM cp2 x tp2 + SP beside images dp4: the states are gathered whole
-  (`MimoModel.gather_sequence`) before the generation tokens are picked (the gate refused these before);
+  (`ModelRuntime.gather_sequence`) before the generation tokens are picked (the gate refused these before);
 - DP degrees that do not divide each other: encoder tp2 x dp3 beside LM tp3 x dp2 on 6 ranks, on the shapes
   demo with 0..3 images per sample (LM lane 0 takes encoder lane 0 and half of lane 1).
 """

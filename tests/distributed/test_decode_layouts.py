@@ -59,7 +59,7 @@ def train_then_decode(rank: int, world: int, out_dir: str, overrides: list[str])
     rows = [m for m in model.language_model.modules() if isinstance(m, RowParallelLinear)]
     if SP[1] in overrides:
         assert rows and all(m.sequence_parallel for m in rows)
-    assert model.shard_sequence is not None
+    assert model.runtime.shard_sequence is not None
     if plan.context is not None:
         assert all(m.attention_fn == plan.context.attend for m in plan.context.own_attention)
     return {"summary": summary, "tokens": tokens}

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from mimo.models.layers import SelfAttention
-from mimo.perf.apply import chunked_lm_loss
+from mimo.perf.apply import ChunkedLMLoss
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
 from tests.support.master_weights import IMG, LANG, LOSS_RTOL, MASTER, MASTER_OF_MOVE, MODEL, STEPS, train_with_masters
@@ -136,7 +136,7 @@ def _all_fast_rank(rank: int, world: int, out: str, layout: list[str]) -> tuple[
     """The losses, and whether this rank runs the chunked loss and fused q/k/v in every block it holds."""
     trainer = Trainer(tiny_config(Path(out), *MODEL, *layout, *MASTER, *ALL_FAST))
     held = [m for m in trainer.model.modules() if isinstance(m, SelfAttention) and m.q_proj.weight is not None]
-    installed = trainer.model.loss_fn is chunked_lm_loss and all(m.fused_qkv for m in held)
+    installed = isinstance(trainer.model.runtime.loss_fn, ChunkedLMLoss) and all(m.fused_qkv for m in held)
     return [trainer.train_step(step)["loss"] for step in range(STEPS)], installed and bool(held)
 
 

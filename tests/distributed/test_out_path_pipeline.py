@@ -9,7 +9,7 @@ The decoder runs where the LM's final states are, on the LM's last stage (mimo.p
   stage's data lanes and the output-token counts are global;
 - LM dp2 behind an image encoder of dp2 (4 ranks; one LM stage, disjoint grids under the pipeline schedule);
 - LM tp2 + SP x pp2 and LM cp2 x pp2 (5 ranks): the last stage's states are gathered whole
-  (`MimoModel.gather_sequence`) and each TP or CP rank decodes the whole sequence;
+  (`ModelRuntime.gather_sequence`) and each TP or CP rank decodes the whole sequence;
 - LM pp2 under interleaved 1F1B (2 virtual stages of a 4-layer LM, 3 ranks): the decoder runs after the last
   model chunk of the last stage.
 Each layout runs as a whole run (`Trainer.train`: its final checkpoint holds the decoder, saved from the LM's

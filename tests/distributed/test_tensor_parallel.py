@@ -24,6 +24,7 @@ from torch import nn
 
 from mimo.config.schema import ModalityConfig, ModelConfig, OptimConfig, ViTConfig
 from mimo.models.build import build_model
+from mimo.models.runtime import ModelRuntime
 from mimo.models.vit import VisionTransformer
 from mimo.parallel import comm
 from mimo.parallel.data import REPLICAS
@@ -153,10 +154,9 @@ def _check_lm(group: dist.ProcessGroup, sequence_parallel: bool, tied: bool, qk_
     par = copy.deepcopy(ref)
     parallelize_lm(par.language_model, group, sequence_parallel)
     mark_tp_replicated(par.modality_submodules, dist.get_world_size(group))  # replicated on every TP rank
-    par.loss_fn = tp_lm_loss(group, sequence_parallel)
-    par.logits_fn = tp_lm_logits(group, sequence_parallel)
-    if sequence_parallel:
-        par.shard_sequence = sequence_shard(group)
+    par.set_runtime(ModelRuntime(loss_fn=tp_lm_loss(group, sequence_parallel),
+                                 logits_fn=tp_lm_logits(group, sequence_parallel),
+                                 shard_sequence=sequence_shard(group) if sequence_parallel else None))
 
     batch = _lm_batch()
     want, got = ref(**batch), par(**batch)

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
+from torch.distributed._composable import checkpoint
 
 from mimo.models.layers import SelfAttention
 from mimo.models.multimodal import MimoModel
-from mimo.perf.apply import chunked_lm_loss
+from mimo.perf.apply import ChunkedLMLoss
 from mimo.train.trainer import Trainer
 from tests.support.parity import rel_diff, trainer_steps
 from tests.support.tiny_run import tiny_config
@@ -53,9 +54,9 @@ def installed(model: MimoModel) -> dict:
     attention blocks: the test would pass on a switch that installed nothing."""
     attention = [m for m in model.modules() if isinstance(m, SelfAttention)]
     return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sorted(counters["graph_break"]),
-            "chunked_loss": int(model.loss_fn is chunked_lm_loss),
+            "chunked_loss": int(isinstance(model.runtime.loss_fn, ChunkedLMLoss)),
             "fused": sum(m.fused_qkv for m in attention),
-            "checkpointed": sum("forward" in vars(block) for block in model.modules())}
+            "checkpointed": sum(checkpoint.state(block) is not None for block in model.modules())}
 
 
 def assert_trains_like_reference(what: str, run: tuple, reference: tuple) -> None:

@@ -161,7 +161,7 @@ def test_layouts_that_failed_at_the_first_batch_are_refused_at_the_gate():
      "--parallel.modules.language.sequence_parallel=true"],
 ], ids=["tp2_sp", "cp2", "cp2_tp2_sp"])
 def test_out_path_with_a_sharded_lm_sequence_passes_the_gate(lm):
-    """The Out path gathers the LM's sharded sequence whole before it decodes (MimoModel.gather_sequence), so the
+    """The Out path gathers the LM's sharded sequence whole before it decodes (ModelRuntime.gather_sequence), so the
     gate, which refused LM sequence and context parallelism beside it, accepts them; they train like one process
     in tests/distributed/test_colocated_layouts.py."""
     cfg = load_config(T2I, [*TINY_T2I, "--model.llm.heads=4", "--model.llm.kv_heads=2", *lm])

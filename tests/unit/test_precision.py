@@ -15,7 +15,8 @@ import torch
 
 from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.models.build import build_model
-from mimo.train.precision import apply_module_precision, step_autocast
+from mimo.models.runtime import ModelRuntime
+from mimo.train.precision import step_autocast, with_module_precision
 from mimo.train.trainer import Trainer
 from tests.support.precision_probe import LM_LINEAR, PROJECTOR, VIT_LINEAR, record_dtypes
 from tests.support.tiny_run import tiny_config
@@ -35,7 +36,9 @@ def test_a_modality_computes_in_its_own_dtype_beside_the_language_model(tmp_path
     torch.manual_seed(0)
     model = build_model(cfg.model)
     plain = copy.deepcopy(model)
-    assert apply_module_precision(cfg, model) == ["images"]
+    runtime = with_module_precision(cfg, model, ModelRuntime())
+    assert list(runtime.modality_autocast) == ["images"]
+    model.set_runtime(runtime)
     seen = record_dtypes(model)
     with step_autocast(cfg, torch.device("cpu")):
         rows = model.modality_submodules["images"](_pixels())

@@ -80,11 +80,11 @@ class _Stage:
 
 class LMStage(_Stage):
     """A stage of the language model. The first stage embeds text, takes every modality's rows from its
-    bridge and aligns them (then `MimoModel.shard_sequence` keeps this rank's positions under CP and SP);
+    bridge and aligns them (then the runtime's `shard_sequence` keeps this rank's positions under CP and SP);
     the last one returns the scaled loss and sums the loss for the log. Under context parallel every
     stage holds this CP rank's positions and the text microbatches come cut (`ContextParallel.shard_batch`).
     The last stage also runs the Out path (`MimoModel.output_losses` on its final states, made whole by
-    `gather_sequence`) for microbatches with `modality_targets`, and adds `out_loss`'s term to its output.
+    the runtime's `gather_sequence`) for microbatches with `modality_targets`, and adds `out_loss`'s term to its output.
     `layers`: the keys of the layers this stage runs (one model chunk of an interleaved rank); None: all it holds."""
 
     def __init__(self, model: MimoModel, first: bool, last: bool, bridges: dict[str, PipelineBridge],
@@ -116,12 +116,12 @@ class LMStage(_Stage):
         rows = {name: bridge.recv_forward(counts[name], width, self.device) for name, bridge in self.bridges.items()}
         # The model's own crossing hooks (context parallel's entry: the rows' gradient summed over CP) sit
         # between the received leaves, whose gradient goes back over the bridge, and the alignment.
-        entered = {name: model.bridges[name](r, counts[name]) if name in model.bridges else r
-                   for name, r in rows.items()}
+        crossings = model.runtime.bridges
+        entered = {name: crossings[name](r, counts[name]) if name in crossings else r for name, r in rows.items()}
         with self.autocast():
             embeds = model.embed_with_rows(ids, entered)
-        if model.shard_sequence is not None:
-            embeds = model.shard_sequence(embeds)
+        if model.runtime.shard_sequence is not None:
+            embeds = model.runtime.shard_sequence(embeds)
         pos = mb.get("position_ids")
         if pos is None:
             pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
@@ -143,7 +143,7 @@ class LMStage(_Stage):
                 if rows is not None:
                     labels = labels.reshape(-1).index_select(0, rows)
                     mask = None if mask is None else mask.reshape(-1).index_select(0, rows)
-                loss_sum, _ = self.model.loss_fn(out, lm, labels, mask)
+                loss_sum, _ = self.model.runtime.loss_fn(out, lm, labels, mask)
                 out = self._objective(loss_sum, out, mb)
         if self.last:
             self.loss_sum += loss_sum.detach().float()
