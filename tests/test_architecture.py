@@ -259,3 +259,91 @@ def test_imports_between_tests_go_through_support():
                     bad.append(f"{path.relative_to(TESTS.parent)}:{node.lineno} imports {name}")
     assert not bad, "move what these share into tests/support/:\n" + "\n".join(bad)
     assert through_support > 100, through_support  # the walk saw the suites' imports
+
+
+MODEL_NAMES = {"model", "mimo_model", "language_model", "lm", "block", "layer"}
+"""Names that hold a model or one of its parts throughout mimo/ (`model.X`, `self.model.X`, `lm.X`, `block.X`)."""
+RUNTIME_ATTRIBUTES = {"forward", "runtime", "bridges", "output_bridges", "shard_sequence", "gather_sequence",
+                      "mask_positions", "loss_fn", "logits_fn", "modality_autocast", "autocast"}
+"""Attributes through which a model computes: set on nothing outside mimo/models/, whatever it is called."""
+
+
+def _is_child_swap(node: ast.AST) -> bool:
+    """`x.child = None` or `x.child = SomeModule(...)`: replacing or dropping a child module, PyTorch's module
+    surgery (how a layout applies tensor parallelism or cuts a pipeline stage, as torchtitan's does)."""
+    if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Attribute):
+        return False
+    value = node.value
+    if isinstance(value, ast.Constant) and value.value is None:
+        return True
+    func = value.func if isinstance(value, ast.Call) else None
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    return name[:1].isupper() and name not in {"MethodType", "FunctionType"}
+
+
+def _receiver_name(node: ast.expr) -> str:
+    """The last name of an attribute's owner: `model` for `model.x`, `self.model.x` and `trainer.model.x`."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def model_patches(source: str, where: str) -> list[str]:
+    """Where a file outside mimo/models/ sets (or deletes) an attribute of a model or one through which a model
+    computes: any store into `<model>.x` or `<model>.x[...]`, `x.forward`, `x.loss_fn`..., `setattr`/`delattr`
+    of such names, and `x.__dict__[...] =`. An object's own attributes (`self.x`) and replacing or dropping a
+    child module (`_is_child_swap`) are not patching."""
+    tree, out = ast.parse(source, filename=where), []
+    swaps = {id(n.targets[0]) for n in ast.walk(tree) if _is_child_swap(n)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            owner, attr = _receiver_name(node.value), node.attr
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"setattr", "delattr"}:
+            owner = _receiver_name(node.args[0]) if node.args else ""
+            given = node.args[1] if len(node.args) > 1 else None
+            attr = given.value if isinstance(given, ast.Constant) and isinstance(given.value, str) else "<computed>"
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)) and \
+                isinstance(node.value, ast.Attribute):
+            owner, attr = _receiver_name(node.value.value), node.value.attr
+        else:
+            continue
+        own = isinstance(node, (ast.Attribute, ast.Subscript)) and _receiver_name(
+            node.value if isinstance(node, ast.Attribute) else node.value.value) in {"self", "cls"}
+        own = own and not (isinstance(node, ast.Subscript) and attr == "__dict__")
+        if own or id(node) in swaps or (owner not in MODEL_NAMES and attr not in RUNTIME_ATTRIBUTES | {"__dict__"}):
+            continue
+        out.append(f"{where}:{node.lineno} sets `{owner}.{attr}` from outside mimo/models/: a model is changed "
+                   "only through its runtime (MimoModel.set_runtime / MimoModel.running, mimo.models.runtime), by "
+                   "PyTorch's module APIs (hooks, composable checkpoint, compile, fully_shard) or by replacing a "
+                   "child module")
+    return out
+
+
+def test_no_bound_methods_are_installed():
+    """`types.MethodType` (or a function's `__get__`) binds a function to an object from outside its class."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            named = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            imported = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            if named in {"MethodType", "__get__"} or "MethodType" in imported:
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} binds a method from outside its class "
+                             "(types.MethodType); give the model a runtime or wrap the module with PyTorch's APIs")
+    assert not found, "\n".join(found)
+
+
+def test_models_are_not_patched_from_outside():
+    models = ROOT / "models"
+    found = [p for path in sorted(ROOT.rglob("*.py")) if models not in path.parents
+             for p in model_patches(path.read_text(), str(path.relative_to(ROOT.parent)))]
+    assert not found, "\n".join(found)
+
+
+def test_the_patch_rule_sees_patches():
+    """The rule catches each form it names, and lets an object's own attributes and child-module swaps pass (a
+    rule that matched nothing would pass on any tree)."""
+    code = ("model.loss_fn = f\nself.model.bridges['a'] = b\nmodel.a, model.b = 1, 2\nblock.forward = g\n"
+            "x.forward = g\nsetattr(lm, 'chunked', f)\ndel model.shard_sequence\nm.__dict__['forward'] = g\n"
+            "self.__dict__['x'] = 1\nmodel.runtime.loss_fn = f\nx.runtime.bridges['a'] = b\n"
+            "lm.lm_head = Head(lm.lm_head)\nlm.norm = None\nmodule.weight_scale = 2\nself.bridges = {}\n"
+            "lm.head = types.MethodType(f, lm)\n")
+    lines = sorted(int(p.split(":")[1].split()[0]) for p in model_patches(code, "sample.py"))
+    assert lines == [1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16], lines
