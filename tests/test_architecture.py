@@ -264,7 +264,8 @@ def test_imports_between_tests_go_through_support():
 MODEL_NAMES = {"model", "mimo_model", "language_model", "lm", "block", "layer"}
 """Names that hold a model or one of its parts throughout mimo/ (`model.X`, `self.model.X`, `lm.X`, `block.X`)."""
 RUNTIME_ATTRIBUTES = {"forward", "runtime", "bridges", "output_bridges", "shard_sequence", "gather_sequence",
-                      "mask_positions", "loss_fn", "logits_fn", "modality_autocast", "autocast"}
+                      "mask_positions", "loss_fn", "logits_fn", "modality_autocast", "autocast", "lm_attention",
+                      "layout_attention", "attention_fn"}
 """Attributes through which a model computes: set on nothing outside mimo/models/, whatever it is called."""
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -241,9 +242,11 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(q_width, qk_norm_eps, norm_offset) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(k_width, qk_norm_eps, norm_offset) if qk_norm_eps is not None else None
         self.query_factor = query_scale * math.sqrt(self.head_dim) if query_scale else 1.0
-        # The attention kernel, `attention(q, k, v, causal, mask)` by default; parallel/ may replace it from
-        # outside (context parallel attends local queries to keys and values gathered over its group).
+        # The attention kernel, `attention(q, k, v, causal, mask)` by default; a layout's in its place where the
+        # model runtime gives one (`ModelRuntime.lm_attention`, through `DecoderLM.use_attention`: context
+        # parallel attends local queries to keys and values gathered over its group).
         self.attention_fn = attention if not softcap else functools.partial(softcapped_attention, cap=softcap)
+        self.layout_attention: Callable[..., torch.Tensor] | None = None
         # Set from outside (mimo.perf.fuse_qkv): q, k and v from one product over their weights concatenated
         # at each call; the parameters stay three linears.
         self.fused_qkv = False
@@ -269,7 +272,8 @@ class SelfAttention(nn.Module):
             q = q * self.query_factor
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        out = self.attention_fn(q, k, v, causal=causal, mask=mask).transpose(1, 2).reshape(b, s, -1)
+        kernel = self.attention_fn if self.layout_attention is None else self.layout_attention
+        out = kernel(q, k, v, causal=causal, mask=mask).transpose(1, 2).reshape(b, s, -1)
         if rows is not None:
             out = out.flatten(0, 1).index_select(0, rows)
         return self.o_proj(out)

@@ -179,6 +179,13 @@ class DecoderLM(nn.Module):
         rope = rope_cos_sin(position_ids, self.head_dim, theta, self.cfg.rope_scaling, self.cfg.mrope_section)
         return rope, sliding_window_mask(mask, self.cfg.sliding_window, s, past + s, device)
 
+    def use_attention(self, kernel: Callable[..., torch.Tensor] | None) -> None:
+        """Every layer's attention through `kernel` (`attention`'s contract; a layout's, see
+        `ModelRuntime.lm_attention`), or (None) through its own. Called by `MimoModel.set_runtime`."""
+        for module in self.modules():
+            if isinstance(module, SelfAttention):
+                module.layout_attention = kernel
+
     def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor,
                   loss: WeightLoss) -> tuple[torch.Tensor, torch.Tensor]:
         """`loss(hidden, W, labels)` of the head's weight W `[V, H]` (the tied embedding's, or an untied head's

@@ -229,6 +229,7 @@ class MimoModel(nn.Module):
         """Give the model how it computes on this rank (mimo.models.runtime); returns the one it had. The one
         entry point for a layout's crossings, sequence split, loss and per-modality precision. Not collective."""
         previous, self.runtime = self.runtime, runtime
+        self.language_model.use_attention(runtime.lm_attention)
         for name, sub in self.modality_submodules.items():
             sub.autocast = runtime.modality_autocast.get(name)
         return previous

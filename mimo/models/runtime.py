@@ -49,6 +49,8 @@ class ModelRuntime:
       `[B, S, H]` (identical on the ranks that shared the sequence), gradient back to this rank's positions.
     - `mask_positions(length, device)`: row positions of the queries this rank's attention runs and of the keys
       it sees, for masks built from per-token values (context parallel); None: the whole row in order.
+    - `lm_attention`: the attention kernel of every LM layer (`mimo.models.layers.attention`'s contract; context
+      parallel's); None: each layer's own.
     - `loss_fn`, `logits_fn`: the LM's loss (`LossFn`) and logits `(hidden, lm) -> [.., V]`.
     - `modality_autocast[m]` = (device type, bf16): modality m's encoders, projections and decoders run in an
       autocast context of their own (mimo.train.precision); absent: the caller's.
@@ -59,6 +61,7 @@ class ModelRuntime:
     shard_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
     gather_sequence: Callable[[torch.Tensor], torch.Tensor] | None = None
     mask_positions: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]] | None = None
+    lm_attention: Callable[..., torch.Tensor] | None = None
     loss_fn: LossFn = lm_loss
     logits_fn: Callable[[torch.Tensor, DecoderLM], torch.Tensor] = lm_logits
     modality_autocast: Mapping[str, tuple[str, bool]] = field(default_factory=dict)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from mimo.models.layers import SelfAttention, attention
+from mimo.models.layers import attention
 from mimo.models.multimodal import MimoModel
 from mimo.models.runtime import Crossing, ModelRuntime
 from mimo.parallel.comm import copy_to_tp, gather_from_sp, gather_from_tp
@@ -81,7 +81,6 @@ class ContextParallel:
         self._positions: dict[tuple[int, torch.device | None], tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._orders: dict[tuple[int, torch.device], torch.Tensor] = {}
-        self.own_attention: dict[SelfAttention, object] = {}  # each LM layer's attention before `apply`
 
     def positions(self, seq: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Row positions of this rank's queries (zigzag) and of the all-gathered keys, made and copied to
@@ -186,9 +185,9 @@ class ContextParallel:
         return cross
 
     def apply(self, model: MimoModel, runtime: ModelRuntime) -> ModelRuntime:
-        """Install CP on a (TP-parallelized, bridged) model: CP attention in every LM layer, in place; returns
-        `runtime` with sequence sharding before any sequence-parallel split (and the Out path's gather after
-        undoing it), this rank's mask positions and CP entry after every modality bridge."""
+        """CP on a (TP-parallelized, bridged) model: `runtime` with sequence sharding before any sequence-parallel
+        split (and the Out path's gather after undoing it), this rank's mask positions, CP attention in every LM
+        layer and CP entry after every modality bridge. Changes nothing in place."""
         inner, inner_gather = runtime.shard_sequence, runtime.gather_sequence
 
         def shard(embeds: torch.Tensor) -> torch.Tensor:
@@ -198,15 +197,6 @@ class ContextParallel:
         def gather(hidden: torch.Tensor) -> torch.Tensor:
             return self.gather_sequence(inner_gather(hidden) if inner_gather is not None else hidden)
 
-        self.own_attention = {m: m.attention_fn for m in model.language_model.modules() if isinstance(m, SelfAttention)}
-        self.attend_locally(False)
         bridges = {name: self.enter(runtime.bridges.get(name)) for name in model.modality_submodules}
         return dataclasses.replace(runtime, shard_sequence=shard, gather_sequence=gather,
-                                   mask_positions=self.positions, bridges=bridges)
-
-    def attend_locally(self, local: bool) -> None:
-        """Switch the LM's layers between CP attention (False, as `apply` installs it) and their own attention
-        (True: each CP rank attends over the whole sequence it is given, e.g. in greedy decoding, where every CP
-        rank of a data lane runs the same batch). Not collective."""
-        for module, own in self.own_attention.items():
-            module.attention_fn = own if local else self.attend
+                                   mask_positions=self.positions, lm_attention=self.attend, bridges=bridges)

@@ -31,17 +31,14 @@ def whole_sequences(plan: ParallelPlan, model: MimoModel) -> Iterator[None]:
     lm_cfg = plan.module_cfg[LANGUAGE]
     split = (lm_cfg is not None and lm_cfg.sequence_parallel and plan.layout.grids[LANGUAGE].tp > 1
              and plan.holds(LANGUAGE))
-    runtime = dataclasses.replace(model.runtime, shard_sequence=None, gather_sequence=None, mask_positions=None)
+    runtime = dataclasses.replace(model.runtime, shard_sequence=None, gather_sequence=None, mask_positions=None,
+                                  lm_attention=None)
     if split:
         set_lm_sequence_parallel(model.language_model, False)
         runtime = dataclasses.replace(runtime, logits_fn=tp_lm_logits(plan.groups[LANGUAGE].group("tp"), False))
-    if plan.context is not None:
-        plan.context.attend_locally(True)
     try:
         with model.running(runtime):
             yield
     finally:
         if split:
             set_lm_sequence_parallel(model.language_model, True)
-        if plan.context is not None:
-            plan.context.attend_locally(False)

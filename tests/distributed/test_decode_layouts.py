@@ -17,6 +17,7 @@ import torch
 from mimo.config.load import load_config
 from mimo.data.batching import to_device
 from mimo.models.generate import greedy_generate
+from mimo.models.layers import SelfAttention
 from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.tensor_layers import RowParallelLinear
 from mimo.tasks import build_demo_data, evaluate_demo
@@ -61,7 +62,8 @@ def train_then_decode(rank: int, world: int, out_dir: str, overrides: list[str])
         assert rows and all(m.sequence_parallel for m in rows)
     assert model.runtime.shard_sequence is not None
     if plan.context is not None:
-        assert all(m.attention_fn == plan.context.attend for m in plan.context.own_attention)
+        layers = [m for m in model.language_model.modules() if isinstance(m, SelfAttention)]
+        assert layers and all(m.layout_attention == plan.context.attend for m in layers)
     return {"summary": summary, "tokens": tokens}
 
 
