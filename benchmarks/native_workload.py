@@ -25,6 +25,7 @@ from mimo.hf.load import IMAGES
 from mimo.models.flops import train_step_flops
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.sample_rows import leading_rows
+from mimo.models.step_hints import forward_args
 from mimo.tasks import build_demo_data
 
 PRESETS = Path(__file__).resolve().parent / "presets"
@@ -106,7 +107,7 @@ def hf_batch(batch: dict) -> dict:
 
 def model_inputs(batch: dict) -> dict:
     """A mimo batch as MimoModel's keywords (its per-row item counts are the trainer's, for splitting)."""
-    return {k: v for k, v in batch.items() if k != COUNTS}
+    return forward_args({k: v for k, v in batch.items() if k != COUNTS})
 
 
 def step_flops(cfg: Config, batches: list[dict]) -> float:

@@ -101,14 +101,14 @@ def split_microbatches(batch: dict, microbatches: int, lanes: dict[str, tuple[in
 def with_precomputed_rows(mb: dict, token_ids: dict[str, int], loss_rows: bool) -> dict:
     """A microbatch on the host with the flat positions its forward would otherwise find on the device (a
     host sync each): `modality_token_indices` of text and of each modality it has inputs of, and with
-    `loss_rows` the positions that carry a label (`MimoModel.forward(loss_rows=)`)."""
+    `loss_rows` the positions that carry a label (`StepHints.loss_rows`)."""
     present = {n: t for n, t in token_ids.items() if n in mb.get("modality_inputs", {})}
     out = {**mb, "modality_token_indices": token_indices(mb["input_ids"], present)}
     return with_loss_rows(out) if loss_rows else out
 
 
 def with_loss_rows(mb: dict) -> dict:
-    """A microbatch with `loss_rows`: the flat `B * S` positions that carry a label (`MimoModel.forward(loss_rows=)`),
+    """A microbatch with `loss_rows`: the flat `B * S` positions that carry a label (`StepHints.loss_rows`),
     on the microbatch's device (a host sync there)."""
     return {**mb, "loss_rows": (loss_weights(mb["labels"], mb.get("loss_mask")).reshape(-1) > 0).nonzero().squeeze(1)}
 

@@ -35,6 +35,7 @@ from mimo.data.seeded_batches import SeededBatches
 from mimo.data.tokenizer import ByteTokenizer, load_tokenizer, with_extra_tokens
 from mimo.models.loss import IGNORE_INDEX
 from mimo.models.multimodal import MimoModel
+from mimo.models.step_hints import forward_args
 
 Item = tuple[int, list[int] | None, list[int] | None, dict[str, np.ndarray], str, float]
 """(row, ids, labels, inputs, problem, verdict): ids/labels where the rank needs the text, inputs (modality ->
@@ -306,7 +307,7 @@ class ImageTextData(SeededBatches):
             bad = torch.tensor([it[5] != USABLE for it in items])
             batch = src._assemble(items, len(rows), bad, rows)
             batch = to_device(batch, torch.device(device))
-            out = model(**{k: v for k, v in batch.items() if k != COUNTS})
+            out = model(**forward_args({k: v for k, v in batch.items() if k != COUNTS}))
             total += float(out.loss_sum)
             tokens += int((batch["labels"] != IGNORE_INDEX).sum())
             used += int((bad == 0).sum())

@@ -21,6 +21,7 @@ from mimo.models.layers import DocumentRows, document_mask, padding_causal_mask
 from mimo.models.llm import DecoderLM
 from mimo.models.runtime import ModelRuntime
 from mimo.models.sample_rows import leading_rows, run_encoder
+from mimo.models.step_hints import StepHints
 
 BLOCK_STACKS = ("layers", "blocks")
 """The attributes a model keeps its `nn.ModuleDict` of transformer blocks in: `layers` (the LM, ViT, audio and the
@@ -302,53 +303,26 @@ class MimoModel(nn.Module):
         text_ids = input_ids[text_positions(input_ids, self.special_token_ids)]
         return align_embeddings(self.language_model.embed(text_ids), rows, input_ids, self.special_token_ids)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
-                modality_inputs: dict | None = None,
-                modality_token_indices: dict[str, torch.Tensor] | None = None,
-                attention_mask: torch.Tensor | None = None,
-                modality_targets: dict[str, torch.Tensor] | None = None,
-                document_ids: torch.Tensor | None = None, loss_rows: torch.Tensor | None = None,
-                microbatch_rows: dict[str, list[int]] | None = None,
-                shard_loss_rows: torch.Tensor | None = None) -> MimoOutput:
-        """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean).
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                modality_inputs: dict | None = None, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
+                hints: StepHints | None = None) -> MimoOutput:
+        """Embed, align, run the LM. With labels: per-token loss sum and token count (not a mean), else logits.
 
-        With `modality_targets` (`{modality: [B, K, D]}`, sample-aligned, see `output_losses`) the Out
-        path also returns each modality's decoder loss sum and output-token count. `document_ids` `[B, S]`
-        (packed rows, mimo.data.packing) gives the block-diagonal causal mask on the ids' device
-        (`DocumentRows`: block-sparse on CUDA), in place of an explicit `attention_mask`. `attention_mask` is a
-        bool `[B, 1, S, S]` (True = may attend) or Hugging Face's `[B, S]` 0/1 padding mask (1 = real token),
-        made causal here; as in transformers' forward, `position_ids` default to 0..S-1 either way (pass them
-        for left-padded rows). `loss_rows`
-        `[N]` (with labels: the flat positions, row-major over `[B, S]`, that carry a label, computed with
-        the batch so that no step waits for the device) runs the LM's last layer after attention, its final
-        norm and the loss on those rows only (`hidden` is then `[N, H]`); the loss is the same; under sequence
-        parallelism with `shard_loss_rows`, this rank's part of them (`DecoderLM.forward(shard_rows=)`).
-        `microbatch_rows` (host ints, made with the batch) are every sample's placeholder rows of each modality
-        and (`out_key`) generation tokens, over the whole microbatch of every data lane: the bridges' counts
-        without an exchange (mimo.parallel.plan adds them); the result does not depend on them."""
-        if document_ids is not None:
-            if attention_mask is not None:
-                raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
-            if self.runtime.mask_positions is None:
-                attention_mask = DocumentRows.of(document_ids)
-            else:
-                queries, keys = self.row_positions(input_ids.shape[1], document_ids.device)
-                attention_mask = document_mask(document_ids.index_select(1, queries), queries,
-                                               document_ids.index_select(1, keys), keys)
-        elif attention_mask is not None and attention_mask.dim() == 2:
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError(f"a [B, S] attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
-                                 f"got {tuple(attention_mask.shape)}")
-            queries, keys = self.row_positions(input_ids.shape[1], attention_mask.device)
-            attention_mask = padding_causal_mask(attention_mask.index_select(1, keys), queries, keys)
-        embeds = self.combined_embeddings(input_ids, modality_inputs, modality_token_indices, microbatch_rows)
+        `attention_mask`: a bool `[B, 1, S, S]` (True = may attend) or transformers' `[B, S]` 0/1 padding mask,
+        made causal here; `position_ids` default to 0..S-1 either way (pass them for left-padded rows). `hints`:
+        what the step or the layout knows about the batch (mimo.models.step_hints)."""
+        hints = hints or StepHints()
+        attention_mask = self.attention_mask(input_ids, attention_mask, hints.document_ids)
+        embeds = self.combined_embeddings(input_ids, modality_inputs, hints.modality_token_indices,
+                                          hints.microbatch_rows)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         if self.runtime.shard_sequence is not None:
             embeds = self.runtime.shard_sequence(embeds)
+        loss_rows = hints.loss_rows
         hidden = self.language_model(embeds, position_ids, mask=attention_mask, output_rows=loss_rows,
-                                      shard_rows=shard_loss_rows)
+                                      shard_rows=hints.shard_loss_rows)
         if loss_rows is not None:
             labels = labels.reshape(-1).index_select(0, loss_rows)
             loss_mask = None if loss_mask is None else loss_mask.reshape(-1).index_select(0, loss_rows)
@@ -357,10 +331,31 @@ class MimoModel(nn.Module):
         else:
             loss_sum, num_tokens = self.runtime.loss_fn(hidden, self.language_model, labels, loss_mask)
             out = MimoOutput(hidden=hidden, loss_sum=loss_sum, num_tokens=num_tokens)
-        if modality_targets:
-            out.modality_loss_sums, out.modality_num_tokens = self.output_losses(hidden, input_ids, modality_targets,
-                                                                                 microbatch_rows)
+        if hints.modality_targets:
+            out.modality_loss_sums, out.modality_num_tokens = self.output_losses(
+                hidden, input_ids, hints.modality_targets, hints.microbatch_rows)
         return out
+
+    def attention_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                       document_ids: torch.Tensor | None) -> torch.Tensor | DocumentRows | None:
+        """The LM's mask for this rank's rows (`row_positions`): block-diagonal causal from packed rows'
+        `document_ids` `[B, S]` on their device (`DocumentRows`: block-sparse on CUDA, where the rows are whole),
+        causal over a `[B, S]` padding mask, or a given `[B, 1, S, S]` mask as it is."""
+        if document_ids is not None:
+            if attention_mask is not None:
+                raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
+            if self.runtime.mask_positions is None:
+                return DocumentRows.of(document_ids)
+            queries, keys = self.row_positions(input_ids.shape[1], document_ids.device)
+            return document_mask(document_ids.index_select(1, queries), queries,
+                                 document_ids.index_select(1, keys), keys)
+        if attention_mask is not None and attention_mask.dim() == 2:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"a [B, S] attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+                                 f"got {tuple(attention_mask.shape)}")
+            queries, keys = self.row_positions(input_ids.shape[1], attention_mask.device)
+            return padding_causal_mask(attention_mask.index_select(1, keys), queries, keys)
+        return attention_mask
 
     def row_positions(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Row positions of this rank's queries and keys for masks built from per-token values: the whole

@@ -336,7 +336,7 @@ class ParallelPlan:
     def microbatch_rows(self, batch: dict) -> list[dict[str, list[int]]]:
         """Per microbatch of `batch`, for each modality whose colocated bridge moves rows: every sample's
         placeholders (and `out_key`: generation tokens) over the whole microbatch, host ints, the same on every
-        rank (`MimoModel.forward(microbatch_rows=)`: the bridges then exchange no counts). Pure."""
+        rank (`StepHints.microbatch_rows`: the bridges then exchange no counts). Pure."""
         moving = [n for n, b in self.bridges.items() if b.direction != "equal" and n in self.row_tokens]
         ids = batch["input_ids"]
         per_mb = ids.shape[0] // self.cfg.parallel.microbatches

@@ -21,6 +21,7 @@ from mimo.data.checks import check_batch
 from mimo.data.samples import BatchFailed
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
+from mimo.models.step_hints import forward_args
 from mimo.train.precision import step_autocast
 
 
@@ -71,7 +72,7 @@ def _colocated_sums(cfg: Config, model: MimoModel, batch: dict, device: torch.de
     sums = torch.zeros(2, dtype=torch.float64, device=device)
     for mb in (to_device(mb, device) for mb in microbatches(batch)):
         with step_autocast(cfg, device):
-            out = model(**mb)
+            out = model(**forward_args(mb))
         sums[0] += out.loss_sum.double()
         sums[1] += loss_weights(mb["labels"], mb.get("loss_mask")).sum().double()
     return sums

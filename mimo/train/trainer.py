@@ -28,6 +28,7 @@ from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.models.out_loss import OutPathLoss
 from mimo.models.runtime import ModelRuntime
 from mimo.models.sample_rows import fed_modalities
+from mimo.models.step_hints import forward_args
 from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
@@ -211,7 +212,7 @@ class Trainer:
         autocast = step_autocast(self.cfg, self.device)
         for mb in micro:
             with autocast:
-                out = self.model(**mb)
+                out = self.model(**forward_args(mb))
             (out.loss_sum * scale + self.out_loss.term(out)).backward()
             loss_total += out.loss_sum.detach()
         if self.plan is not None:

@@ -14,6 +14,7 @@ from mimo.data.text_to_image import TextToImageData
 from mimo.models.build import build_model
 from mimo.models.multimodal import modules_by_name
 from mimo.models.out_loss import OutPathLoss
+from mimo.models.step_hints import forward_args
 from mimo.parallel.data import GradReducer, apply_fsdp
 from mimo.parallel.grid import Grid
 from tests.support.configs import AVLM, T2I, TINY_T2I
@@ -41,7 +42,7 @@ def _lane_grads(mode: str, rank: int, world: int, model, batch: dict, out_path: 
     out_loss = OutPathLoss(model_cfg(out_path))
     out_loss.begin(micro, lambda t: dist.all_reduce(t, group=group) or t, torch.device("cpu"))
     for mb in micro:
-        out = model(**mb)
+        out = model(**forward_args(mb))
         (out.loss_sum / n_text + out_loss.term(out)).backward()
     if mode != "fsdp":
         for r in reducers:
@@ -82,7 +83,7 @@ def _participation(rank: int, world: int) -> None:
                 batch = data.collate(audio[:2] + image[:2] + [both[0], audio[2]] + image[2:4])
             ref_loss = OutPathLoss(model_cfg(out_path))
             ref_loss.begin([batch], lambda t: t, torch.device("cpu"))
-            whole = ref(**split_microbatches(batch, 1)[0])
+            whole = ref(**forward_args(split_microbatches(batch, 1)[0]))
             (whole.loss_sum / (batch["labels"] != -100).sum() + ref_loss.term(whole)).backward()
             mine = split_microbatches(batch, 2, dict.fromkeys(("language", "images", "audio"), (rank, world)))
             if rank == 1:

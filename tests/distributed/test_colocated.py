@@ -20,6 +20,7 @@ from mimo.config.schema import (
 from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
 from mimo.models.multimodal import modules_by_name
+from mimo.models.step_hints import forward_args
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
@@ -83,10 +84,10 @@ def _run_case(rank: int, world: int, enc_tp: int, lm_tp: int, micro: int, asymme
     for t, mb in enumerate(micro_batches):
         rows = slice(t * per_mb + lane * lane_n, t * per_mb + (lane + 1) * lane_n)
         with torch.no_grad():
-            logits = par(**{k: v for k, v in mb.items() if k != "labels"}).logits
+            logits = par(**forward_args({k: v for k, v in mb.items() if k != "labels"})).logits
         close(f"{what} logits mb{t}", logits, ref["logits"][rows], RTOL)
         close(f"{what} embeddings after the bridge mb{t}", seen[-1], ref["embeds"][rows], RTOL)
-        (par(**mb).loss_sum / n_global).backward()
+        (par(**forward_args(mb)).loss_sum / n_global).backward()
     hook.remove()
     step_matches_reference(what, rank, plan, par, opt, ref, RTOL)
 
@@ -116,7 +117,7 @@ def _inf_case(rank: int, world: int) -> None:
     opt = MimoOptimizer(modules_by_name(model), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     (mb,) = plan.microbatches(_batch(1, False))
-    model(**mb).loss_sum.backward()
+    model(**forward_args(mb)).loss_sum.backward()
     plan.finalize_grads(model)
     if rank == 3:
         next(model.modality_submodules["images"].parameters()).grad.view(-1)[0] = float("inf")

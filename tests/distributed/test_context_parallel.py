@@ -16,6 +16,7 @@ from mimo.config.schema import Config
 from mimo.data.batching import COUNTS
 from mimo.data.packing import pack_batch
 from mimo.models.loss import loss_weights
+from mimo.models.step_hints import forward_args
 from mimo.parallel.plan import ParallelPlan
 from tests.support.cp_case import IMG, PACK, PAD, TOKENS_PER_IMAGE, N, S, cp_config
 from tests.support.dist import run_distributed
@@ -47,8 +48,8 @@ def _reference(cfg: Config, batch: dict, model) -> dict:
     """Single process, unpacked: logits, then loss and one optimizer step on the whole batch."""
     kwargs = {k: batch[k] for k in ("input_ids", "position_ids", "modality_inputs")}
     with torch.no_grad():
-        logits = model(**kwargs).logits
-    out = model(**kwargs, labels=batch["labels"])
+        logits = model(**forward_args(kwargs)).logits
+    out = model(**forward_args(kwargs), labels=batch["labels"])
     (out.loss_sum / out.num_tokens).backward()
     grads, params = grads_then_step(cfg, model)
     return {"logits": logits, "tokens": out.num_tokens, "loss": (out.loss_sum / out.num_tokens).detach(),
@@ -73,9 +74,9 @@ def _run_case(rank: int, world: int, lm: dict, enc_tp: int, micro: int, packed: 
             rows = slice(t * per_mb + lane * lane_n, t * per_mb + (lane + 1) * lane_n)
             local = plan.context.local_index(S)
             with torch.no_grad():
-                logits = par(**{k: v for k, v in mb.items() if k != "labels"}).logits
+                logits = par(**forward_args({k: v for k, v in mb.items() if k != "labels"})).logits
             worst = max(worst, close(f"{what} logits mb{t}", logits, ref["logits"][rows][:, local], RTOL))
-        out = par(**mb)
+        out = par(**forward_args(mb))
         (out.loss_sum / n_global).backward()
         loss += out.loss_sum.detach()
     worst = max(worst, close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"], RTOL))

@@ -20,6 +20,7 @@ from mimo.config.schema import ModalityConfig, ModelConfig, OptimConfig, ViTConf
 from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel, modules_by_name
+from mimo.models.step_hints import forward_args
 from mimo.parallel.data import REPLICAS, AbsentInputFiller, GradReducer, apply_fsdp, norm_sq_reducer
 from mimo.parallel.grid import Grid, GridGroups
 from mimo.perf.apply import transformer_blocks
@@ -90,7 +91,7 @@ def run_step(model: MimoModel, micro: list[dict], group: dist.ProcessGroup | Non
     if group is not None:
         dist.all_reduce(n_global, group=group)
     for mb in micro:
-        (model(**mb).loss_sum / n_global.clamp_min(1.0)).backward()
+        (model(**forward_args(mb)).loss_sum / n_global.clamp_min(1.0)).backward()
 
 
 def full(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -20,6 +20,7 @@ from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import modules_by_name
+from mimo.models.step_hints import forward_args
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.plan import ParallelPlan
@@ -36,7 +37,7 @@ def _reference(cfg: Config, batch: dict, router: str) -> dict:
     model = build_model(cfg.model)
     moe_prepare(model, router)
     model.train()
-    out = model(**{k: v for k, v in batch.items() if k != COUNTS})
+    out = model(**forward_args({k: v for k, v in batch.items() if k != COUNTS}))
     (out.loss_sum / out.num_tokens).backward()
     grads, params = grads_then_step(cfg, model)
     return {"tokens": out.num_tokens, "loss": (out.loss_sum / out.num_tokens).detach(), "grads": grads,
@@ -70,7 +71,7 @@ def _run_case(rank: int, world: int, lm: dict, router: str, micro: int) -> float
     assert n_global == ref["tokens"], what
     loss = torch.zeros(())
     for mb in micro_batches:
-        out = par(**mb)
+        out = par(**forward_args(mb))
         (out.loss_sum / n_global).backward()
         loss += out.loss_sum.detach()
     worst = close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"], RTOL)

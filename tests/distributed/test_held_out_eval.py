@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mimo.models.step_hints import forward_args
 from mimo.tasks import build_demo_data
 from mimo.train.checkpoint.weights import load_run
 from mimo.train.trainer import Trainer
@@ -40,7 +41,7 @@ def forward_loss_of_final_weights(out: Path) -> float:
     cfg, model = load_run(out / "tiny")
     data = build_demo_data(cfg, model)
     with torch.no_grad():
-        result = model(**data.collate(data.eval))
+        result = model(**forward_args(data.collate(data.eval)))
     return float(result.loss_sum / result.num_tokens)
 
 

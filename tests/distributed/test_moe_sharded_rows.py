@@ -14,6 +14,7 @@ import torch
 from mimo.models.build import build_model
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import modules_by_name
+from mimo.models.step_hints import forward_args
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.router_loss import RouterLosses
@@ -31,7 +32,7 @@ def _reference(cfg, batch: dict) -> dict:
     router = RouterLosses(model, cfg)
     router.begin()
     model.train()
-    out = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
+    out = model(**forward_args({k: v for k, v in batch.items() if k != "modality_counts"}))
     (out.loss_sum / out.num_tokens).backward()
     _, log = router.end(lambda t: t)
     grads, params = grads_then_step(cfg, model)
@@ -58,7 +59,7 @@ def _run_case(rank: int, world: int, lm: dict, micro: int) -> float:
     n_global = plan.all_reduce_lm_data(tokens.clone())
     loss = torch.zeros(())
     for mb in micro_batches:
-        out = par(**mb)
+        out = par(**forward_args(mb))
         (out.loss_sum / n_global).backward()
         loss += out.loss_sum.detach()
     worst = close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"], RTOL)

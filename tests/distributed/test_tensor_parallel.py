@@ -25,6 +25,7 @@ from torch import nn
 from mimo.config.schema import ModalityConfig, ModelConfig, OptimConfig, ViTConfig
 from mimo.models.build import build_model
 from mimo.models.runtime import ModelRuntime
+from mimo.models.step_hints import forward_args
 from mimo.models.vit import VisionTransformer
 from mimo.parallel import comm
 from mimo.parallel.data import REPLICAS
@@ -159,7 +160,7 @@ def _check_lm(group: dist.ProcessGroup, sequence_parallel: bool, tied: bool, qk_
                                  shard_sequence=sequence_shard(group) if sequence_parallel else None))
 
     batch = _lm_batch()
-    want, got = ref(**batch), par(**batch)
+    want, got = ref(**forward_args(batch)), par(**forward_args(batch))
     assert float(got.num_tokens) == float(want.num_tokens) == 8.0
     _assert_close(f"{what} loss sum", got.loss_sum, want.loss_sum)
     (want.loss_sum / want.num_tokens).backward()
@@ -171,7 +172,7 @@ def _check_lm(group: dist.ProcessGroup, sequence_parallel: bool, tied: bool, qk_
     _step_and_compare(what, modules(ref), modules(par), group)
     with torch.no_grad():
         inference = {k: v for k, v in batch.items() if k not in ("labels", "loss_mask")}
-        _assert_close(f"{what} logits", par(**inference).logits, ref(**inference).logits)
+        _assert_close(f"{what} logits", par(**forward_args(inference)).logits, ref(**forward_args(inference)).logits)
 
 
 def _check_vit(group: dist.ProcessGroup, cfg: ViTConfig, sequence_parallel: bool) -> None:

@@ -6,6 +6,7 @@ import torch
 
 from mimo.data.batching import to_device
 from mimo.models.loss import loss_weights
+from mimo.models.step_hints import forward_args
 from mimo.train.trainer import Trainer
 
 EVAL_STEP = 1000
@@ -16,7 +17,7 @@ def eval_loss(tr: Trainer) -> float:
     """Collective: the per-token loss of one held-out global batch under the trainer's layout."""
     batch = tr.data.global_batch(EVAL_STEP, tr.cfg.data.global_batch, tr.cfg.data.seed)
     micro = [to_device(mb, tr.device) for mb in tr.local_microbatches(batch)]
-    loss = sum(tr.model(**mb).loss_sum for mb in micro)
+    loss = sum(tr.model(**forward_args(mb)).loss_sum for mb in micro)
     tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro).float()
     return float(tr.all_reduce_sum(loss) / tr.all_reduce_sum(tokens))
 

@@ -15,6 +15,7 @@ from mimo.config.schema import ConfigError
 from mimo.data.anyres_data import AnyResImageTextData
 from mimo.data.checks import check_batch
 from mimo.data.make_shards import make_shards
+from mimo.models.step_hints import forward_args
 from mimo.tasks import build_demo_data
 from mimo.train.gate import check_data_set
 from mimo.train.trainer import Trainer
@@ -52,7 +53,7 @@ def test_batches_hold_transformers_tiles_and_placeholder_counts(tmp_path):
     two = [256] + [TOKEN] * (rows[0] + rows[1]) + list(b"two") + [257]
     assert batch["input_ids"][5, : len(two)].tolist() == two
     with torch.no_grad():
-        out = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
+        out = model(**forward_args({k: v for k, v in batch.items() if k != "modality_counts"}))
     assert torch.isfinite(out.loss_sum)
 
 
@@ -77,7 +78,7 @@ def test_onevision_batches_give_a_several_image_sample_square_tiles(tmp_path):
     assert rows[5:] == [5, 5]  # the overview tile's 4 rows and a newline row each
     assert (batch["input_ids"] == TOKEN).sum(1).tolist() == [*rows[:5], rows[5] + rows[6], 0]
     with torch.no_grad():
-        out = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
+        out = model(**forward_args({k: v for k, v in batch.items() if k != "modality_counts"}))
     assert torch.isfinite(out.loss_sum)
     losses = train_losses(tmp_path / "run", *jsonl(tmp_path), "--model.modalities.images.anyres_max_tiles=9",
                           "--train.steps=2")

@@ -11,6 +11,7 @@ from mimo.data.batching import split_microbatches
 from mimo.data.checks import check_batch
 from mimo.data.lanes import LaneBalancer, lane_loads, row_costs, take_rows
 from mimo.models.flops import lm_flops, projector_flops, vit_flops
+from mimo.models.step_hints import forward_args
 from mimo.train.trainer import Trainer
 from tests.support.anyres_data import jsonl
 from tests.support.anyres_run import ANYRES
@@ -88,7 +89,7 @@ def test_each_balanced_lane_holds_its_rows_tiles(tmp_path):
 
     def loss(b: dict) -> torch.Tensor:
         with torch.no_grad():
-            return trainer.model(**{k: v for k, v in b.items() if k != "modality_counts"}).loss_sum
+            return trainer.model(**forward_args({k: v for k, v in b.items() if k != "modality_counts"})).loss_sum
 
     lanes = [split_microbatches(out, 1, {"language": (i, 2), "images": (i, 2)})[0] for i in range(2)]
     sizes = [lane["modality_inputs"]["images"]["vit"]["image_sizes"].tolist() for lane in lanes]

@@ -11,6 +11,7 @@ from mimo.config.schema import ConfigError
 from mimo.data.audio_demo import AVLMData
 from mimo.data.batching import split_microbatches
 from mimo.models.build import build_model
+from mimo.models.step_hints import forward_args
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.train.trainer import Trainer
@@ -47,7 +48,7 @@ def _grads(model, micro: list[dict]) -> dict[str, torch.Tensor]:
     model.zero_grad()
     n = sum((mb["labels"] != -100).sum() for mb in micro).float()
     for mb in micro:
-        (model(**mb).loss_sum / n).backward()
+        (model(**forward_args(mb)).loss_sum / n).backward()
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
 

@@ -10,6 +10,7 @@ from mimo.export import export_qwen2_vl
 from mimo.hf.qwen2_vl import import_qwen2_vl, qwen_vl_inputs
 from mimo.models.build import build_model
 from mimo.models.mrope import mrope_positions
+from mimo.models.step_hints import forward_args
 from tests.support.configs import CONFIGS, tiny_native_vlm
 from tests.support.hf_helpers import TOL, rel_diff, transformers
 from tests.support.native_data import TINY
@@ -46,7 +47,7 @@ def test_a_mimo_model_exports_to_transformers(family, tmp_path):
         ref = hf(input_ids=ids, pixel_values=pixels, image_grid_thw=grids, mm_token_type_ids=(ids == 60).int()).logits
         mine = qwen_vl_inputs(cfg, ids, pixels, grids)
         assert torch.equal(mine["position_ids"], mrope_positions(ids, 60, grids, 2))
-        ours = model(**mine).logits
+        ours = model(**forward_args(mine)).logits
     assert rel_diff(ours, ref) <= TOL
 
 

@@ -21,6 +21,7 @@ from mimo.hf.qwen2_vl import import_qwen2_vl, qwen_vl_inputs
 from mimo.models.build import build_model
 from mimo.models.generate import left_pad
 from mimo.models.mrope import mrope_positions
+from mimo.models.step_hints import forward_args
 from mimo.tasks import build_demo_data
 from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS
@@ -70,7 +71,7 @@ def test_a_manifest_becomes_batches_with_per_sample_tokens(tmp_path):
     expected = mrope_positions(video_row, 259, grids[4:5], 2, torch.tensor([8.0]))
     assert torch.equal(batch["position_ids"][4:5], expected) and expected[0, :, 0].max() >= 8
     with torch.no_grad():
-        out = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
+        out = model(**forward_args({k: v for k, v in batch.items() if k != "modality_counts"}))
     assert torch.isfinite(out.loss_sum)
 
 
@@ -101,11 +102,11 @@ def test_a_sample_of_two_images_holds_both_runs_and_their_positions(tmp_path):
         patches, _ = load_item((ImageRef(str(tmp_path / f"i{k}.png")),), native)
         assert torch.equal(pixels[item, : len(patches)], torch.from_numpy(patches))
     with torch.no_grad():
-        one = model(**{k: v for k, v in batch.items() if k != "modality_counts"})
+        one = model(**forward_args({k: v for k, v in batch.items() if k != "modality_counts"}))
         alone = {"input_ids": batch["input_ids"][6:7], "labels": batch["labels"][6:7],
                  "position_ids": batch["position_ids"][6:7],
                  "modality_inputs": {"images": {"visual": {"pixel_values": pixels[-2:], "grid_thw": grids[-2:]}}}}
-        two = model(**alone)
+        two = model(**forward_args(alone))
     assert torch.isfinite(one.loss_sum) and two.num_tokens == len(text)
 
 
@@ -175,6 +176,6 @@ def test_training_from_a_qwen_vl_checkpoint_named_by_hf_path(tmp_path):
     with torch.no_grad():
         ref = hf(**inputs).logits
         mine = qwen_vl_inputs(cfg.model, **{k: v for k, v in inputs.items() if k != "mm_token_type_ids"})
-        assert rel_diff(model(**mine).logits, ref) <= TOL
+        assert rel_diff(model(**forward_args(mine)).logits, ref) <= TOL
     summary = Trainer(cfg).train()
     assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])

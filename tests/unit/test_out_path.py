@@ -22,6 +22,7 @@ from mimo.eval.text_to_image import judge_recognises, train_judge
 from mimo.models.build import build_model
 from mimo.models.decoders import image_to_patches, patches_to_image
 from mimo.models.out_loss import OutPathLoss
+from mimo.models.step_hints import forward_args
 from mimo.parallel import layout_rules
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
@@ -69,7 +70,7 @@ def test_patches_round_trip():
 def test_decoder_loss_matches_hand_computation():
     _, model = tiny_model()
     b = batch([4, 0, 4])
-    out = model(**b)
+    out = model(**forward_args(b))
     hidden = model(b["input_ids"]).hidden
     rows = hidden[b["input_ids"] == GEN]
     sub = model.modality_submodules["images"]
@@ -80,7 +81,7 @@ def test_decoder_loss_matches_hand_computation():
     torch.testing.assert_close(out.modality_loss_sums["images"], hand)
     assert out.modality_num_tokens["images"].item() == 8
     # The text loss is untouched by the Out path.
-    plain = model(**{k: v for k, v in b.items() if k != "modality_targets"})
+    plain = model(**forward_args({k: v for k, v in b.items() if k != "modality_targets"}))
     assert torch.equal(plain.loss_sum, out.loss_sum) and plain.modality_loss_sums == {}
 
 
@@ -109,7 +110,7 @@ def _grads_after(model, cfg, micro: list[dict]) -> dict[str, torch.Tensor]:
     n_text = sum((mb["labels"] != -100).sum() for mb in micro).float()
     out_loss.begin(micro, lambda t: t, torch.device("cpu"))
     for mb in micro:
-        out = model(**mb)
+        out = model(**forward_args(mb))
         (out.loss_sum / n_text + out_loss.term(out)).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -128,7 +129,7 @@ def test_normalisation_is_layout_independent():
 
 def test_microbatch_without_generation_tokens_gives_zero_decoder_gradient():
     _, model = tiny_model()
-    out = model(**batch([0, 0]))
+    out = model(**forward_args(batch([0, 0])))
     assert out.modality_num_tokens["images"].item() == 0 and out.modality_loss_sums["images"].item() == 0
     out.modality_loss_sums["images"].backward()
     grads = [p.grad for p in model.modality_submodules["images"].decoders.parameters()]
@@ -150,9 +151,9 @@ def test_errors_name_the_fix():
     ids = b["input_ids"].clone()
     ids[0, 3] = 1  # sample 0 now has 3 generation tokens: not a whole image
     with pytest.raises(ValueError, match="exactly 4 generation tokens"):
-        model(**{**b, "input_ids": ids})
+        model(**forward_args({**b, "input_ids": ids}))
     with pytest.raises(ValueError, match="needs 4 rows but only 2"):
-        model(**{**b, "modality_targets": {"images": b["modality_targets"]["images"][:, :2]}})
+        model(**forward_args({**b, "modality_targets": {"images": b["modality_targets"]["images"][:, :2]}}))
     with pytest.raises(ValueError, match="has no Out path"):
         model.output_rows("audio", model(b["input_ids"]).hidden, b["input_ids"])
 

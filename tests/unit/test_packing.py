@@ -12,6 +12,7 @@ from mimo.data.batching import COUNTS
 from mimo.data.packing import first_fit, pack_batch, sample_lengths
 from mimo.models.build import build_model
 from mimo.models.layers import document_mask
+from mimo.models.step_hints import forward_args
 from tests.support.configs import tiny_llm
 
 PAD, IMG = 0, 60
@@ -80,7 +81,7 @@ def test_packed_step_equals_padded_step():
     results = []
     for batch in (_batch(), pack_batch(_batch(), PAD, 10)[0]):
         model.zero_grad()
-        out = model(**{k: v for k, v in batch.items() if k != COUNTS})
+        out = model(**forward_args({k: v for k, v in batch.items() if k != COUNTS}))
         (out.loss_sum / out.num_tokens).backward()
         results.append((out.num_tokens, out.loss_sum.detach(), _grads(model)))
     (n_ref, loss_ref, g_ref), (n, loss, g) = results
@@ -95,4 +96,4 @@ def test_packed_step_equals_padded_step():
         assert (g[name] - ref).abs().max() <= bound, name
     packed = {k: v for k, v in pack_batch(_batch(), PAD, 10)[0].items() if k != COUNTS}
     with pytest.raises(ValueError, match="pass attention_mask or document_ids, not both"):
-        model(**packed, attention_mask=torch.ones(4, 1, 10, 10, dtype=torch.bool))
+        model(**forward_args(packed), attention_mask=torch.ones(4, 1, 10, 10, dtype=torch.bool))

@@ -24,6 +24,7 @@ from mimo.data.samples import decode_image
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.data.webdataset import read_shard
 from mimo.models.loss import IGNORE_INDEX
+from mimo.models.step_hints import forward_args
 from mimo.train.trainer import Trainer
 from tests.support.text_only_data import chat, data_overrides, mixed_manifest
 from tests.support.tiny_run import tiny_config
@@ -123,7 +124,7 @@ def test_a_mixed_batch_loses_what_its_samples_lose_alone(tmp_path):
     order = [int(i) for i in trainer.data.global_batch_indices(0, 8, trainer.cfg.data.seed)]
     model = trainer.model.eval()
     with torch.no_grad():
-        mixed = float(model(**{k: v for k, v in batch.items() if k != COUNTS}).loss_sum)
+        mixed = float(model(**forward_args({k: v for k, v in batch.items() if k != COUNTS})).loss_sum)
         alone = 0.0
         for sample in order:
             if sample == SKIPPED:
