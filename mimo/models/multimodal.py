@@ -344,11 +344,7 @@ class MimoModel(nn.Module):
         if document_ids is not None:
             if attention_mask is not None:
                 raise ValueError("pass attention_mask or document_ids, not both: document_ids builds the mask")
-            if self.runtime.mask_positions is None:
-                return DocumentRows.of(document_ids)
-            queries, keys = self.row_positions(input_ids.shape[1], document_ids.device)
-            return document_mask(document_ids.index_select(1, queries), queries,
-                                 document_ids.index_select(1, keys), keys)
+            return self.document_attention(document_ids)
         if attention_mask is not None and attention_mask.dim() == 2:
             if attention_mask.shape != input_ids.shape:
                 raise ValueError(f"a [B, S] attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
@@ -356,6 +352,15 @@ class MimoModel(nn.Module):
             queries, keys = self.row_positions(input_ids.shape[1], attention_mask.device)
             return padding_causal_mask(attention_mask.index_select(1, keys), queries, keys)
         return attention_mask
+
+    def document_attention(self, document_ids: torch.Tensor) -> torch.Tensor | DocumentRows:
+        """The LM's mask for this rank's queries over packed rows' whole `document_ids` `[B, S]`: `DocumentRows`
+        (block-sparse on CUDA), or under context parallel the dense mask of this rank's `row_positions`. Also
+        what every pipeline stage builds from the ids that travel with its microbatch."""
+        if self.runtime.mask_positions is None:
+            return DocumentRows.of(document_ids)
+        queries, keys = self.row_positions(document_ids.shape[1], document_ids.device)
+        return document_mask(document_ids.index_select(1, queries), queries, document_ids.index_select(1, keys), keys)
 
     def row_positions(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Row positions of this rank's queries and keys for masks built from per-token values: the whole
