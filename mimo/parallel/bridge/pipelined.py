@@ -58,7 +58,9 @@ class PipelineBridge:
     LM's first stage calls `recv_forward` then, later, `send_backward`. Other ranks never call it.
     `tp_group` is this rank's TP group when it sits on a boundary stage (on the LM's side its TP x CP
     group: CP ranks take the same rows). `per_microbatch` divides by both modules' dp (`validate_plan`
-    checks it before any collective).
+    checks it before any collective). Which lanes talk does not depend on the microbatch's size, so a
+    microbatch of another size (packed rows, padded to `batch_multiple`) crosses the same links: each call
+    takes the size from the samples it is given.
     """
 
     def __init__(self, name: str, encoder: Grid, language: Grid, per_microbatch: int, rank: int,
@@ -67,12 +69,10 @@ class PipelineBridge:
         pairs = bridge_pairs(encoder, language, per_microbatch)
         self.forward_groups = pair_groups(pairs)
         self.backward_groups = pair_groups([(b, a) for a, b in pairs])
-        self.enc_samples = per_microbatch // encoder.dp
-        self.lm_samples = per_microbatch // language.dp
+        self.enc_dp, self.lm_dp = encoder.dp, language.dp
         overlaps = lane_overlaps(encoder.dp, language.dp, per_microbatch)
-        # Peers of this rank if it is a leader: (peer rank, first sample, end sample) relative to its lane.
-        self.receivers = [(b, lo - i * self.enc_samples, hi - i * self.enc_samples)
-                          for (a, b), (i, _, lo, hi) in zip(pairs, overlaps) if a == rank]
+        # Peers of this rank if it is a leader: (peer rank, encoder lane, LM lane).
+        self.receivers = [(b, i, j) for (a, b), (i, j, _, _) in zip(pairs, overlaps) if a == rank]
         self.senders = [a for a, b in pairs if b == rank]
         # Leaders, per microbatch in flight: rows (and on the LM side their dtype) on each link.
         self.peer_rows: deque[list[tuple[int, torch.dtype]]] = deque()
@@ -88,14 +88,16 @@ class PipelineBridge:
     def send_forward(self, rows: torch.Tensor, sample_rows: torch.Tensor, outbox: Outbox) -> None:
         """Encoder last stage: this lane's rows `[n, H]` and rows per sample `[samples]` to the LM lanes."""
         per_sample = sample_rows.tolist()  # the one host sync of a send
-        if len(per_sample) != self.enc_samples or sum(per_sample) != rows.shape[0]:
-            raise ValueError(f"bridge '{self.name}': expected rows for {self.enc_samples} samples summing to "
-                             f"{rows.shape[0]}, got per-sample counts {per_sample}")
+        if sum(per_sample) != rows.shape[0]:
+            raise ValueError(f"bridge '{self.name}': expected per-sample rows summing to {rows.shape[0]}, got "
+                             f"per-sample counts {per_sample}")
         if not self.receivers:
             return
         ends = [0, *itertools.accumulate(per_sample)]
+        enc, lm = len(per_sample), len(per_sample) * self.enc_dp // self.lm_dp  # samples of a lane on each side
         sent = []
-        for peer, lo, hi in self.receivers:
+        for peer, i, j in self.receivers:  # the samples both lanes cover, relative to this lane
+            lo, hi = max(j * lm - i * enc, 0), min((j + 1) * lm - i * enc, enc)
             part = rows[ends[lo]: ends[hi]]
             send_message([sample_rows[lo:hi], part], peer, self.forward_groups[(self.rank, peer)], outbox)
             sent.append((part.shape[0], part.dtype))
@@ -126,7 +128,7 @@ class PipelineBridge:
             cat = torch.cat([r.to(rows[0].dtype) for r in rows])
             meta = torch.tensor([DTYPES.index(cat.dtype), cat.shape[1], *got.tolist()], device=device)
         else:
-            meta = torch.empty(2 + self.lm_samples, dtype=torch.long, device=device)
+            meta = torch.empty(2 + expected.shape[0], dtype=torch.long, device=device)
         self._broadcast(meta)
         dtype_index, width, *got = meta.tolist()  # with the next line, the receive's host syncs
         self._check(got, expected.tolist(), width, hidden)
@@ -142,6 +144,9 @@ class PipelineBridge:
         if width != hidden:
             raise ValueError(f"bridge '{self.name}': encoder rows have width {width} but the LM's hidden size is "
                              f"{hidden}; set the projector's output to model.llm.hidden")
+        if len(got) != len(expected):
+            raise ValueError(f"bridge '{self.name}': the encoder lanes sent rows of {len(got)} samples, this LM lane "
+                             f"holds {len(expected)}")
         bad = [s for s, (g, e) in enumerate(zip(got, expected)) if g != e]
         if bad:
             s = bad[0]
