@@ -20,9 +20,6 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
     if cfg.model.llm.layers < lm.pp:
         raise ConfigError(f"parallel.modules.language.pp ({lm.pp}) exceeds model.llm.layers "
                           f"({cfg.model.llm.layers}); every stage needs a layer, use pp <= {cfg.model.llm.layers}")
-    if cfg.data.packing:
-        raise ConfigError("data.packing: packed sequences need per-document attention masks, which the pipeline "
-                          "schedule does not pass between stages; set data.packing = false or use a colocated layout")
     for name, m in cfg.parallel.modules.items():
         if m.fsdp and name != LANGUAGE and layout.grids[name].pp > 1:
             # EncoderStage runs an FSDP-sharded encoder whole (through encode_project, empty lanes included); a split

@@ -83,6 +83,8 @@ class LMStage(_Stage):
     bridge and aligns them (then the runtime's `shard_sequence` keeps this rank's positions under CP and SP);
     the last one returns the scaled loss and sums the loss for the log. Under context parallel every
     stage holds this CP rank's positions and the text microbatches come cut (`ContextParallel.shard_batch`).
+    Packed rows' `document_ids` (whole, under CP too) travel down with the hidden states and positions, and each
+    stage builds its own attention mask from them (`MimoModel.document_attention`).
     The last stage also runs the Out path (`MimoModel.output_losses` on its final states, made whole by
     the runtime's `gather_sequence`) for microbatches with `modality_targets`, and adds `out_loss`'s term to its output.
     `layers`: the keys of the layers this stage runs (one model chunk of an interleaved rank); None: all it holds."""
@@ -105,11 +107,13 @@ class LMStage(_Stage):
         sums = self.model.output_losses(hidden, mb["input_ids"], targets)[0] if targets else {}
         return scaled + self.out_loss.term(MimoOutput(hidden=hidden, modality_loss_sums=sums))
 
-    def _embed(self, mb: dict) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    def _embed(self, mb: dict) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+        """(the bridges' received leaves, the embedded sequence, what travels with it: positions and, for packed
+        rows, the whole rows' `document_ids`)."""
         ids = mb["input_ids"]
-        if mb.get("attention_mask") is not None or mb.get("document_ids") is not None:
-            raise ValueError("attention_mask and document_ids (packed sequences) are not supported by the pipeline "
-                             "schedule; train packed data on a colocated layout")
+        if mb.get("attention_mask") is not None:
+            raise ValueError("an explicit attention_mask is not supported by the pipeline schedule; pack rows with "
+                             "document_ids (data.packing) or train on a colocated layout")
         model = self.model
         width = model.language_model.cfg.hidden
         counts = {name: (ids == model.special_token_ids[name]).sum(1) for name in self.bridges}
@@ -125,19 +129,23 @@ class LMStage(_Stage):
         pos = mb.get("position_ids")
         if pos is None:
             pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-        return list(rows.values()), embeds, pos
+        docs = mb.get("document_ids")
+        return list(rows.values()), embeds, [pos] if docs is None else [pos, docs]
 
     def forward(self, t: int) -> None:
         if self.first:
-            inputs, hidden, pos = self._embed(self.text[t])
+            inputs, hidden, extra = self._embed(self.text[t])
         else:
-            hidden, pos = self.recv_forward()
+            hidden, *extra = self.recv_forward()
             inputs = [hidden]
+        pos, *docs = extra  # packed rows' document ids travel with the activations; each stage builds its mask
+        attention = self.model.document_attention(docs[0]) if docs else None
         lm = self.model.language_model
         mb = self.text[t] if self.last else {}
         rows = mb.get("loss_rows")  # train.loss_rows_only: the last layer and the loss on the labelled rows
         with self.autocast():
-            out = lm(hidden, pos, output_rows=rows, shard_rows=mb.get("shard_loss_rows"), layers=self.layers)
+            out = lm(hidden, pos, mask=attention, output_rows=rows, shard_rows=mb.get("shard_loss_rows"),
+                     layers=self.layers)
             if self.last:
                 labels, mask = mb["labels"], mb.get("loss_mask")
                 if rows is not None:
@@ -148,7 +156,7 @@ class LMStage(_Stage):
         if self.last:
             self.loss_sum += loss_sum.detach().float()
         else:
-            self.send_forward([out, pos])
+            self.send_forward([out, *extra])
         self.inflight.append((inputs, out))
 
     def backward(self) -> None:
