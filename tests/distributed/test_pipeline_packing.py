@@ -1,11 +1,12 @@
 """Packed rows on pipelined layouts train exactly the unpacked samples in one process.
 
 The global batch holds 24 padded samples of 3 to 16 tokens with 0, 1 or 2 images each; packed by first fit
-into rows of 16 tokens, it has fewer rows than samples (padded with empty rows to `batch_multiple`), so the
+into rows of 16 tokens, it has 16 rows for 24 samples (padded with empty rows to `batch_multiple`), so the
 pipeline bridge also carries microbatches of another size than `data.global_batch / microbatches`. Each
 layout's pipelined step on the packed batch (the document ids travel with the activations; every LM stage
-builds its own block-diagonal mask) is checked against one process on the UNPACKED batch: the loss, every
-gradient and the weights after one AdamW step with clipping, max |diff| <= 1e-5 x max |ref| (fp32).
+builds its own block-diagonal mask, under context parallel that of its zigzag positions) is checked against
+one process on the UNPACKED batch: the loss, every gradient and the weights after one AdamW step with
+clipping, max |diff| <= 1e-5 x max |ref| (fp32).
 """
 
 import contextlib
@@ -25,12 +26,12 @@ from tests.support.tiny_run import metrics, train_losses, train_rank
 RTOL = 1e-5
 PAD, IMG, S, MICRO = 0, 60, 16, 4
 IMAGES_PER_SAMPLE = [0, 2, 1, 1, 2, 0, 1, 0, 0, 0, 0, 0, 1, 1, 2, 0, 0, 1, 0, 0, 2, 0, 1, 0]
-# (LM pp, LM dp, virtual stages) behind one encoder rank (rank 0), by world size
-LAYOUTS = {3: [(2, 1, 1), (2, 1, 2)], 5: [(2, 2, 1)]}
+# (LM pp, LM dp, virtual stages, LM cp) behind one encoder rank (rank 0), by world size
+LAYOUTS = {3: [(2, 1, 1, 1), (2, 1, 2, 1)], 5: [(2, 2, 1, 1), (2, 1, 1, 2)]}
 
 
-def _config(pp: int, dp: int, chunks: int) -> Config:
-    lm = ModuleLayoutConfig(offset=1, size=pp * dp, pp=pp, virtual_stages=chunks)
+def _config(pp: int, dp: int, chunks: int, cp: int) -> Config:
+    lm = ModuleLayoutConfig(offset=1, size=pp * dp * cp, pp=pp, cp=cp, virtual_stages=chunks)
     return tiny_vlm(tiny_llm(layers=pp * chunks, init_std=0.1), tiny_vit(layers=2, init_std=0.1), IMG,
                     {"images": ModuleLayoutConfig(offset=0, size=1), "language": lm}, MICRO, len(IMAGES_PER_SAMPLE))
 
@@ -56,10 +57,10 @@ def _reference(cfg: Config, batch: dict, model) -> dict:
     return {"loss": loss.item(), "grads": grads, "params": params}
 
 
-def _run_case(rank: int, world: int, pp: int, dp: int, chunks: int) -> float:
+def _run_case(rank: int, world: int, pp: int, dp: int, chunks: int, cp: int) -> float:
     """One layout; returns (on rank 0) the worst relative difference of loss, gradients and weights."""
-    what = f"LM pp {pp} dp {dp} virtual stages {chunks}"
-    cfg = _config(pp, dp, chunks)
+    what = f"LM pp {pp} dp {dp} virtual stages {chunks} cp {cp}"
+    cfg = _config(pp, dp, chunks, cp)
     batch = _padded_batch()
     rows = batch_multiple(Layout.from_config(cfg.parallel.modules, ["language", "images"], world), MICRO)
     packed, _ = pack_batch(batch, PAD, S, rows)
@@ -79,12 +80,12 @@ def _all_cases(rank: int, world: int) -> list[float]:
 @pytest.mark.parametrize("world", sorted(LAYOUTS))
 def test_packed_pipeline_equals_unpacked_single_process(world):
     worst = run_distributed(_all_cases, world, timeout=300)[0]
-    for (pp, dp, chunks), w in zip(LAYOUTS[world], worst):
-        print(f"LM pp {pp} dp {dp} virtual stages {chunks}: max relative diff {w:.2e}")
+    for (pp, dp, chunks, cp), w in zip(LAYOUTS[world], worst):
+        print(f"LM pp {pp} dp {dp} virtual stages {chunks} cp {cp}: max relative diff {w:.2e}")
 
 
 def test_packing_passes_the_pipeline_gate():
-    cfg = _config(2, 2, 1)
+    cfg = _config(2, 2, 1, 1)
     cfg.data.packing, cfg.data.pack_length = True, S
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], 5))
 
