@@ -1,7 +1,7 @@
 """Attention kernels on a preset's two attention shapes: forward and backward time, TFLOP/s, error.
 
 The language model's attention (causal, grouped KV heads) and the ViT's (bidirectional) are timed alone
-with each SDPA backend and FlexAttention, so a backend choice (`train.attention_backend` of the presets) can be
+with each SDPA backend and FlexAttention, so a backend choice (`perf.attention_backend` of the presets) can be
 checked on a new card or PyTorch in a minute instead of a full training run. Errors are against the math
 backend in fp32 on the same inputs (output: max abs; gradients: max abs over max |reference|).
 

@@ -1,7 +1,7 @@
 """FP8 against bf16 on a preset, in one invocation: throughput and the loss curve on the same batches.
 
     python -m benchmarks.bench_float8 --preset small --steps 300 --variant "" \
-        --variant "train.module_dtype.language=float8" [--variant "40:..."] [--out DIR] [--budget S]
+        --variant "precision.module_dtype.language=float8" [--variant "40:..."] [--out DIR] [--budget S]
 
 Each variant is comma-separated dotted overrides of benchmarks/presets/<preset>.toml (as bench_vlm's `--mimo`),
 optionally led by `N:` for its own step count, "A|B" for a fallback B run only if A failed. Every variant runs
@@ -45,7 +45,7 @@ def worker(args: argparse.Namespace) -> dict:
         times.append(time.perf_counter() - t0)
         print(f"step {i} {times[-1]:.4f} s loss {losses[-1]:.4f}", file=sys.stderr, flush=True)  # kept on a timeout
     step = statistics.median(times[args.warmup:])
-    t = trainer.cfg.train
+    t = trainer.cfg.precision
     return {"options": args.options, "steps": args.steps, "step_s_median": round(step, 5),
             "tokens_per_s": round(p["micro_batch"] * p["seq_len"] / step, 1), "first_step_s": round(times[0], 2),
             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else 0.0,
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
     else:
-        args.variant = args.variant if args.variant is not None else ["", "train.module_dtype.language=float8"]
+        args.variant = args.variant if args.variant is not None else ["", "precision.module_dtype.language=float8"]
         driver(args)
 
 

@@ -58,9 +58,11 @@ from mimo.config.schema import (
     LANGUAGE,
     Config,
     DataConfig,
+    MetricsConfig,
     ModuleLayoutConfig,
     OptimConfig,
     ParallelConfig,
+    PrecisionConfig,
     RunConfig,
     TrainConfig,
 )
@@ -178,15 +180,15 @@ def bench_config(args: argparse.Namespace, layout: BenchLayout, global_batch: in
     p = load_preset(args.preset)
     seq = images_seq_len(p, args.images)
     cuda = torch.cuda.is_available()
-    cfg = Config(run=RunConfig(name=layout.name, out_dir=str(Path(args.out) / run_stem(args)), tensorboard=False,
-                               progress=False, overwrite=True),
+    cfg = Config(run=RunConfig(name=layout.name, out_dir=str(Path(args.out) / run_stem(args)), overwrite=True),
                  model=model_config({**p, "seq_len": seq}),
                  parallel=layout.parallel,
                  data=DataConfig(name="synthetic", global_batch=global_batch, seq_len=seq,
                                  images_per_sample=args.images),
                  optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant"),
-                 train=TrainConfig(steps=args.warmup + args.steps, device="cuda" if cuda else "cpu",
-                                   dtype="bfloat16" if cuda else "float32"))
+                 train=TrainConfig(steps=args.warmup + args.steps, device="cuda" if cuda else "cpu"),
+                 precision=PrecisionConfig(dtype="bfloat16" if cuda else "float32"),
+                 metrics=MetricsConfig(tensorboard=False, progress=False))
     validate(cfg)
     return cfg
 
@@ -244,7 +246,7 @@ def worker(args: argparse.Namespace) -> dict | None:
             "images": args.images, "seq_len": cfg.data.seq_len, "world_size": world, "global_batch": global_batch,
             "microbatches": cfg.parallel.microbatches,
             "device": torch.cuda.get_device_name() if trainer.device.type == "cuda" else "cpu",
-            "dtype": cfg.train.dtype, "torch": torch.__version__, "step_s_median": round(step_s, 5),
+            "dtype": cfg.precision.dtype, "torch": torch.__version__, "step_s_median": round(step_s, 5),
             "first_step_s": round(times[0], 2), "tokens_per_s": round(tokens_per_s, 1),
             "tokens_per_s_per_gpu": round(tokens_per_s / world, 1), "model_tflops_per_gpu": float(f"{tflops:.4g}"),
             "mfu": float(f"{tflops / args.peak_tflops:.4g}"), "peak_mem_gib": peak, "final_loss": round(rec["loss"], 4),
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--microbatches", type=int, default=1,
                     help="gradient-accumulation microbatches of colocated layouts")
     ap.add_argument("--pipe-microbatches", type=int, default=4, help="1F1B microbatches of pipelined layouts")
-    ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops,
+    ap.add_argument("--peak-tflops", type=float, default=MetricsConfig.peak_tflops,
                     help="dense bf16 peak per GPU, for MFU")
     ap.add_argument("--out", default="runs/bench_layouts", help="folder for the table, the JSON lines and the log")
     ap.add_argument("--timeout", type=float, default=600, help="seconds allowed to each layout's run")

@@ -33,8 +33,8 @@ DEMO = ROOT / "configs" / "demo_vlm.toml"
 GIB = 1024**3
 MODEL = ["--model.llm.hidden=1024", "--model.llm.layers=16", "--model.llm.heads=16", "--model.llm.kv_heads=4",
          "--model.llm.mlp=3072", "--model.llm.vocab=32000", "--data.global_batch=4", "--data.train_samples=64",
-         "--data.eval_samples=4", "--optim.warmup_steps=1", "--train.threads=1", "--run.progress=false",
-         "--run.tensorboard=false", "--train.log_every=1"]
+         "--data.eval_samples=4", "--optim.warmup_steps=1", "--train.threads=1", "--metrics.progress=false",
+         "--metrics.tensorboard=false", "--train.log_every=1"]
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
 LAYOUTS = {
     "single": (1, []),

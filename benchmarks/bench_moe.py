@@ -48,11 +48,11 @@ import torch
 
 from benchmarks.bench_vlm import (
     PRESETS,
-    TRAIN_KEYS,
     add_driver_args,
     baseline_label,
     build_trainer,
     mimo_label,
+    ran_keys,
     run_logged,
     switches,
     table,
@@ -60,12 +60,12 @@ from benchmarks.bench_vlm import (
     timed_steps,
 )
 from mimo.config.load import load_config
-from mimo.config.schema import Config, TrainConfig
+from mimo.config.schema import Config, MetricsConfig
 from mimo.models.flops import feed_forward_params, train_step_flops
 
 SIZES = {"full": "moe_small", "tiny": "moe_tiny"}
 """--size: the TOML of benchmarks/presets/ it runs."""
-DEFAULT_MIMO = ["|train.compile=false|train.compile=false,train.grad_table=false,train.lm_update_early=false"]
+DEFAULT_MIMO = ["|perf.compile=false|perf.compile=false,perf.grad_table=false,perf.lm_update_early=false"]
 """The TOML as shipped; only if that run failed, without compilation; only if that failed too, without the
 Triton AdamW table and the early update (the row's label names what ran, the log why the one before failed)."""
 DEFAULT_BASELINES = ["", "bf16-weights", "compile"]
@@ -108,7 +108,7 @@ def worker(args: argparse.Namespace) -> dict:
     timing = timed_steps(trainer, args.warmup, args.steps)
     fields = result_fields(timing, trainer.cfg, trainer.model, trainer.device, args.peak_tflops)
     return {"system": mimo_label(args.options, 1), "size": args.size, **fields,
-            "train": {k: getattr(trainer.cfg.train, k) for k in TRAIN_KEYS}}
+            "train": ran_keys(trainer.cfg)}
 
 
 def common_args(args: argparse.Namespace) -> list[str]:
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="full")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops, help="dense bf16 peak, for MFU")
+    ap.add_argument("--peak-tflops", type=float, default=MetricsConfig.peak_tflops, help="dense bf16 peak, for MFU")
     ap.add_argument("--mimo", action="append", metavar="OVERRIDES",
                     help=f"dotted overrides of the TOML to run (repeatable); default: {DEFAULT_MIMO}")
     ap.add_argument("--baseline", action="append", metavar="FLAGS",

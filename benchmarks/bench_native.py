@@ -44,9 +44,9 @@ from benchmarks.native_workload import (
     result_row,
     write_manifest,
 )
-from mimo.config.schema import TrainConfig
+from mimo.config.schema import MetricsConfig
 
-DEFAULT_MIMO = "|train.attention_backend=efficient|train.attention_backend=efficient,train.encoder_compile=blocks"
+DEFAULT_MIMO = "|perf.attention_backend=efficient|perf.attention_backend=efficient,perf.encoder_compile=blocks"
 """The TOML as shipped (cuDNN attention, the tower compiled whole); if that fails, memory-efficient attention
 (which takes any mask); then the tower left uncompiled too (the LM's blocks compiled)."""
 
@@ -58,10 +58,9 @@ def worker(args: argparse.Namespace) -> dict:
     batches = native_batches(trainer.cfg, args.batches, trainer.data)
     trainer.data = CycledBatches(batches)
     timing = vlm.timed_steps(trainer, args.warmup, args.steps)
-    t = trainer.cfg.train
     return result_row(vlm.mimo_label(args.options, 1), args.size, trainer.cfg, batches,
                       timing, trainer.model, trainer.device, args.peak_tflops,
-                      train={k: getattr(t, k) for k in vlm.TRAIN_KEYS})
+                      train=vlm.ran_keys(trainer.cfg))
 
 
 def mimo_cmd(args: argparse.Namespace, spec: str) -> list[str]:
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batches", type=int, default=2, help="distinct global batches, cycled (mimo's steps 0, 1, ...)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the manifest's image sizes, pixels and text")
-    ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops, help="dense bf16 peak, for MFU")
+    ap.add_argument("--peak-tflops", type=float, default=MetricsConfig.peak_tflops, help="dense bf16 peak, for MFU")
     ap.add_argument("--mimo", action="append", metavar="OVERRIDES",
                     help=f"dotted overrides of the TOML to run (repeatable; 'A|B': B if A failed); default "
                          f"'{DEFAULT_MIMO}'")

@@ -15,7 +15,7 @@ assumed): `--batches` global batches of `--global-batch` samples drawn with `--s
 zero or one image each, text lengths per source; both sides train on these batches in the same order, cycled
 (`--warmup` and `--steps` multiples of `--batches`, so the timed steps cover every batch equally). The mimo side is
 `Trainer` on benchmarks/presets/<size>.toml (bench_vlm.build_trainer: off CUDA the CUDA-only keys are turned off)
-with data.packing = true (rows of data.pack_length = the preset's seq_len) and train.step_graph = false (packed
+with data.packing = true (rows of data.pack_length = the preset's seq_len) and perf.step_graph = false (packed
 batches change shape every step), then `--mimo`'s overrides (`A|B`: B only if A failed); its data set is the
 batches above, packed each step by the Trainer's own PackedBatches (mimo.data.packing) inside the timed step. The
 baseline (benchmarks/hf_real_shapes_worker.py) is transformers' LLaVA as benchmarks/baseline/hf_vlm_baseline.py
@@ -44,7 +44,7 @@ from benchmarks.workload import load_preset
 from mimo.data.packing import PackedBatches
 from mimo.data.tokenizer import ByteTokenizer
 
-DEFAULT_MIMO = "|train.attention_backend=efficient|train.attention_backend=efficient,train.compile=false"
+DEFAULT_MIMO = "|perf.attention_backend=efficient|perf.attention_backend=efficient,perf.compile=false"
 """The preset as shipped with packing; if that fails, memory-efficient attention (which takes any mask); then the LM
 left uncompiled too."""
 DEFAULT_BASELINES = ["compile|"]
@@ -57,7 +57,7 @@ def packing_overrides(size: str, global_batch: int) -> str:
     seq_len = load_preset(size)["seq_len"]
     return ",".join(["data.name=shapes", f"data.train_samples={global_batch}", "data.eval_samples=0",
                      "data.packing=true", f"data.pack_length={seq_len}", f"data.global_batch={global_batch}",
-                     "train.step_graph=false"])
+                     "perf.step_graph=false"])
 
 
 class MixBatches(CycledBatches):
@@ -74,10 +74,8 @@ def worker(args: argparse.Namespace) -> dict:
     trainer.data = PackedBatches(MixBatches(draw_batches(args.size, args.batches, args.global_batch, args.seed)),
                                  d.pack_length, trainer.cfg.parallel.microbatches)
     timing = vlm.timed_steps(trainer, args.warmup, args.steps)
-    t = trainer.cfg.train
     return throughput_row(trainer.data.stats, args.warmup + args.steps, timing, trainer.device, trainer.model,
-                          system=vlm.mimo_label(args.options, 1), size=args.size,
-                          train={k: getattr(t, k) for k in vlm.TRAIN_KEYS})
+                          system=vlm.mimo_label(args.options, 1), size=args.size, train=vlm.ran_keys(trainer.cfg))
 
 
 def common_args(args: argparse.Namespace) -> list[str]:

@@ -8,15 +8,15 @@ one per workload of presets.json), each of its steps `Trainer.train_step`, timed
 steps (synchronise around each, median after warm-up); tokens/s, model TFLOP/s and MFU use the baseline's own
 FLOPs formula. Every system runs in its own subprocess (clean peak-memory figures; an out-of-memory run is a
 table row, not a crash). `--mimo` takes comma-separated dotted overrides of the preset, e.g. `--mimo ""` (the
-preset as shipped: every fast path), `--mimo "train.step_graph=false,train.lm_update_early=false"`, or fallbacks
-`--mimo '|train.activation_checkpointing=["language"]'` (the second only if the first failed); `--baseline`
+preset as shipped: every fast path), `--mimo "perf.step_graph=false,perf.lm_update_early=false"`, or fallbacks
+`--mimo '|perf.activation_checkpointing=["language"]'` (the second only if the first failed); `--baseline`
 takes the baseline's switches, e.g. `--baseline ""` (eager) or `--baseline "grad-ckpt,compile"`. The table goes
 to stdout (last) and to DIR/<preset>.md, one JSON line per run to DIR/<preset>.jsonl, every run's output to
 DIR/<preset>.log.
 
 Off CUDA the CUDA-only keys are turned off (`CPU_OFF`). `--nproc N` runs mimo data-parallel on N GPUs through
 torchrun (repeat it for a scaling table): the one-process keys (mimo.perf.apply.ONE_PROCESS_ONLY) are turned off
-on every row of such an invocation, so that the rows run the same step (`train.master_weights` stays on, its fp32
+on every row of such an invocation, so that the rows run the same step (`precision.master_weights` stays on, its fp32
 state sharded ZeRO-1 over the ranks). Such a row's tokens/s is the global throughput, its MFU and model TFLOP/s
 are per GPU, and its ratio to a baseline (which always runs on one GPU) is per GPU: tokens/s per GPU over the
 baseline's tokens/s.
@@ -39,20 +39,25 @@ import torch
 from benchmarks.launch import run_row
 from benchmarks.workload import BASELINE_SCRIPT, load_preset, train_flops_per_sample
 from mimo.config.load import load_config
-from mimo.config.schema import TrainConfig
+from mimo.config.schema import Config, MetricsConfig
 from mimo.parallel.runtime import leave_distributed, torchrun_cmd
 from mimo.perf.apply import ONE_PROCESS_ONLY
 from mimo.train.trainer import Trainer
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 DEFAULT_BASELINES = {"small": ["", "compile"], "medium": ["grad-ckpt", "grad-ckpt,compile"]}
-CPU_OFF = ("train.device=cpu", "train.grad_table=false", "train.step_graph=false", "train.compile=false")
+CPU_OFF = ("train.device=cpu", "perf.grad_table=false", "perf.step_graph=false", "perf.compile=false")
 """Overrides of every row off CUDA: the keys that need a GPU (and compilation, minutes on a CPU)."""
-DATA_PARALLEL_OFF = tuple(f"train.{key}=false" for key in ONE_PROCESS_ONLY)
-TRAIN_KEYS = ("device", "dtype", "compile", "encoder_compile", "chunked_loss", "loss_rows_only", "fuse_qkv",
-              "attention_backend", "master_weights", "grad_table", "lm_update_early", "step_graph",
-              "activation_checkpointing")
-"""The train keys each mimo row records (what ran)."""
+DATA_PARALLEL_OFF = tuple(f"perf.{key}=false" for key in ONE_PROCESS_ONLY)
+TRAIN_KEYS = ("train.device", "precision.dtype", "perf.compile", "perf.encoder_compile", "perf.chunked_loss",
+              "perf.loss_rows_only", "perf.fuse_qkv", "perf.attention_backend", "precision.master_weights",
+              "perf.grad_table", "perf.lm_update_early", "perf.step_graph", "perf.activation_checkpointing")
+"""The config keys each mimo row records (what ran), under their names without the section."""
+
+
+def ran_keys(cfg: Config) -> dict:
+    """{key without its section: value} of TRAIN_KEYS in `cfg` (a row's "train" record)."""
+    return {key.split(".")[1]: getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1]) for key in TRAIN_KEYS}
 
 
 def preset_overrides(spec: str) -> list[str]:
@@ -172,7 +177,6 @@ def worker(args: argparse.Namespace) -> dict | None:
             print(f"profile of mimo [{args.options}] (trace: {trace})\n{text}", file=sys.stderr, flush=True)
     tflops = train_flops_per_sample(p) * p["micro_batch"] / timing["step_s_median"] / 1e12
     tokens_per_gpu = p["micro_batch"] * p["seq_len"] / timing["step_s_median"]
-    t = trainer.cfg.train
     result = {
         "system": "mimo" + (f" [{args.options}]" if args.options else ""),
         "preset": args.preset,
@@ -188,7 +192,7 @@ def worker(args: argparse.Namespace) -> dict | None:
         "params_m": round(sum(x.numel() for x in trainer.model.parameters()) / 1e6, 1),
         "final_loss": round(timing["final_loss"], 4),
         "first_step_s": round(timing["first_step_s"], 2),
-        "train": {k: getattr(t, k) for k in TRAIN_KEYS},
+        "train": ran_keys(trainer.cfg),
     }
     if not math.isfinite(result["final_loss"]):
         raise RuntimeError(f"loss is not finite: {result['final_loss']}")
@@ -316,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops, help="dense bf16 peak, for MFU")
+    ap.add_argument("--peak-tflops", type=float, default=MetricsConfig.peak_tflops, help="dense bf16 peak, for MFU")
     ap.add_argument("--mimo", action="append", metavar="OVERRIDES",
                     help="dotted overrides of the preset's TOML to run (repeatable); default: the preset as shipped")
     ap.add_argument("--baseline", action="append", metavar="FLAGS",

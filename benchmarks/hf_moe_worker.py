@@ -23,7 +23,7 @@ import transformers
 
 from benchmarks.bench_moe import MODALITY, SIZES, moe_config, result_fields
 from benchmarks.bench_vlm import time_steps, train_step
-from mimo.config.schema import Config, TrainConfig
+from mimo.config.schema import Config, MetricsConfig
 
 IGNORE = -100
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--bf16-weights", action="store_true", help="bf16 weights and AdamW state, no autocast")
-    ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops, help="dense bf16 peak, for MFU")
+    ap.add_argument("--peak-tflops", type=float, default=MetricsConfig.peak_tflops, help="dense bf16 peak, for MFU")
     args = ap.parse_args(argv)
 
     cfg = moe_config(args.size)

@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.bench_vlm import time_steps, train_step
 from benchmarks.native_workload import hf_batch, native_batches, native_config, result_row
-from mimo.config.schema import Config, TrainConfig
+from mimo.config.schema import Config, MetricsConfig
 from mimo.data.batching import to_device
 from mimo.data.tokenizer import require_transformers
 from mimo.export.qwen2_vl import ARCHITECTURES, qwen_vl_hf_config
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--grad-ckpt", action="store_true")
     ap.add_argument("--fa2", action="store_true", help="attn_implementation = flash_attention_2 instead of sdpa")
-    ap.add_argument("--peak-tflops", type=float, default=TrainConfig.peak_tflops)
+    ap.add_argument("--peak-tflops", type=float, default=MetricsConfig.peak_tflops)
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = native_config(args.size, args.out)

@@ -28,12 +28,12 @@ import torch
 
 from benchmarks.bench_vlm import build_trainer
 
-PLAIN = ("train.compile=false,train.chunked_loss=false,train.loss_rows_only=false,train.fuse_qkv=false,"
-         "train.master_weights=false,train.grad_table=false,train.lm_update_early=false,train.step_graph=false,"
-         "train.encoder_compile=blocks")
+PLAIN = ("perf.compile=false,perf.chunked_loss=false,perf.loss_rows_only=false,perf.fuse_qkv=false,"
+         "precision.master_weights=false,perf.grad_table=false,perf.lm_update_early=false,perf.step_graph=false,"
+         "perf.encoder_compile=blocks")
 """Overrides that make a preset plain `mimo train` (the model's own forward and loss, nothing fused)."""
-REFERENCE = f"{PLAIN},train.dtype=float32,train.attention_backend=math"
-AUTOCAST = f"{PLAIN},train.dtype=bfloat16,train.attention_backend=default"
+REFERENCE = f"{PLAIN},precision.dtype=float32,perf.attention_backend=math"
+AUTOCAST = f"{PLAIN},precision.dtype=bfloat16,perf.attention_backend=default"
 
 
 def train(preset: str, spec: str, out: Path, steps: int) -> list[float]:

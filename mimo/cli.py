@@ -11,8 +11,9 @@ from mimo.config.schema import ConfigError
 
 TRAIN_HELP = """Train a model described by a TOML config. Any config key can be overridden with a dotted
 flag, e.g. `mimo train configs/demo_vlm.toml --train.steps=50 --model.llm.layers=4`.
-Outputs go to runs/<run.name>/: config.toml, metrics.jsonl, tensorboard/, loss.png,
-checkpoints/step_*/ (the final weights: a sharded DCP checkpoint) and summary.json.
+Outputs go to runs/<run.name>/: config.toml (the config as it ran, GPU defaults resolved), metrics.jsonl,
+tensorboard/, loss.png, checkpoints/step_*/ (the final weights: a sharded DCP checkpoint) and summary.json.
+Every key is in docs/configuration.md; `mimo config KEY` prints one (its doc, type, default and values).
 
 Several processes: `mimo train CONFIG --nproc 4` (local ranks started and watched by mimo), or
 `torchrun --nproc-per-node 4 -m mimo train CONFIG`; the [parallel.modules.*] tables of the
@@ -44,6 +45,15 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
                      "failed or stopped first, or the ranks disagree; a collective waits at most "
                      f"parallel.timeout_s = {cfg.parallel.timeout_s:g} s")
         return 1
+    return 0
+
+
+def cmd_config(args: argparse.Namespace, overrides: list[str]) -> int:
+    from mimo.config.reference import explain, reference_markdown
+
+    if overrides or bool(args.key) == args.reference:
+        raise ConfigError("give config keys (e.g. `mimo config perf.compile`) or --reference, one of them")
+    print(reference_markdown() if args.reference else "\n".join(explain(key) for key in args.key), end="")
     return 0
 
 
@@ -202,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("config", help="path of a TOML config, e.g. configs/demo_vlm.toml")
     t.add_argument("--nproc", type=int, default=1, help="local processes (ranks) to launch (default 1)")
     t.set_defaults(func=cmd_train)
+    c = sub.add_parser("config", help="explain config keys", description="Print a config key's doc, type, default "
+                       "and allowed values, or with --reference every key (docs/configuration.md).")
+    c.add_argument("key", nargs="*", help="dotted keys, e.g. perf.compile or model.modalities.images.vit.patch")
+    c.add_argument("--reference", action="store_true", help="print the whole reference as Markdown")
+    c.set_defaults(func=cmd_config)
     g = sub.add_parser("generate", help="greedy decoding from a trained run",
                        description="Answer prompts about an image and/or a sound with a trained run (greedy, KV "
                        "cache), one line out per prompt, in order: a newline inside an answer is written \\n and a "

@@ -15,7 +15,8 @@ from typing import Any
 
 import tomllib
 
-from mimo.config.schema import Config, ConfigError, TrainConfig
+from mimo.config.migrate import refuse_moved_keys, rename_moved_keys
+from mimo.config.schema import Config, ConfigError
 from mimo.config.validate import validate
 
 
@@ -26,6 +27,8 @@ def _type_name(tp: Any) -> str:
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check (and where lossless, convert) one value against its annotated type."""
     origin = typing.get_origin(tp)
+    if origin is typing.Literal:  # its values are checked with the whole tree (mimo.config.enums)
+        return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a table of {_type_name(tp)} fields, got {value!r}")
@@ -52,10 +55,6 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError:
                 continue
         raise ConfigError(f"'{key}' must be one of {[_type_name(a) for a in args]}, got {value!r}")
-    if origin is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(f"'{key}' must be one of {list(typing.get_args(tp))}, got {value!r}")
-        return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is bool and not isinstance(value, bool):
@@ -145,9 +144,10 @@ that keeps such a run's meaning where new configs default to another."""
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 saved_run: bool = False) -> Config:
-    """Load a TOML file (or the defaults), apply dotted overrides, and validate the whole tree; records the
-    train keys left at their defaults (`TrainConfig.left_unset`). `saved_run`: the file is a run folder's
-    config.toml, whose missing keys read as `SAVED_RUN_DEFAULTS` first."""
+    """Load a TOML file (or the defaults), apply dotted overrides, and validate the whole tree; refuses a key
+    that moved (mimo.config.migrate) and records the keys left at their defaults (`Config.left_unset`).
+    `saved_run`: the file is a run folder's config.toml, written by this or an older mimo: its moved keys take
+    their new names and its missing keys read as `SAVED_RUN_DEFAULTS` first."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -156,15 +156,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                               "configs/demo_vlm.toml")
         with p.open("rb") as f:
             data = tomllib.load(f)
-    if saved_run:
-        data = _merge(SAVED_RUN_DEFAULTS, data)
+        if saved_run:
+            data = _merge(SAVED_RUN_DEFAULTS, rename_moved_keys(data))
+        refuse_moved_keys(data, f"'{p}'")
     if overrides:
-        data = _merge(data, parse_overrides(overrides))
+        extra = parse_overrides(overrides)
+        refuse_moved_keys(extra, "the command line's overrides")
+        data = _merge(data, extra)
     cfg = from_dict(data)
-    given = data.get("train", {})
-    cfg.train.left_unset = frozenset(f.name for f in dataclasses.fields(TrainConfig) if f.name not in given)
-    validate(cfg)  # after left_unset: a float8 module may leave train.dtype to the GPU defaults
+    cfg.left_unset = unset_keys(cfg, data)
+    validate(cfg)  # after left_unset: a float8 module may leave precision.dtype to the GPU defaults
     return cfg
+
+
+def unset_keys(cfg: Config, data: dict[str, Any]) -> frozenset[str]:
+    """The dotted keys of the sections' own fields (e.g. "perf.compile") that `data` does not name."""
+    return frozenset(f"{section.name}.{f.name}" for section in dataclasses.fields(cfg)
+                     for f in dataclasses.fields(getattr(cfg, section.name))
+                     if f.name not in data.get(section.name, {}))
 
 
 def dump_toml(cfg: Config) -> str:

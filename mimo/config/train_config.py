@@ -1,92 +1,52 @@
-"""The `train` section of the config: the step loop, precision, the fast paths, checkpoints and rates.
+"""The run's sections of the config: `[train]` (the step loop), `[precision]`, `[perf]` (the fast paths),
+`[checkpoint]` and `[metrics]`.
 
 Part of the typed config tree (mimo.config.schema holds the other sections and the whole `Config`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Literal
 
-FLOAT8, FLOAT8_RECIPES = "float8", ("tensorwise", "rowwise")  # train.module_dtype's FP8 value, its recipes
+from mimo.config.fields import doc
+
+FLOAT8 = "float8"
+"""precision.module_dtype's FP8 value: FP8 linears (mimo/perf/float8.py), the rest of the module in bf16."""
+
+Dtype = Literal["float32", "bfloat16"]
+ModuleDtype = Literal["float32", "bfloat16", "float8"]
+CompileBackend = Literal["inductor", "aot_eager", "eager"]
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 600
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 0
-    device: str = "cpu"
-    # Compute dtype (float32, or bfloat16 autocast over fp32 weights); module_dtype overrides it for single
-    # modules by name, e.g. {images = "float32"} beside a bf16 LM, or {language = "float8"}: FP8 linears, scaled
-    # by float8_recipe ("tensorwise" or "rowwise"), the rest in bf16 (mimo/perf/float8.py).
-    dtype: str = "float32"
-    module_dtype: dict[str, str] = field(default_factory=dict)
-    float8_recipe: str = "tensorwise"
-    # Intra-op CPU threads per process; 0 = OMP_NUM_THREADS if set, else the usable cores shared among the
-    # node's processes, less those the load average says are busy, at most 16 (mimo/train/threads.py).
-    threads: int = 0
-    # glibc's mmap threshold in MiB, fixed at start (so freed tensors of at least that size go back to the system
-    # at once, not kept resident in malloc's heaps); 0 leaves glibc's own, which rises to 32 MiB
-    # (mimo/train/host_memory.py). At most 32.
-    host_mmap_threshold_mb: int = 1
-    # On CUDA, the fast-path keys left unset take the fastest measured values the layout accepts
-    # (mimo.perf.gpu_defaults: bf16 with master weights, compile, the chunked loss, ...); false: they keep the
-    # defaults written here, as on a CPU.
-    gpu_defaults: bool = True
-    # GPU fast paths of mimo.perf (benchmarks/ measures them), on every layout: torch.compile each transformer
-    # block, the output head + cross-entropy over row chunks without full fp32 logits (vocab-parallel under
-    # TP), each attention's q, k and v from one product (each rank's own shards under TP).
-    compile: bool = False
-    # torch.compile's backend for train.compile: "inductor" (fused kernels), "aot_eager" (the same graphs,
-    # forward and backward, run with eager kernels: to tell a compiler problem from a model one) or "eager".
-    compile_backend: str = "inductor"
-    chunked_loss: bool = False
-    fuse_qkv: bool = False
-    # Modules ("language" and/or modality names) whose transformer blocks keep only their input for the
-    # backward and recompute the rest there: less activation memory for about one more forward of them.
-    activation_checkpointing: list[str] = field(default_factory=list)
-    # The encoders' compilation under train.compile: "blocks" (each transformer block) or "whole" (each encoder
-    # as one graph: a ViT block is less GPU work than the host needs to launch it).
-    encoder_compile: str = "blocks"
-    # The head and the loss (with chunked_loss) on the rows that carry a label only, and the LM's last layer's
-    # output projection, MLP and final norm on those rows too (positions precomputed on the host with the batch).
-    loss_rows_only: bool = False
-    # The only scaled-dot-product-attention backend allowed on CUDA: "default" (PyTorch picks), "cudnn", "flash",
-    # "efficient" or "math".
-    attention_backend: str = "default"
-    # bf16 weights with fp32 master weights and fp32 AdamW moments (mimo.perf.master_adamw.MasterAdamW, one
-    # fused update pass; needs train.dtype = "bfloat16"), in place of fp32 weights under bf16 autocast.
-    master_weights: bool = False
-    # With master_weights, on CUDA, one process: the update reads each gradient where autograd left it
-    # (one Triton kernel over a table of their addresses) instead of copying it into a flat buffer.
-    grad_table: bool = False
-    # With master_weights, one process: the language model's update starts on a low-priority side stream as
-    # soon as its last gradient is in, under the encoders' backward (needs optim.clip = 0: the global norm is
-    # not known yet).
-    lm_update_early: bool = False
-    # On CUDA, one process, with master_weights: after two eager steps, the whole step (forward, backward,
-    # optimizer) is captured as one CUDA graph on a high-priority stream and replayed on every batch.
-    step_graph: bool = False
-    # Checkpoints (runs/<name>/checkpoints/step_*): every `save_every` steps (0 = only on a stop), newest
-    # `keep_checkpoints` kept. resume: false/"never", true/"auto" (newest complete one, if any), or a path.
-    save_every: int = 0
-    keep_checkpoints: int = 2
-    resume: bool | str = False
-    # Stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient norm.
-    max_bad_steps: int = 10
-    # Peak TFLOP/s of one GPU that MFU (model FLOP/s / peak) is measured against: 989 = H100/H200 SXM dense
-    # bf16 (the benchmarks' figure). Set your card's (e.g. A100: 312) for a meaningful MFU.
-    peak_tflops: float = 989.0
-    # Steps at the start of a run left out of the steady-state rates (summary.json's steady_*, the progress bar):
-    # compilation, autotuning and a captured step's eager warm-up and capture happen in them.
-    throughput_warmup: int = 3
+    """The step loop: how long, on what, how often to log and evaluate."""
 
-    # The train keys the TOML file and the command line left at their defaults (`load_config` fills it in; a
-    # Config built in Python leaves none, so its defaults hold everywhere). On CUDA the gate turns those of
-    # mimo.perf.gpu_defaults to the fastest measured values the layout accepts. Not a field: never dumped.
-    left_unset: ClassVar[frozenset[str]] = frozenset()
+    steps: int = doc(600, "Optimizer steps of the run.")
+    seed: int = doc(0, "Seed of the model's initialisation (the data has data.seed).")
+    log_every: int = doc(10, "Steps between logged metrics (metrics.jsonl, TensorBoard, the progress bar).")
+    eval_every: int = doc(0, "Steps between held-out evaluations (0 = none; real data needs data.eval_path).")
+    device: str = doc("cpu", "\"cpu\", \"cuda\", or \"cuda:N\" for one GPU.")
+    threads: int = doc(0, "Intra-op CPU threads per process; 0 = OMP_NUM_THREADS if set, else the node's free "
+                          "cores shared among its processes, at most 16.")
+    host_mmap_threshold_mb: int = doc(1, "glibc's mmap threshold in MiB (0 to 32), so freed tensors that large go "
+                                         "back to the system at once; 0 leaves glibc's own.")
+    max_bad_steps: int = doc(10, "Stop (with a checkpoint) after this many consecutive steps with a non-finite "
+                                 "loss or gradient norm.")
+
+
+@dataclass
+class PrecisionConfig:
+    """Compute dtypes, FP8 and master weights."""
+
+    dtype: Dtype = doc("float32", "Compute dtype: float32, or bfloat16 autocast over fp32 weights.")
+    module_dtype: dict[str, ModuleDtype] = doc({}, "Per-module compute dtype overriding dtype, e.g. "
+                                                   "{images = \"float32\"} or {language = \"float8\"} (FP8 linears, "
+                                                   "the rest bf16).")
+    float8_recipe: Literal["tensorwise", "rowwise"] = doc("tensorwise", "How a float8 module's linears are scaled.")
+    master_weights: bool = doc(False, "bf16 weights with fp32 master weights and AdamW moments (one fused update "
+                                      "pass); needs dtype = \"bfloat16\".")
 
     def dtype_of(self, module: str) -> str:
         """The compute dtype of `module` ("language" or a modality name): module_dtype's, else dtype."""
@@ -95,3 +55,56 @@ class TrainConfig:
     def autocast_of(self, module: str) -> str:
         """The dtype `module`'s autocast runs it in: its dtype, bfloat16 for a "float8" module."""
         return "bfloat16" if self.dtype_of(module) == FLOAT8 else self.dtype_of(module)
+
+
+@dataclass
+class PerfConfig:
+    """The fast paths (mimo.perf; benchmarks/ measures them). On CUDA those left unset take GPU defaults."""
+
+    gpu_defaults: bool = doc(True, "On CUDA, the fast-path keys left unset take the fastest measured values the "
+                                   "layout accepts; false keeps the defaults written here, as on a CPU.")
+    compile: bool = doc(False, "torch.compile each transformer block.")
+    compile_backend: CompileBackend = doc(
+        "inductor", "torch.compile's backend: inductor (fused kernels), aot_eager (the same graphs with eager "
+                    "kernels, to tell a compiler problem from a model one) or eager.")
+    encoder_compile: Literal["blocks", "whole"] = doc("blocks", "How compile compiles the encoders: each block, or "
+                                                                "each encoder as one graph.")
+    chunked_loss: bool = doc(False, "The output head and cross-entropy over row chunks, without full fp32 logits "
+                                    "(vocab-parallel under TP).")
+    fuse_qkv: bool = doc(False, "Each attention's q, k and v from one matmul (each rank's own shards under TP).")
+    activation_checkpointing: list[str] = doc([], "Modules (\"language\", modality names) whose blocks recompute "
+                                                  "their activations in the backward: less memory, one more forward.")
+    loss_rows_only: bool = doc(False, "The head, the loss and the LM's last layer on the labelled rows only.")
+    attention_backend: Literal["default", "cudnn", "flash", "efficient", "math"] = doc(
+        "default", "The only scaled-dot-product-attention backend allowed on CUDA (default: PyTorch picks).")
+    grad_table: bool = doc(False, "With master_weights, CUDA, one process: the update reads each gradient in "
+                                  "place (one Triton kernel over their addresses).")
+    lm_update_early: bool = doc(False, "With master_weights, one process: the LM's update starts under the "
+                                       "encoders' backward (needs optim.clip = 0).")
+    step_graph: bool = doc(False, "With master_weights, CUDA, one process: the whole step captured as one CUDA "
+                                  "graph after two eager steps (needs optim.clip = 0).")
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints, under runs/<name>/checkpoints/step_*."""
+
+    save_every: int = doc(0, "Steps between checkpoints (0 = only at the end or on a stop).")
+    keep: int = doc(2, "The newest checkpoints kept.")
+    resume: bool | str = doc(False, "false/\"never\", true/\"auto\" (the newest complete checkpoint, if any), or "
+                                    "a checkpoint folder's path.")
+
+
+@dataclass
+class MetricsConfig:
+    """Where the metrics go and how the rates are measured."""
+
+    tensorboard: bool = doc(True, "Write TensorBoard event files under runs/<name>/tensorboard.")
+    progress: bool = doc(True, "Show a progress bar on rank 0.")
+    wandb: bool = doc(False, "Mirror the logged scalars and the summary to Weights & Biases (pip install wandb); "
+                             "W&B's environment variables apply.")
+    wandb_project: str = doc("mimo", "The W&B project of metrics.wandb.")
+    peak_tflops: float = doc(989.0, "One GPU's peak TFLOP/s that MFU is measured against (989: H100/H200 dense "
+                                    "bf16; A100: 312).")
+    throughput_warmup: int = doc(3, "Steps at the start left out of the steady-state rates (compilation, "
+                                    "autotuning, capture).")

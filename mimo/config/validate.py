@@ -5,11 +5,10 @@ mimo.train.gate."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from mimo.config.enums import check_enumerations
 from mimo.config.model_rules import require_at_least, validate_model
-from mimo.config.schema import COMPILE_BACKENDS, Config, ConfigError
-from mimo.config.train_config import FLOAT8, FLOAT8_RECIPES
+from mimo.config.schema import Config, ConfigError
+from mimo.config.train_config import FLOAT8, PrecisionConfig
 
 
 def validate_optim(cfg: Config) -> None:
@@ -21,8 +20,6 @@ def validate_optim(cfg: Config) -> None:
             raise ConfigError(f"optim.{name} = {getattr(o, name)} must lie in [0, 1), e.g. 0.9 or 0.95")
     if o.min_lr_ratio > 1:
         raise ConfigError(f"optim.min_lr_ratio = {o.min_lr_ratio} must lie in [0, 1] (the final lr / optim.lr)")
-    if o.schedule not in ("cosine", "linear", "constant"):
-        raise ConfigError(f"optim.schedule = '{o.schedule}'; choose cosine, linear or constant")
     modules = cfg.model.module_names
     for name, lr in o.module_lr.items():
         if name not in modules:
@@ -33,58 +30,54 @@ def validate_optim(cfg: Config) -> None:
 
 
 def validate_train(cfg: Config) -> None:
-    """train.*: steps, dtypes, checkpoints, fast paths."""
+    """train.*, precision.*, perf.*, checkpoint.*, metrics.*: ranges, module names, the fast paths' needs."""
     t = cfg.train
     require_at_least("train", t, ("steps", "log_every"), 1)
-    require_at_least("train", t, ("save_every", "max_bad_steps", "throughput_warmup", "eval_every"), 0,
-                     " (0 turns it off)")
+    require_at_least("train", t, ("max_bad_steps", "eval_every"), 0, " (0 turns it off)")
+    require_at_least("checkpoint", cfg.checkpoint, ("save_every",), 0, " (0 turns it off)")
+    require_at_least("metrics", cfg.metrics, ("throughput_warmup",), 0)
     require_at_least("train", t, ("threads",), 0, " (0 = automatic, mimo/train/threads.py)")
     if not 0 <= t.host_mmap_threshold_mb <= 32:
         raise ConfigError(f"train.host_mmap_threshold_mb = {t.host_mmap_threshold_mb}: glibc takes 0 to 32 MiB; "
                           "use 1 (the default), or 0 to leave glibc's own threshold")
-    require_at_least("train", t, ("keep_checkpoints",), 1)
-    if t.dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"train.dtype = '{t.dtype}'; choose float32 or bfloat16")
+    require_at_least("checkpoint", cfg.checkpoint, ("keep",), 1)
     modules = cfg.model.module_names
-    for name, dtype in t.module_dtype.items():
+    for name in cfg.precision.module_dtype:
         if name not in modules:
-            raise ConfigError(f"train.module_dtype.{name}: '{name}' is no module of this model; choose from {modules}")
-        if dtype not in ("float32", "bfloat16", FLOAT8):
-            raise ConfigError(f"train.module_dtype.{name} = '{dtype}'; choose float32, bfloat16 or float8")
-    pending = gpu_default_pending(t)
-    validate_float8_dtype(t, pending)
-    if t.float8_recipe not in FLOAT8_RECIPES:
-        raise ConfigError(f"train.float8_recipe = '{t.float8_recipe}'; choose one of {', '.join(FLOAT8_RECIPES)}")
-    for name in t.activation_checkpointing:
+            raise ConfigError(f"precision.module_dtype.{name}: '{name}' is no module of this model; choose from "
+                              f"{modules}")
+    pending = gpu_default_pending(cfg)
+    validate_float8_dtype(cfg.precision, pending)
+    for name in cfg.perf.activation_checkpointing:
         if name not in modules:
-            raise ConfigError(f"train.activation_checkpointing names '{name}', which is no module of this model; "
+            raise ConfigError(f"perf.activation_checkpointing names '{name}', which is no module of this model; "
                               f"choose from {modules}")
-    if t.compile_backend not in COMPILE_BACKENDS:
-        raise ConfigError(f"train.compile_backend = '{t.compile_backend}'; choose one of {', '.join(COMPILE_BACKENDS)}")
     validate_fast_path_keys(cfg, pending)
-    if t.peak_tflops <= 0:
-        raise ConfigError(f"train.peak_tflops ({t.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, for MFU")
-    if t.resume == "":
-        raise ConfigError("train.resume is empty; use false, true (\"auto\") or the path of a checkpoint folder")
+    if cfg.metrics.peak_tflops <= 0:
+        raise ConfigError(f"metrics.peak_tflops ({cfg.metrics.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, "
+                          "for MFU")
+    if cfg.checkpoint.resume == "":
+        raise ConfigError("checkpoint.resume is empty; use false, true (\"auto\") or the path of a checkpoint folder")
 
 
-GPU_DEFAULT_NEEDS = frozenset({"dtype", "master_weights"})
+GPU_DEFAULT_NEEDS = frozenset({"precision.dtype", "precision.master_weights"})
 """The keys other keys' checks depend on that mimo.perf.gpu_defaults may set (bf16, master weights)."""
 
 
-def gpu_default_pending(t: Any) -> frozenset[str]:
-    """The keys of GPU_DEFAULT_NEEDS left unset on CUDA with train.gpu_defaults: the gate may still set them,
-    so the config-alone checks leave what depends on them to its checks after the GPU defaults."""
-    return GPU_DEFAULT_NEEDS & t.left_unset if t.device.startswith("cuda") and t.gpu_defaults else frozenset()
+def gpu_default_pending(cfg: Config) -> frozenset[str]:
+    """The keys of GPU_DEFAULT_NEEDS left unset on CUDA with perf.gpu_defaults: the GPU defaults may still set
+    them, so the config-alone checks leave what depends on them to the checks after the GPU defaults."""
+    on_gpu = cfg.train.device.startswith("cuda") and cfg.perf.gpu_defaults
+    return GPU_DEFAULT_NEEDS & cfg.left_unset if on_gpu else frozenset()
 
 
-def validate_float8_dtype(t: Any, pending: frozenset[str] = frozenset()) -> None:
-    """A "float8" module computes the rest of itself in bf16: train.dtype must be bfloat16, unless "dtype" is
+def validate_float8_dtype(p: PrecisionConfig, pending: frozenset[str] = frozenset()) -> None:
+    """A "float8" module computes the rest of itself in bf16: precision.dtype must be bfloat16, unless it is
     `pending` (the GPU defaults may still set it; the gate checks again after them)."""
-    for name, dtype in t.module_dtype.items():
-        if dtype == FLOAT8 and t.dtype != "bfloat16" and "dtype" not in pending:
-            raise ConfigError(f"train.module_dtype.{name} = \"float8\" computes the rest of the module in bf16, so it "
-                              f"needs train.dtype = \"bfloat16\" (got \"{t.dtype}\"); set it")
+    for name, dtype in p.module_dtype.items():
+        if dtype == FLOAT8 and p.dtype != "bfloat16" and "precision.dtype" not in pending:
+            raise ConfigError(f"precision.module_dtype.{name} = \"float8\" computes the rest of the module in bf16, "
+                              f"so it needs precision.dtype = \"bfloat16\" (got \"{p.dtype}\"); set it")
 
 
 def validate_data(cfg: Config) -> None:
@@ -138,7 +131,9 @@ def validate_data(cfg: Config) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Every check of the config alone, model first. Raised identically on every rank before any collective."""
+    """Every check of the config alone: the enumerations' values, then the model's rules first. Raised
+    identically on every rank before any collective."""
+    check_enumerations(cfg)
     validate_model(cfg)
     validate_optim(cfg)
     validate_train(cfg)
@@ -167,55 +162,48 @@ def validate_held_out(cfg: Config) -> None:
                           f"(got {cfg.data.eval_samples})")
 
 
-ENCODER_COMPILE = ("blocks", "whole")
-ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
 HALF_ONLY_ATTENTION = ("cudnn", "flash")
 """SDPA backends without float32 kernels: the only one allowed, a float32 module's attention would find none."""
 
 
 def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) -> None:
     """The fast paths' keys against each other and the device (the layout's checks: mimo.perf.apply); a need
-    of train.dtype or train.master_weights in `pending` (gpu_default_pending) is left to the later check."""
-    t = cfg.train
-    if t.encoder_compile not in ENCODER_COMPILE:
-        raise ConfigError(f"train.encoder_compile = '{t.encoder_compile}'; choose one of {', '.join(ENCODER_COMPILE)}")
-    if t.attention_backend not in ATTENTION_BACKENDS:
-        raise ConfigError(f"train.attention_backend = '{t.attention_backend}'; choose one of "
-                          f"{', '.join(ATTENTION_BACKENDS)}")
-    if t.master_weights:
-        if t.dtype != "bfloat16" and "dtype" not in pending:
-            raise ConfigError(f"train.master_weights = true turns the weights bf16, so it needs train.dtype = "
-                              f"\"bfloat16\" (got \"{t.dtype}\"); set it, or master_weights = false")
-        odd = [n for n, d in t.module_dtype.items() if d not in ("bfloat16", FLOAT8)]
+    of precision.dtype or precision.master_weights in `pending` (gpu_default_pending) is left to the later check."""
+    p, f = cfg.precision, cfg.perf
+    if p.master_weights:
+        if p.dtype != "bfloat16" and "precision.dtype" not in pending:
+            raise ConfigError(f"precision.master_weights = true turns the weights bf16, so it needs precision.dtype = "
+                              f"\"bfloat16\" (got \"{p.dtype}\"); set it, or master_weights = false")
+        odd = [n for n, d in p.module_dtype.items() if d not in ("bfloat16", FLOAT8)]
         if odd:
-            raise ConfigError(f"train.module_dtype.{odd[0]} = \"{t.module_dtype[odd[0]]}\" with train.master_weights = "
-                              "true, which turns every module's weights bf16; drop the entry or master_weights")
-    needs_master = {"grad_table": t.grad_table, "lm_update_early": t.lm_update_early, "step_graph": t.step_graph}
-    for key, on in needs_master.items():
-        if on and not t.master_weights and "master_weights" not in pending:
-            raise ConfigError(f"train.{key} = true works on MasterAdamW's update: set train.master_weights = true")
-    cuda = t.device.startswith("cuda")
+            raise ConfigError(f"precision.module_dtype.{odd[0]} = \"{p.module_dtype[odd[0]]}\" with "
+                              "precision.master_weights = true, which turns every module's weights bf16; drop the "
+                              "entry or master_weights")
+    for key in ("grad_table", "lm_update_early", "step_graph"):
+        if getattr(f, key) and not p.master_weights and "precision.master_weights" not in pending:
+            raise ConfigError(f"perf.{key} = true works on MasterAdamW's update: set precision.master_weights = true")
+    cuda = cfg.train.device.startswith("cuda")
     for key in ("grad_table", "step_graph"):
-        if getattr(t, key) and not cuda:
-            raise ConfigError(f"train.{key} = true needs a GPU (train.device = \"cuda\", got \"{t.device}\"); set "
-                              f"train.{key} = false on a CPU")
-    fp32 = [m for m in cfg.model.module_names if t.autocast_of(m) == "float32"
-            and (m in t.module_dtype or "dtype" not in pending)]
-    if cuda and t.attention_backend in HALF_ONLY_ATTENTION and fp32:
-        raise ConfigError(f"train.attention_backend = \"{t.attention_backend}\" has no float32 kernels, and module "
-                          f"'{fp32[0]}' computes in float32 (train.dtype, train.module_dtype.{fp32[0]}); set "
-                          "train.dtype = \"bfloat16\" without float32 modules, or attention_backend = \"efficient\" "
-                          "or \"default\"")
-    inside = [k for k in ("lm_update_early", "step_graph") if getattr(t, k)]
+        if getattr(f, key) and not cuda:
+            raise ConfigError(f"perf.{key} = true needs a GPU (train.device = \"cuda\", got \"{cfg.train.device}\"); "
+                              f"set perf.{key} = false on a CPU")
+    fp32 = [m for m in cfg.model.module_names if p.autocast_of(m) == "float32"
+            and (m in p.module_dtype or "precision.dtype" not in pending)]
+    if cuda and f.attention_backend in HALF_ONLY_ATTENTION and fp32:
+        raise ConfigError(f"perf.attention_backend = \"{f.attention_backend}\" has no float32 kernels, and module "
+                          f"'{fp32[0]}' computes in float32 (precision.dtype, precision.module_dtype.{fp32[0]}); set "
+                          "precision.dtype = \"bfloat16\" without float32 modules, or attention_backend = "
+                          "\"efficient\" or \"default\"")
+    inside = [k for k in ("lm_update_early", "step_graph") if getattr(f, k)]
     if inside and cfg.optim.clip > 0:
-        raise ConfigError(f"train.{inside[0]} = true updates the weights inside the step, before the host knows the "
+        raise ConfigError(f"perf.{inside[0]} = true updates the weights inside the step, before the host knows the "
                           f"global gradient norm, so it cannot clip by it: set optim.clip = 0 (got {cfg.optim.clip}), "
-                          f"or train.{inside[0]} = false")
-    if t.lm_update_early and cfg.parallel.microbatches != 1:
-        raise ConfigError(f"train.lm_update_early = true updates the language model after its one backward of the "
+                          f"or perf.{inside[0]} = false")
+    if f.lm_update_early and cfg.parallel.microbatches != 1:
+        raise ConfigError(f"perf.lm_update_early = true updates the language model after its one backward of the "
                           f"step, so it takes parallel.microbatches = 1 (got {cfg.parallel.microbatches}); raise "
                           "data.global_batch instead, or set lm_update_early = false")
     outs = [n for n, m in cfg.model.modalities.items() if m.output_token_id >= 0]
-    if t.loss_rows_only and outs:
-        raise ConfigError(f"train.loss_rows_only = true keeps the LM's states at the labelled rows only, but the Out "
-                          f"path of {outs} decodes its generation tokens' states; set train.loss_rows_only = false")
+    if f.loss_rows_only and outs:
+        raise ConfigError(f"perf.loss_rows_only = true keeps the LM's states at the labelled rows only, but the Out "
+                          f"path of {outs} decodes its generation tokens' states; set perf.loss_rows_only = false")

@@ -122,7 +122,7 @@ Out-path decoder that some rank has no output for, which validate_plan refuses o
 
 
 BF16_COMPUTE = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-"""FSDP2's mixed precision under train.master_weights: the fp32 sharded parameters are the master weights, each
+"""FSDP2's mixed precision under precision.master_weights: the fp32 sharded parameters are the master weights, each
 unit all-gathers them in bf16 for its forward and backward, and gradients are reduce-scattered in fp32."""
 
 

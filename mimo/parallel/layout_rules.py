@@ -31,9 +31,9 @@ def check_lm_features(cfg: Config, lm: Grid) -> None:
     if llm.attn_softcap and lm.cp > 1:
         raise ConfigError(f"model.llm.attn_softcap = {llm.attn_softcap} (Gemma 2) needs its soft-capped attention, "
                           "which context parallel's replaces; set parallel.modules.language.cp = 1")
-    if llm.logit_softcap and cfg.train.chunked_loss:
+    if llm.logit_softcap and cfg.perf.chunked_loss:
         raise ConfigError(f"model.llm.logit_softcap = {llm.logit_softcap} (Gemma 2) caps the logits, which "
-                          "train.chunked_loss never forms; set train.chunked_loss = false")
+                          "perf.chunked_loss never forms; set perf.chunked_loss = false")
 
 
 def validate_plan(cfg: Config, layout: Layout) -> None:

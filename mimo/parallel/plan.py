@@ -196,7 +196,7 @@ class ParallelPlan:
                 inner = expert_fsdp_units(module, mesh, self.expert_groups[1]) if experts else []
                 apply_fsdp(module, mesh, entry_methods=entry, own_units=own, own_entry_methods=("weight_loss",),
                            inner_units=inner,
-                           mp_policy=BF16_COMPUTE if self.cfg.train.master_weights else None)
+                           mp_policy=BF16_COMPUTE if self.cfg.precision.master_weights else None)
             elif name == LANGUAGE and self.ep > 1:
                 experts = expert_params(module)
                 ids = {id(p) for p in experts}
@@ -216,7 +216,7 @@ class ParallelPlan:
 
     def master_state_groups(self, name: str) -> list[tuple[list[nn.Parameter], ProcessGroup]]:
         """(parameters, group) of each GradReducer of module `name` (which sums them there first), the groups its
-        fp32 master state is sharded over under train.master_weights (ZeRO-1): on an expert-parallel LM dense
+        fp32 master state is sharded over under precision.master_weights (ZeRO-1): on an expert-parallel LM dense
         parameters over all lanes, experts over their edp group; empty where it has one lane (not sharded)."""
         return [(r.params, r.group) for key, r in self.reducers.items() if key in (name, f"{name}.experts")]
 

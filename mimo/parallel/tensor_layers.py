@@ -27,7 +27,7 @@ SEQ_DIM = 1
 
 def token_dim(x: torch.Tensor) -> int:
     """The dim sequence parallelism splits: the sequence of `[B, S, H]` states, the rows of `[N, H]` ones (the
-    labelled rows of `train.loss_rows_only`, an equal count per TP rank: `sequence_parallel_rows`)."""
+    labelled rows of `perf.loss_rows_only`, an equal count per TP rank: `sequence_parallel_rows`)."""
     return x.dim() - 2
 
 TP_PARTIAL_GRAD = "_mimo_tp_partial_grad"

@@ -2,13 +2,13 @@
 product for each attention's q, k and v, FP8 linears of chosen modules, activation checkpointing of chosen
 modules' blocks, and per-block (or, for encoders, whole-module) compilation.
 
-Switched on by `train.attention_backend`, `train.chunked_loss`, `train.fuse_qkv`, `train.module_dtype.<m> =
-"float8"`, `train.activation_checkpointing`, `train.compile` and `train.encoder_compile`, on every layout, installed
+Switched on by `perf.attention_backend`, `perf.chunked_loss`, `perf.fuse_qkv`, `precision.module_dtype.<m> =
+"float8"`, `perf.activation_checkpointing`, `perf.compile` and `perf.encoder_compile`, on every layout, installed
 in that order where torchtitan installs them: after the parallel plan's tensor, context and pipeline
 parallelism, before its data parallelism (`ParallelPlan.parallelize(model, compute_paths=...)`), so FSDP2
 wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not notice. The
 loss is the model runtime's (`ChunkedLMLoss`); the rest changes modules in place, through PyTorch's own APIs.
-The step's own fast paths (`train.loss_rows_only`, `train.master_weights` with `grad_table`,
+The step's own fast paths (`perf.loss_rows_only`, `precision.master_weights` with `grad_table`,
 `lm_update_early` and `step_graph`) belong to the trainer's step and optimizer; `check_fast_path_layout`
 holds all of them to the layout, before any collective.
 """
@@ -38,7 +38,7 @@ from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backe
 ONE_PROCESS_ONLY = ("grad_table", "lm_update_early", "step_graph")
 """Keys of the step's fast paths that run on one process only: the gradient table and the early update read
 gradients before the data-parallel reduction sums them, and NCCL collectives in a captured step are not wired
-up (README, "Fast paths"). train.master_weights runs on every layout: each module's (each pipeline stage's)
+up (README, "Fast paths"). precision.master_weights runs on every layout: each module's (each pipeline stage's)
 fp32 state sharded over its data lanes, FSDP2's over its shards."""
 
 
@@ -51,7 +51,7 @@ def head_chunked_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
 
 @dataclass(frozen=True)
 class ChunkedLMLoss:
-    """`ModelRuntime.loss_fn` of `train.chunked_loss`: (loss sum, loss tokens) of the LM's head over `hidden`
+    """`ModelRuntime.loss_fn` of `perf.chunked_loss`: (loss sum, loss tokens) of the LM's head over `hidden`
     through `linear_cross_entropy`, in the autocast dtype where autocast is on, never forming the logits. With
     `tp_group` (a vocab-parallel LM) the hidden states enter the TP region as `tp_lm_loss`'s do and the loss is
     vocab-parallel (collective over the group; both results replicated on it). A `loss_mask` acts as a 0/1
@@ -88,7 +88,7 @@ def transformer_blocks(model: MimoModel, module: str) -> list[nn.Module]:
 def apply_fast_paths(cfg: Config, model: MimoModel, runtime: ModelRuntime | None = None,
                      lm_tp: tuple[ProcessGroup, bool] | None = None,
                      float8_swap: Float8Swap | None = None) -> ModelRuntime:
-    """Install what `cfg.train` asks for on a model laid out up to data parallelism (as the
+    """Install what `cfg.perf` and `cfg.precision` ask for on a model laid out up to data parallelism (as the
     `compute_paths` of `ParallelPlan.parallelize`; on one process, on the built model) and return `runtime`
     (default: one process's) with the chunked loss where asked for, for `MimoModel.set_runtime`: fused
     q/k/v, the FP8 linears (after fused q/k/v, which keeps those three in bf16), then checkpointing before
@@ -97,21 +97,21 @@ def apply_fast_paths(cfg: Config, model: MimoModel, runtime: ModelRuntime | None
     `float8_swap` replaces torchao's conversion (mimo.perf.float8.convert_float8; the CPU tests' reference)."""
     runtime = runtime or ModelRuntime()
     if torch.device(cfg.train.device).type == "cuda":
-        use_sdpa_backend(cfg.train.attention_backend)
-    if cfg.train.chunked_loss:
+        use_sdpa_backend(cfg.perf.attention_backend)
+    if cfg.perf.chunked_loss:
         runtime = dataclasses.replace(runtime, loss_fn=ChunkedLMLoss(*(lm_tp or ())))
-    if cfg.train.fuse_qkv:
+    if cfg.perf.fuse_qkv:
         fuse_qkv(model)
     convert_float8(cfg, model, float8_swap)
-    for name in cfg.train.activation_checkpointing:
+    for name in cfg.perf.activation_checkpointing:
         checkpoint_blocks(transformer_blocks(model, name))
-    if cfg.train.compile:
-        compile_blocks(transformer_blocks(model, LANGUAGE), backend=cfg.train.compile_backend)
+    if cfg.perf.compile:
+        compile_blocks(transformer_blocks(model, LANGUAGE), backend=cfg.perf.compile_backend)
         for name, sub in model.modality_submodules.items():
-            if cfg.train.encoder_compile == "whole":
-                compile_blocks(sub.encoders.values(), backend=cfg.train.compile_backend)
+            if cfg.perf.encoder_compile == "whole":
+                compile_blocks(sub.encoders.values(), backend=cfg.perf.compile_backend)
             else:
-                compile_blocks(transformer_blocks(model, name), backend=cfg.train.compile_backend)
+                compile_blocks(transformer_blocks(model, name), backend=cfg.perf.compile_backend)
     return runtime
 
 
@@ -119,12 +119,12 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     """The step's fast paths against a layout of more than one rank (pure: the same error on every rank,
     before any process group exists)."""
     for key in ONE_PROCESS_ONLY:
-        if getattr(cfg.train, key):
-            raise ConfigError(f"train.{key} = true runs on one process only: it reads gradients before the "
+        if getattr(cfg.perf, key):
+            raise ConfigError(f"perf.{key} = true runs on one process only: it reads gradients before the "
                               f"data-parallel reduction, or captures a step that holds no collectives; set "
-                              f"train.{key} = false for a layout of {layout.world_size} ranks")
+                              f"perf.{key} = false for a layout of {layout.world_size} ranks")
     check_float8_layout(cfg, layout)
     lm = layout.grids[LANGUAGE]
-    if cfg.train.loss_rows_only and lm.tp > 1 and not cfg.train.chunked_loss:
-        raise ConfigError("train.loss_rows_only = true under the LM's tensor parallelism runs through the "
-                          "vocab-parallel chunked loss: set train.chunked_loss = true")
+    if cfg.perf.loss_rows_only and lm.tp > 1 and not cfg.perf.chunked_loss:
+        raise ConfigError("perf.loss_rows_only = true under the LM's tensor parallelism runs through the "
+                          "vocab-parallel chunked loss: set perf.chunked_loss = true")

@@ -1,10 +1,10 @@
-"""FP8 training of chosen modules: `train.module_dtype.<module> = "float8"`.
+"""FP8 training of chosen modules: `precision.module_dtype.<module> = "float8"`.
 
 That module's linear layers compute their three products (forward, input gradient, weight gradient) in FP8
 with dynamic scaling, through torchao's float8 training (`torchao.float8.convert_to_float8_training`, the
-optional extra `mimo[fp8]`); `train.float8_recipe` picks its scaling: "tensorwise" (one scale per tensor,
+optional extra `mimo[fp8]`); `precision.float8_recipe` picks its scaling: "tensorwise" (one scale per tensor,
 cuBLAS's kernel) or "rowwise" (one per row, CUTLASS's). Everything else of the module (attention, norms,
-embeddings, activations) computes in bf16 as under `train.dtype = "bfloat16"`, and the weights, master
+embeddings, activations) computes in bf16 as under `precision.dtype = "bfloat16"`, and the weights, master
 weights and optimizer are those of bf16 training: a converted linear keeps its `weight` and `bias`
 parameters, so names, state dicts and checkpoints do not change.
 
@@ -12,7 +12,7 @@ Which linears stay in bf16 (`float8_linears` holds the rule):
 - the LM's output head (`lm_head`; a tied head is the embedding, no linear), whose logits feed the loss;
 - any linear whose in or out features are not a multiple of 16 (`torch._scaled_mm`'s rule), e.g. a ViT's
   patch embedding of 14 x 14 x 3 = 588 inputs;
-- under `train.fuse_qkv`, each attention's q, k and v (their product is one matmul over the concatenated
+- under `perf.fuse_qkv`, each attention's q, k and v (their product is one matmul over the concatenated
   weights, made by the attention itself);
 - linears a pipeline stage released (weight None: they run on another rank).
 
@@ -48,7 +48,7 @@ nn.Linear below the root that the filter accepts (torchao's `convert_to_float8_t
 
 def float8_modules(cfg: Config) -> list[str]:
     """The modules whose linears compute in FP8, in the model's order."""
-    return [n for n in cfg.model.module_names if cfg.train.module_dtype.get(n) == FLOAT8]
+    return [n for n in cfg.model.module_names if cfg.precision.module_dtype.get(n) == FLOAT8]
 
 
 def fused_qkv_linears(root: nn.Module) -> set[int]:
@@ -76,7 +76,7 @@ def float8_linears(model: MimoModel, cfg: Config) -> dict[str, nn.Linear]:
 def torchao_swap(recipe: str) -> Float8Swap:
     """torchao's `convert_to_float8_training` with `recipe`'s config ("tensorwise" or "rowwise"), the inner
     dimension padded to 16 where a product's token count is not a multiple of it (the weight gradient's inner
-    dimension is the tokens: train.loss_rows_only's rows, an encoder's class token)."""
+    dimension is the tokens: perf.loss_rows_only's rows, an encoder's class token)."""
     def swap(root: nn.Module, keep: LinearFilter) -> object:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
@@ -86,12 +86,12 @@ def torchao_swap(recipe: str) -> Float8Swap:
 
 def convert_float8(cfg: Config, model: MimoModel, swap: Float8Swap | None = None) -> list[str]:
     """Swap every linear `float8_linears` names for its FP8 version, in place; returns their names. `swap`
-    defaults to torchao's (`torchao_swap(cfg.train.float8_recipe)`); a test passes a CPU reference."""
+    defaults to torchao's (`torchao_swap(cfg.precision.float8_recipe)`); a test passes a CPU reference."""
     chosen = float8_linears(model, cfg)
     if not chosen:
         return []
     ids = {id(m) for m in chosen.values()}
-    (swap or torchao_swap(cfg.train.float8_recipe))(model, lambda m, fqn: id(m) in ids)
+    (swap or torchao_swap(cfg.precision.float8_recipe))(model, lambda m, fqn: id(m) in ids)
     return list(chosen)
 
 
@@ -100,7 +100,7 @@ def check_float8_support(cfg: Config) -> None:
     modules = float8_modules(cfg)
     if not modules:
         return
-    field = f"train.module_dtype.{modules[0]} = \"float8\""
+    field = f"precision.module_dtype.{modules[0]} = \"float8\""
     if not cfg.train.device.startswith("cuda"):
         raise ConfigError(f"{field} computes its linears with the GPU's FP8 matrix instructions, which train.device = "
                           f"\"{cfg.train.device}\" has not; use train.device = \"cuda\" on an Ada or Hopper GPU, or "
@@ -121,7 +121,7 @@ def check_float8_layout(cfg: Config, layout: Layout) -> None:
     which torchao does not convert (pure, before any collective)."""
     for name in float8_modules(cfg):
         if layout.grids[name].tp > 1:
-            raise ConfigError(f"train.module_dtype.{name} = \"float8\" with parallel.modules.{name}.tp = "
+            raise ConfigError(f"precision.module_dtype.{name} = \"float8\" with parallel.modules.{name}.tp = "
                               f"{layout.grids[name].tp}: FP8 linears do not compose with mimo's tensor-parallel "
                               f"linears yet; set parallel.modules.{name}.tp = 1 (FSDP and data parallelism work) or "
                               f"module_dtype.{name} = \"bfloat16\"")

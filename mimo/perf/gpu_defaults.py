@@ -1,17 +1,21 @@
-"""The defaults of `mimo train` on a GPU: the fastest measured settings (BENCHMARKS.md) that a layout accepts.
+"""The defaults of `mimo train` on a GPU, resolved in one visible step at start: the fastest measured settings
+(BENCHMARKS.md) that a layout accepts.
 
-A key the user left unset (`TrainConfig.left_unset`: neither the TOML file nor the command line names it)
-takes, on `train.device = "cuda"` with `train.gpu_defaults = true` (the default), the value of GPU_DEFAULTS,
-one key at a time in that order, each kept only if the config and the layout accept it with the keys before
-it (`validate_fast_path_keys`, `check_lm_features`, `check_fast_path_layout`); otherwise it keeps its CPU
-default. A key the user set is never changed, and on a
-CPU nothing is. Not collective: every rank reaches the same values from the same config and world size.
+`resolve_gpu_defaults` gives a key the user left unset (`Config.left_unset`: neither the TOML file nor the
+command line names it), on `train.device = "cuda"` with `perf.gpu_defaults = true` (the default), the value of
+GPU_DEFAULTS, one key at a time in that order, each kept only if the config and the layout accept it with the
+keys before it (`validate_fast_path_keys`, `check_lm_features`, `check_fast_path_layout`); otherwise it keeps
+its CPU default. A key the user set is never changed, and on a CPU nothing is. It returns the resolved config
+(the run's, written to runs/<name>/config.toml) and, for each key, its value and why, which the run prints
+once. Not collective: every rank reaches the same values from the same config and world size.
 
-Left out, opt-in only: `lm_update_early` and `step_graph` (they need `optim.clip = 0`, stop the run on a
-non-finite step instead of skipping it, and a captured step needs every batch of one shape).
+Left out, opt-in only: `perf.lm_update_early` and `perf.step_graph` (they need `optim.clip = 0`, stop the run on
+a non-finite step instead of skipping it, and a captured step needs every batch of one shape).
 """
 
 from __future__ import annotations
+
+import copy
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError
 from mimo.config.validate import validate_fast_path_keys
@@ -20,48 +24,72 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import check_lm_features
 from mimo.perf.apply import check_fast_path_layout
 
-GPU_DEFAULTS: tuple[tuple[str, object], ...] = (
-    ("dtype", "bfloat16"),
-    ("master_weights", True),
-    ("grad_table", True),
-    ("compile", True),
-    ("encoder_compile", "whole"),
-    ("chunked_loss", True),
-    ("fuse_qkv", True),
-    ("loss_rows_only", True),
-    ("attention_backend", "cudnn"),
+GPU_DEFAULTS: tuple[tuple[str, object, str], ...] = (
+    ("precision.dtype", "bfloat16", "bf16 autocast runs the matmuls on tensor cores"),
+    ("precision.master_weights", True, "bf16 weights with fp32 master copies and one fused update"),
+    ("perf.grad_table", True, "the update reads each gradient where autograd left it"),
+    ("perf.compile", True, "compiled blocks fuse their elementwise kernels"),
+    ("perf.encoder_compile", "whole", "each encoder one graph: fewer kernel launches"),
+    ("perf.chunked_loss", True, "the loss without full fp32 logits"),
+    ("perf.fuse_qkv", True, "q, k and v from one matmul"),
+    ("perf.loss_rows_only", True, "the head and the loss on the labelled rows only"),
+    ("perf.attention_backend", "cudnn", "cuDNN's attention, the fastest measured"),
 )
-"""(train key, value on a GPU), in the order they are tried: the benchmark presets' settings
+"""(dotted key, value on a GPU, what it buys), in the order they are tried: the benchmark presets' settings
 (benchmarks/presets/*.toml) less the two opt-in keys above."""
 
+FastPath = tuple[str, object, str]
+"""(dotted key, its value in the run, why it has it)."""
 
-def apply_gpu_defaults(cfg: Config, layout: Layout | None) -> dict[str, object]:
-    """Set each unset key of GPU_DEFAULTS on `cfg.train` in place where `cfg` and `layout` (None: one process)
-    accept it; returns {key: value} of those set (empty off CUDA)."""
-    t = cfg.train
-    if not (t.device.startswith("cuda") and t.gpu_defaults):
-        return {}
-    applied: dict[str, object] = {}
-    for i, (key, value) in enumerate(GPU_DEFAULTS):
-        before = getattr(t, key)
-        if key not in t.left_unset or before == value:
+
+def config_value(cfg: Config, key: str) -> object:
+    """The value of dotted `key` ("perf.compile") in `cfg`."""
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def resolve_gpu_defaults(cfg: Config, layout: Layout | None) -> tuple[Config, list[FastPath]]:
+    """`cfg` with each unset key of GPU_DEFAULTS set where `cfg` and `layout` (None: one process) accept it
+    (a copy: `cfg` is left alone), and (key, value, why) of every key of GPU_DEFAULTS (none off CUDA or with
+    perf.gpu_defaults = false, where the copy equals `cfg`)."""
+    resolved = copy.copy(cfg)
+    resolved.precision, resolved.perf = copy.deepcopy(cfg.precision), copy.deepcopy(cfg.perf)
+    if not (cfg.train.device.startswith("cuda") and cfg.perf.gpu_defaults):
+        return resolved, []
+    notes: list[FastPath] = []
+    for i, (key, value, gain) in enumerate(GPU_DEFAULTS):
+        before = config_value(resolved, key)
+        if key not in cfg.left_unset:
+            notes.append((key, before, "set in the config"))
             continue
-        setattr(t, key, value)
-        if accepts(cfg, layout, frozenset(k for k, _ in GPU_DEFAULTS[i + 1:]) & t.left_unset):
-            applied[key] = value
+        section, name = key.split(".")
+        setattr(getattr(resolved, section), name, value)
+        refusal = refusal_of(resolved, layout, frozenset(k for k, _, _ in GPU_DEFAULTS[i + 1:]) & cfg.left_unset)
+        if refusal is None:
+            notes.append((key, value, f"GPU default: {gain}"))
         else:
-            setattr(t, key, before)
-    return applied
+            setattr(getattr(resolved, section), name, before)
+            notes.append((key, before, f"GPU default {value!r} refused: {refusal}"))
+    return resolved, notes
 
 
-def accepts(cfg: Config, layout: Layout | None, pending: frozenset[str] = frozenset()) -> bool:
-    """Whether the fast-path keys of `cfg` (its model resolved from any hf_path) pass the gate's checks on
-    `layout`, the unset keys still to try (`pending`) aside (cuDNN attention needs every module in bf16)."""
+def refusal_of(cfg: Config, layout: Layout | None, pending: frozenset[str] = frozenset()) -> str | None:
+    """Why the gate's checks refuse the fast-path keys of `cfg` (its model resolved from any hf_path) on
+    `layout`, the unset keys still to try (`pending`) aside; None when they pass (cuDNN attention needs every
+    module in bf16)."""
     try:
         validate_fast_path_keys(cfg, pending)
         check_lm_features(cfg, layout.grids[LANGUAGE] if layout is not None else Grid())
         if layout is not None and layout.world_size > 1:
             check_fast_path_layout(cfg, layout)
-    except ConfigError:
-        return False
-    return True
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def fast_paths_note(notes: list[FastPath]) -> str:
+    """The lines that tell the user, once at start, which fast paths the run takes and why ("" off CUDA)."""
+    if not notes:
+        return ""
+    shown = [f"  {key} = {str(v).lower() if isinstance(v, bool) else repr(v)}  ({why})" for key, v, why in notes]
+    return "\n".join(["mimo: fast paths on CUDA (perf.gpu_defaults; set a key to choose it yourself):", *shown])

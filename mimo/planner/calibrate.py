@@ -9,18 +9,18 @@ On CUDA (bf16 under autocast) or the CPU (fp32), one process, no collectives:
 3. a large add (read two tensors, write one): bytes per second; a tiny add: the host's launch time, and
    inside a CUDA graph the GPU's time per kernel;
 4. one layer of each module kind at the config's shapes (one microbatch of one GPU; a kind the config lacks
-   at a default shape), forward + backward, eagerly and (with train.compile) compiled: the measured time
+   at a default shape), forward + backward, eagerly and (with perf.compile) compiled: the measured time
    over the time the cost model gives it from 1-3 is that kind's `layer_factor`.
 
 Eagerly, each call is timed on the host, synchronised: that holds the host's time to issue it (a lone
 call's launch and wait, a small layer's launches), which an eager step pays too. A captured step
-(`train.step_graph`) issues nothing from the host, so on CUDA 1, 2 and 4 are measured again as the GPU runs
+(`perf.step_graph`) issues nothing from the host, so on CUDA 1, 2 and 4 are measured again as the GPU runs
 them (`graph_timed`: captured in a CUDA graph, replays timed with CUDA events), the layer factors against the
 model of a captured step from the captured lines; they go to the profile's `captured` (mimo.planner.profile),
-which the planner uses for configs with train.step_graph. A layer whose capture fails keeps only its eager
+which the planner uses for configs with perf.step_graph. A layer whose capture fails keeps only its eager
 factor, its error recorded in `measured.layers_s`.
 
-Takes about 25 s on an H200 (plus compilation with train.compile), a few on a CPU at its small shapes.
+Takes about 25 s on an H200 (plus compilation with perf.compile), a few on a CPU at its small shapes.
 """
 
 from __future__ import annotations
@@ -214,8 +214,8 @@ def modelled_layer(cfg: Config, kind: str, profile: Profile, shapes: dict, compi
                    captured: bool = False) -> float:
     """The cost model's time of the measured layer with no correction (one GPU, no fusion of q/k/v), as a
     captured step runs it when `compiled` (it launches fewer kernels than the eager count) or `captured`."""
-    train = dataclasses.replace(cfg.train, fuse_qkv=False, compile=compiled, step_graph=compiled or captured)
-    ref = dataclasses.replace(cfg, train=train)
+    perf = dataclasses.replace(cfg.perf, fuse_qkv=False, compile=compiled, step_graph=compiled or captured)
+    ref = dataclasses.replace(cfg, perf=perf)
     grid, net = Grid(), Network()
     if kind == "decoder":
         piece = decoder_layer(ref, profile, net, grid, ModuleLayoutConfig(), shapes["samples"], shapes["seq"])
@@ -260,7 +260,7 @@ def layer_factors(cfg: Config, device: str, eager: Profile,
     model of a captured step."""
     factors, graphed, shapes, layers = {}, {}, {}, {}
     for kind in ("decoder", "vit", "audio"):
-        for compiled in (False, True) if cfg.train.compile else (False,):
+        for compiled in (False, True) if cfg.perf.compile else (False,):
             key = f"{kind}.{'compiled' if compiled else 'eager'}"
             try:
                 step, shape = layer_step(cfg, kind, device, compiled)
@@ -288,7 +288,7 @@ def calibrate(cfg: Config, device: str) -> Profile:
     """A profile of `device` ('cuda' or 'cpu'), its layer factors measured at `cfg`'s shapes; on CUDA with
     its `captured` figures (the module docstring)."""
     if device == "cuda":
-        use_sdpa_backend(cfg.train.attention_backend)
+        use_sdpa_backend(cfg.perf.attention_backend)
     mm_fixed, mm_tflops, products = measure_products(device)
     at_fixed, at_tflops, ratio, attention = measure_attention(device)
     gbps, launch, kernel = measure_memory(device)

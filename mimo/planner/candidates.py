@@ -16,7 +16,6 @@ preference class (plain DP, FSDP, LM tp, split encoder, pipelined) only names th
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from mimo.config.schema import LANGUAGE, Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.rules import is_pipelined
-from mimo.perf.gpu_defaults import apply_gpu_defaults
+from mimo.perf.gpu_defaults import resolve_gpu_defaults
 from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 from mimo.planner.network import Network
 from mimo.planner.predict import Prediction, Setting, predict
@@ -190,9 +189,8 @@ def as_trained(cfg: Config, modules: Modules, layout: Layout) -> Config:
     """`cfg` on `modules` with the train keys `mimo train` would run it with: the GPU defaults it applies on
     CUDA to the keys left unset (mimo.perf.gpu_defaults), for this layout. `cfg` is left alone."""
     planned = with_modules(cfg, modules)
-    planned = dataclasses.replace(planned, train=copy.deepcopy(cfg.train))
-    apply_gpu_defaults(planned, layout if layout.world_size > 1 else None)
-    return planned
+    planned.left_unset = cfg.left_unset
+    return resolve_gpu_defaults(planned, layout if layout.world_size > 1 else None)[0]
 
 
 def encoder_tp(layout: Layout) -> int:

@@ -3,7 +3,7 @@
 A transformer layer's time is the sum of its parts, each from the profile's fitted lines
 (mimo.planner.profile), times the profile's measured `layer_factor` of that kind:
 
-- matrix products, per rank: the forward's q/k/v (one product with `train.fuse_qkv`), output, and MLP
+- matrix products, per rank: the forward's q/k/v (one product with `perf.fuse_qkv`), output, and MLP
   products at [tokens, n / tp] (a decoder's gate, up and down, a MoE feed-forward's unsplit, as it runs
   TP-replicated; an encoder's two), the backward each twice (input and weight gradient; a frozen module's
   weight gradient is skipped);
@@ -13,7 +13,7 @@ A transformer layer's time is the sum of its parts, each from the profile's fitt
   activation's 6 (decoder) or 4 (encoder) bytes per unit, / tp where the tensor is sharded; the backward 2x;
 - fixed: 14 kernels forward, 28 backward, each `kernel_s` on the GPU; eagerly the host issues each in
   `launch_s`, and a layer takes the longer of the two (the host runs ahead of the GPU). Under
-  `train.step_graph` the host issues nothing.
+  `perf.step_graph` the host issues nothing.
 
 Communication inside a module (not overlapped: mimo runs it on the compute stream): tensor parallelism
 all-reduces the layer's activation twice in the forward and twice in the backward (a reduce-scatter and
@@ -22,7 +22,7 @@ layer's keys and values over cp in the forward and reduce-scatters their gradien
 parallelism exchanges each MoE layer's routed rows (dispatch and combine) over its ep ranks each way.
 
 Beside the layers: the LM's head and loss on its last stage (on the loss rows only with
-`train.loss_rows_only`; bf16 chunks with `train.chunked_loss`, else fp32 logits), a ViT's patch
+`perf.loss_rows_only`; bf16 chunks with `perf.chunked_loss`, else fp32 logits), a ViT's patch
 embedding, an audio encoder's convolutions, and each modality's projector.
 """
 
@@ -107,9 +107,9 @@ def _layer(p: Profile, kind: str, tokens: float, hidden: int, products: list[tup
     elem = memory_s(p, tokens * (40 * hidden / sp_tp + mlp_bytes))
     fwd += attention_s(p, attn_flop) + elem + KERNELS_FORWARD * p.kernel_s
     bwd += p.attention_backward_ratio * attention_s(p, attn_flop) + 2 * elem + KERNELS_BACKWARD * p.kernel_s
-    if not cfg.train.step_graph:  # the host issues every kernel; the GPU waits when it is slower
+    if not cfg.perf.step_graph:  # the host issues every kernel; the GPU waits when it is slower
         fwd, bwd = max(fwd, KERNELS_FORWARD * p.launch_s), max(bwd, KERNELS_BACKWARD * p.launch_s)
-    factor = p.factor(kind, cfg.train.compile)
+    factor = p.factor(kind, cfg.perf.compile)
     return Piece(fwd * factor, bwd * factor)
 
 
@@ -125,7 +125,7 @@ def decoder_layer(cfg: Config, p: Profile, net: Network, grid: Grid, flags: Modu
     llm, tp, cp = cfg.model.llm, grid.tp, grid.cp
     hd, tokens = llm.attention_head_dim, samples * seq / cp
     q, kv = llm.heads * hd / tp, llm.kv_heads * hd / tp
-    qkv = [(q + 2 * kv, llm.hidden)] if cfg.train.fuse_qkv else [(q, llm.hidden), (kv, llm.hidden), (kv, llm.hidden)]
+    qkv = [(q + 2 * kv, llm.hidden)] if cfg.perf.fuse_qkv else [(q, llm.hidden), (kv, llm.hidden), (kv, llm.hidden)]
     mlp = llm.mlp / tp
     dense = [(mlp, llm.hidden), (mlp, llm.hidden), (llm.hidden, mlp)]
     products = qkv + [(llm.hidden, q)] + ([] if moe else dense)
@@ -133,7 +133,7 @@ def decoder_layer(cfg: Config, p: Profile, net: Network, grid: Grid, flags: Modu
     sp_tp = tp if flags.sequence_parallel else 1
     width = llm.moe_top_k * llm.moe_mlp if moe else mlp  # the MoE runs TP-replicated
     piece = _layer(p, "decoder", tokens, llm.hidden, products, attn, 6 * width, sp_tp, cfg.model.freeze_llm, cfg)
-    act = tokens * llm.hidden * (4 if cfg.train.dtype_of(LANGUAGE) == "float32" else 2)
+    act = tokens * llm.hidden * (4 if cfg.precision.dtype_of(LANGUAGE) == "float32" else 2)
     comm = _tp_comm(net, grid, act)
     kv_bytes = 2 * samples * seq * kv * 2
     cp_comm = net.all_gather(kv_bytes, grid.offset, tp, cp)
@@ -156,7 +156,7 @@ def _moe_feed_forward(cfg: Config, p: Profile, net: Network, grid: Grid, flags: 
         fwd += 2 * matmul_s(p, tokens, shared, h) + matmul_s(p, tokens, h, shared)
     routed = tokens * llm.moe_top_k * h * 2
     exchange = 2 * net.all_to_all(routed, grid.offset, grid.tp * grid.cp, ep)
-    factor = p.factor("decoder", cfg.train.compile)
+    factor = p.factor("decoder", cfg.perf.compile)
     return Piece(fwd * factor, fwd * factor * (1 if cfg.model.freeze_llm else 2), exchange, exchange)
 
 
@@ -166,13 +166,13 @@ def encoder_layer(cfg: Config, p: Profile, net: Network, name: str, grid: Grid, 
     shape = m.audio if m.kind == "audio" else m.vit
     tp, h, positions = grid.tp, shape.hidden, encoder_positions(cfg, name)
     tokens = inputs * positions
-    qkv = [(3 * h / tp, h)] if cfg.train.fuse_qkv else [(h / tp, h)] * 3
+    qkv = [(3 * h / tp, h)] if cfg.perf.fuse_qkv else [(h / tp, h)] * 3
     products = qkv + [(h, h / tp), (shape.mlp / tp, h), (h, shape.mlp / tp)]
     attn = inputs * 4 * positions * positions * h / tp
     frozen = m.freeze_encoder
     piece = _layer(p, "audio" if m.kind == "audio" else "vit", tokens, h, products, attn, 4 * shape.mlp / tp, 1,
                    frozen, cfg)
-    act = tokens * h * (4 if cfg.train.dtype_of(name) == "float32" else 2)
+    act = tokens * h * (4 if cfg.precision.dtype_of(name) == "float32" else 2)
     comm = _tp_comm(net, grid, act)
     return piece + Piece(0.0, 0.0, comm, comm)
 
@@ -197,9 +197,9 @@ def encoder_edges(cfg: Config, p: Profile, name: str, inputs: float) -> Piece:
 def lm_head(cfg: Config, p: Profile, net: Network, grid: Grid, samples: float, seq: int, text_rows: float) -> Piece:
     """The LM's final norm, output head and loss on its last stage, over one microbatch of one rank."""
     llm, tp = cfg.model.llm, grid.tp
-    rows = samples * (text_rows if cfg.train.loss_rows_only else seq) / grid.cp
+    rows = samples * (text_rows if cfg.perf.loss_rows_only else seq) / grid.cp
     fwd = matmul_s(p, rows, llm.vocab / tp, llm.hidden)
-    per_logit = 6 if cfg.train.chunked_loss else 16
+    per_logit = 6 if cfg.perf.chunked_loss else 16
     loss = memory_s(p, rows * llm.vocab / tp * per_logit)
     stats = 2 * net.all_reduce(rows * 8, grid.offset, 1, tp)  # vocabulary-parallel softmax statistics
     return Piece(fwd + loss, 2 * fwd + loss, stats, stats)

@@ -11,26 +11,26 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   stages the smaller share); the LM's first stage also holds the embedding and its last the head (a tied
   head is the embedding, counted once where one GPU holds both), and the largest stage is reported.
   A Hugging Face model (`hf_path`) is sized with the shapes of its config.json. FSDP divides all of a module's
-  states by its dp (dp x cp for the LM: FSDP shards over both). With `train.master_weights` a module without
+  states by its dp (dp x cp for the LM: FSDP shards over both). With `precision.master_weights` a module without
   FSDP keeps 4 bytes (bf16 weight and gradient) on every rank and 12 (fp32 master weight, two moments)
   split ZeRO-1 over its dp x cp lanes.
 - **Mixture of experts**: the routed experts' stacked weights (`w_gate`, `w_up`, `w_down`) are not split by
   tp (mimo.parallel.tensor runs the MoE feed-forward TP-replicated; its router and shared expert count as
   replicated weights too) but by the LM's ep: each rank of an ep group holds E / ep experts, so 1/ep of the
   expert bytes. FSDP shards those over their edp group of dp x cp / ep ranks, which comes to 1/(dp x cp) of
-  all experts as without ep; with `train.master_weights` a replicated LM keeps the experts' 4 bytes / ep and
+  all experts as without ep; with `precision.master_weights` a replicated LM keeps the experts' 4 bytes / ep and
   their 12 / (dp x cp) (ZeRO-1 over the edp group of its 1/ep).
 - **Activations** held for the backward, per microbatch, no recompute: per transformer layer about
   tokens x hidden x 34 bytes in bf16 (Megatron's estimate with flash attention: no s^2 score term);
   under tensor parallelism (10 + 24/tp) instead of 34, or 34/tp with sequence parallel. Twice that in
-  float32 (the module's dtype: train.module_dtype, else train.dtype). The LM's tokens per microbatch
+  float32 (the module's dtype: precision.module_dtype, else precision.dtype). The LM's tokens per microbatch
   per lane are global_batch / (microbatches x LM dp) x seq_len / cp, with seq_len the rows the data produces
   (the gate's `row_length`: a demo task's own length, else data.seq_len; data.pack_length when packing).
   An encoder's are samples per encoder lane x data.images_per_sample x its tokens per input: a ViT's
   patches (+ class token); for an audio encoder its max_positions, the most rows a clip can give (a
   rough upper bound).
   The LM head adds its fp32 logits and their gradient: tokens x vocab x 8 bytes / tp.
-- **Activation checkpointing** (`train.activation_checkpointing` names the module): each layer keeps
+- **Activation checkpointing** (`perf.activation_checkpointing` names the module): each layer keeps
   only its input, tokens x hidden x 4 bytes (the residual stream stays fp32 under autocast), /tp with
   sequence parallel, per microbatch in flight; plus one layer's full activations (above), once, while
   the backward recomputes it.
@@ -76,7 +76,7 @@ FIXED_BYTES = 2 * GIB
 STATE_BYTES, FROZEN_BYTES = 16, 4
 """fp32 weight + grad + two AdamW moments; a frozen parameter keeps its weight only."""
 MASTER_WHOLE_BYTES, MASTER_SHARDED_BYTES = 4, 12
-"""train.master_weights: bf16 weight + bf16 grad on every rank; fp32 master + moments split over the data lanes."""
+"""precision.master_weights: bf16 weight + bf16 grad on every rank; fp32 master + moments split over the data lanes."""
 ACT_BYTES_PER_TOKEN_HIDDEN = 34
 """Megatron's per-layer activation bytes per token per hidden unit, bf16, flash attention."""
 LOGIT_BYTES = 8
@@ -202,16 +202,16 @@ def stage_usage(cfg: Config, name: str, size: ModuleSize, grid: Grid, flags: Mod
     experts, ep, lanes = share * size.experts, flags.ep, grid.dp * grid.cp
     if flags.fsdp:  # the experts' 1/ep over their edp ranks: 1/lanes of them, as the rest
         states = (states + experts) / lanes
-    elif cfg.train.master_weights:  # bf16 weight and gradient whole, fp32 master and moments ZeRO-1 over the lanes
+    elif cfg.precision.master_weights:  # bf16 weight and gradient whole, fp32 master and moments ZeRO-1 over the lanes
         states = (states * (MASTER_WHOLE_BYTES + MASTER_SHARDED_BYTES / lanes)
                   + experts * (MASTER_WHOLE_BYTES / ep + MASTER_SHARDED_BYTES / lanes)) / STATE_BYTES
     else:
         states += experts / ep
     samples = cfg.data.global_batch / (cfg.parallel.microbatches * grid.dp)
     tokens = samples * size.tokens_per_sample / grid.cp
-    layer = _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.train.dtype_of(name))
+    layer = _layer_activation(tokens, size.hidden, grid.tp, flags.sequence_parallel, cfg.precision.dtype_of(name))
     recompute = 0.0
-    if name in cfg.train.activation_checkpointing and layers:
+    if name in cfg.perf.activation_checkpointing and layers:
         acts = layers * tokens * size.hidden * RESIDUAL_BYTES / (grid.tp if flags.sequence_parallel else 1)
         recompute = layer
     else:

@@ -12,7 +12,7 @@
   of the step rather than (pp - 1) / m, for v times the boundary messages.
 - **After the backward** (both): each module's gradients are all-reduced over its dp x cp group (an
   expert-parallel LM's experts, 1/ep of them per rank, over their edp group of dp x cp / ep ranks; bf16 with
-  `train.master_weights`, which also all-gathers the updated bf16 weights; fp32 otherwise). mimo runs the
+  `precision.master_weights`, which also all-gathers the updated bf16 weights; fp32 otherwise). mimo runs the
   reduction after the whole backward, so it is exposed; `overlap_dp=True` models a reduction that hides
   under the last microbatch's backward. FSDP all-gathers each layer's weights in the forward and again in
   the backward and reduce-scatters its gradient, per microbatch, prefetched under the compute (only the
@@ -20,11 +20,11 @@
   Then the gradient norm (one read of the gradients) and AdamW (28 bytes per parameter of this rank's
   shard) at the profile's memory bandwidth; under a pipeline the slowest stage's tail counts.
 
-Every time comes from the profile's figures as the step runs them (`Profile.under`): under `train.step_graph`
+Every time comes from the profile's figures as the step runs them (`Profile.under`): under `perf.step_graph`
 (one CUDA graph a step) those timed inside CUDA graphs, where the profile has them, else the eager ones.
 
 MFU is the model FLOPs of mimo.models.flops (what `mimo train` reports) over step time x GPUs x
-`train.peak_tflops`; tokens per second per GPU count every row token of the global batch, as the trainer does.
+`metrics.peak_tflops`; tokens per second per GPU count every row token of the global batch, as the trainer does.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def _tail(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, stage: i
           compute: float) -> tuple[float, float]:
     """(exposed reduction, optimizer) seconds after the backward of one rank of stage `stage` of `name`."""
     cfg, net = s.cfg, s.network
-    grad_bytes = 2 if cfg.train.master_weights else 4
+    grad_bytes = 2 if cfg.precision.master_weights else 4
     exposed = replicated = held = shard = 0.0
     for params, stride, lanes in _reduce_groups(s, name, grid, flags, stage):
         held += params
@@ -157,10 +157,10 @@ def _tail(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, stage: i
             shard += params / lanes
             continue
         reduce = net.all_reduce(params * grad_bytes, grid.offset, stride, lanes)
-        if cfg.train.master_weights and lanes > 1:
+        if cfg.precision.master_weights and lanes > 1:
             reduce += net.all_gather(params * 2, grid.offset, stride, lanes)
         replicated += reduce
-        shard += params / lanes if cfg.train.master_weights else params
+        shard += params / lanes if cfg.precision.master_weights else params
     exposed += max(0.0, replicated - last_backward) if s.overlap_dp else replicated
     return exposed, memory_s(s.profile, shard * ADAMW_BYTES + held * grad_bytes)
 
@@ -184,7 +184,7 @@ def _reduce_groups(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig,
 
 def predict(s: Setting, layout: Layout, modules: dict[str, ModuleLayoutConfig]) -> Prediction:
     """The predicted step of `layout` (see the module docstring)."""
-    s = replace(s, profile=s.profile.under(s.cfg.train.step_graph))
+    s = replace(s, profile=s.profile.under(s.cfg.perf.step_graph))
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
     if is_pipelined(layout):
         parts = _pipelined(s, layout, flags)
@@ -195,7 +195,7 @@ def predict(s: Setting, layout: Layout, modules: dict[str, ModuleLayoutConfig]) 
     seq = s.sizes[LANGUAGE].tokens_per_sample
     tflops = model_flops(cfg, seq) / step / gpus / 1e12
     return Prediction(step, *parts, tokens_per_s_per_gpu=cfg.data.global_batch * seq / step / gpus,
-                      model_tflops_per_gpu=tflops, mfu=tflops / cfg.train.peak_tflops)
+                      model_tflops_per_gpu=tflops, mfu=tflops / cfg.metrics.peak_tflops)
 
 
 def _colocated(s: Setting, layout: Layout, flags: dict) -> tuple[float, float, float, float, float]:

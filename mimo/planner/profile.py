@@ -13,7 +13,7 @@ Every figure is a straight-line fit of measured times against work, so it can be
   line fits leave out (norms, RoPE, casts, the autograd bookkeeping), applied to every layer of that kind;
 - `captured`: the same figures as the GPU runs them inside a CUDA graph (any of the products' and attention's
   five line fields, and `layer_factor` entries), measured on CUDA by replaying captured work: a captured step
-  (`train.step_graph`) pays no host time, which the eager figures hold (a lone synchronised call's latency,
+  (`perf.step_graph`) pays no host time, which the eager figures hold (a lone synchronised call's latency,
   a small layer's launches). `Profile.under` picks them; a profile without them (older files) predicts a
   captured step from the eager figures.
 

@@ -16,20 +16,20 @@ def _header(cfg: Config, plan: Plan) -> str:
     seq = plan.sizes[LANGUAGE].tokens_per_sample
     micro = cfg.parallel.microbatches
     model = ", ".join(f"{n} {param_count_text(s.params)} params" for n, s in plan.sizes.items())
-    ckpt = cfg.train.activation_checkpointing
-    apart = ", ".join(f"{n} {d}" for n, d in cfg.train.module_dtype.items())
+    ckpt = cfg.perf.activation_checkpointing
+    apart = ", ".join(f"{n} {d}" for n, d in cfg.precision.module_dtype.items())
     nodes = math.ceil(plan.gpus / plan.network.gpus_per_node)
     return (f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''} of {plan.gpu_memory_gib:g} GiB ({nodes} node"
             f"{'s' if nodes > 1 else ''} of {plan.network.gpus_per_node}); {model}; global batch "
             f"{cfg.data.global_batch} x seq_len {seq}, {micro} microbatch{'es' if micro > 1 else ''}, "
-            f"{cfg.train.dtype}" + (f" ({apart})" if apart else "")
+            f"{cfg.precision.dtype}" + (f" ({apart})" if apart else "")
             + (f", activation checkpointing of {', '.join(ckpt)}" if ckpt else ""))
 
 
 def render(cfg: Config, plan: Plan) -> str:
     """The suggestion as TOML, then the table of every candidate, then the models' assumptions."""
     best = plan.rows[0]
-    ckpt = cfg.train.activation_checkpointing
+    ckpt = cfg.perf.activation_checkpointing
     out = [_header(cfg, plan), ""]
     if best.fits:
         p = best.prediction
@@ -40,7 +40,7 @@ def render(cfg: Config, plan: Plan) -> str:
         fixes = "raise parallel.microbatches, shorten data.seq_len, lower data.global_batch or add GPUs."
         if any(n not in ckpt for n in plan.sizes):
             every = json.dumps(list(plan.sizes))
-            fixes = f"checkpoint activations (train.activation_checkpointing = {every}), {fixes}"
+            fixes = f"checkpoint activations (perf.activation_checkpointing = {every}), {fixes}"
         out.append(f"warning: no candidate fits in {plan.gpu_memory_gib:g} GiB; the lowest estimate is "
                    f"{best.peak_gib:.1f} GiB. {fixes[0].upper()}{fixes[1:]}")
     out += ["", to_toml(best.modules, best.microbatches, best.layout)]

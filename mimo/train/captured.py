@@ -1,4 +1,4 @@
-"""`train.step_graph`: the whole training step (forward, backward, optimizer) as one CUDA graph.
+"""`perf.step_graph`: the whole training step (forward, backward, optimizer) as one CUDA graph.
 
 The first WARMUP_STEPS steps run eagerly on the capture stream (they compile, autotune and initialise
 lazily); the next one records the step once on a copy of its microbatches, whose tensors become the
@@ -79,21 +79,21 @@ class CapturedStep:
 
     def copy_in(self, micro: list[dict]) -> None:
         if len(micro) != len(self.inputs):
-            raise ValueError(f"train.step_graph: this step has {len(micro)} microbatches, the captured one "
+            raise ValueError(f"perf.step_graph: this step has {len(micro)} microbatches, the captured one "
                              f"{len(self.inputs)}")
         for new, old in zip(micro, self.inputs):
             mine, theirs = flat_tensors(old), flat_tensors(new)
             if mine.keys() != theirs.keys():
-                raise ValueError(f"train.step_graph: the batch holds {sorted(theirs)}, the captured step was "
-                                 f"recorded with {sorted(mine)}; set train.step_graph = false for such data")
+                raise ValueError(f"perf.step_graph: the batch holds {sorted(theirs)}, the captured step was "
+                                 f"recorded with {sorted(mine)}; set perf.step_graph = false for such data")
             for name, t in mine.items():
                 other = theirs[name]
                 same = (t.shape == other.shape and t.dtype == other.dtype) if isinstance(t, torch.Tensor) \
                     else t == other
                 if not same:
-                    raise ValueError(f"train.step_graph: batch entry {name} is {_describe(other)}, but the step "
+                    raise ValueError(f"perf.step_graph: batch entry {name} is {_describe(other)}, but the step "
                                      f"was captured with {_describe(t)}: a CUDA graph replays fixed shapes; set "
-                                     "train.step_graph = false for data whose shapes change")
+                                     "perf.step_graph = false for data whose shapes change")
             for name, t in mine.items():
                 if isinstance(t, torch.Tensor):
                     t.copy_(theirs[name], non_blocking=True)

@@ -3,16 +3,16 @@ first collective, as a `ConfigError` that names the field and the fix (`mimo: er
 
 `validate_run(cfg, world)` checks, in this order: the config alone (mimo.config.validate), the device (and
 what a "float8" module needs of it: a GPU of compute capability >= 8.9, torchao), the architecture read from
-every `hf_path`, the data set against the model (mimo.tasks: its modalities, row length, tokenizer), then, on more
-than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Before the
+every `hf_path`, the data set against the model (mimo.tasks: its modalities, row length, tokenizer), then, on
+more than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Before the
 model's checks, on CUDA, the fast-path keys the user left unset take their GPU defaults where the layout
-accepts them (mimo.perf.gpu_defaults), the one change the gate makes to the config; what needs train.dtype =
-"bfloat16" or train.master_weights (a "float8" module, train.step_graph) is checked after them. Not collective
-(it reads only the files the config names), so every rank reaches the same verdict. LM features a fast path would drop
-are refused on every world size (`check_lm_features`, e.g. Gemma 2's logit soft-cap under the chunked loss).
-The blocks' fast paths and `train.loss_rows_only` run on every layout; the step's one-process keys are
-refused (`check_fast_path_layout`). Lower layers keep
-asserts for their own invariants and never repeat these checks.
+accepts them (mimo.perf.gpu_defaults), in the copy of the config the run trains with (the one change the gate
+makes); what needs precision.dtype = "bfloat16" or precision.master_weights (a "float8" module, perf.step_graph)
+is checked after them. Not collective (it reads only the files the config names), so every rank reaches the
+same verdict. LM features a fast path would drop are refused on every world size (`check_lm_features`, e.g.
+Gemma 2's logit soft-cap under the chunked loss). The blocks' fast paths and `perf.loss_rows_only` run on every
+layout; the step's one-process keys are refused (`check_fast_path_layout`). Lower layers keep asserts for
+their own invariants and never repeat these checks.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import check_lm_features, validate_plan
 from mimo.perf.apply import check_fast_path_layout
 from mimo.perf.float8 import check_float8_support
-from mimo.perf.gpu_defaults import apply_gpu_defaults
+from mimo.perf.gpu_defaults import FastPath, resolve_gpu_defaults
 from mimo.tasks import data_set
 
 BYTE_TEXT_IDS = ByteTokenizer.PAD + 1
@@ -48,25 +48,28 @@ def launch_world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def validate_run(cfg: Config, world: int) -> dict[str, object]:
-    """Every check of a run on `world` ranks, config first (see the module docstring); on CUDA it sets the unset
-    fast-path keys to their GPU defaults in place (mimo.perf.gpu_defaults) and returns those it set.
+def validate_run(cfg: Config, world: int) -> tuple[Config, list[FastPath]]:
+    """Every check of a run on `world` ranks, config first (see the module docstring). Returns the config the
+    run trains with: `cfg` (left alone) with, on CUDA, the unset fast-path keys at their GPU defaults
+    (mimo.perf.gpu_defaults), and (key, value, why) of each of those keys to print once.
     Not collective: every rank reaches the same verdict and values."""
     validate(cfg)
     check_device(cfg.train.device)
     check_float8_support(cfg)
     layout = Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world) if world > 1 else None
-    resolved = copy.copy(cfg)  # shares cfg.train, which the GPU defaults set
-    resolved.model = resolved_model(cfg.model)
-    applied = apply_gpu_defaults(resolved, layout)
-    validate_float8_dtype(cfg.train)  # what needs train.dtype or master_weights, now that the GPU defaults set them
-    validate_fast_path_keys(resolved)
-    check_lm_features(resolved, layout.grids[LANGUAGE] if layout is not None else Grid())
-    check_data_set(cfg, resolved.model)
-    check_tokenizer(cfg, resolved.model)
+    checked = copy.copy(cfg)
+    checked.model = resolved_model(cfg.model)
+    checked, fast_paths = resolve_gpu_defaults(checked, layout)
+    validate_float8_dtype(checked.precision)  # what needs precision.dtype or master_weights, now they are set
+    validate_fast_path_keys(checked)
+    check_lm_features(checked, layout.grids[LANGUAGE] if layout is not None else Grid())
+    check_data_set(cfg, checked.model)
+    check_tokenizer(cfg, checked.model)
     if layout is not None:
-        check_layout(resolved, layout)
-    return applied
+        check_layout(checked, layout)
+    run = copy.copy(cfg)
+    run.precision, run.perf = checked.precision, checked.perf
+    return run, fast_paths
 
 
 def check_device(device: str) -> None:

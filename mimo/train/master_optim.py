@@ -1,4 +1,4 @@
-"""`train.master_weights`: MimoOptimizer's contract over MasterAdamW (bf16 weights, fp32 master weights and
+"""`precision.master_weights`: MimoOptimizer's contract over MasterAdamW (bf16 weights, fp32 master weights and
 fp32 moments, one fused update pass).
 
 One MasterAdamW per module and weight-decay group (matrices decayed, vectors not, as MimoOptimizer groups
@@ -37,8 +37,8 @@ from mimo.train.optim import local_grad_sq, lr_factor, param_groups
 
 
 class UpdatedInStep(RuntimeError):
-    """A non-finite loss or gradient norm in a step whose update had already run (train.lm_update_early,
-    train.step_graph): it cannot be skipped."""
+    """A non-finite loss or gradient norm in a step whose update had already run (perf.lm_update_early,
+    perf.step_graph): it cannot be skipped."""
 
 
 class MasterOptimizer:
@@ -137,9 +137,9 @@ class MasterOptimizer:
         if not math.isfinite(norm_f):
             if self.early:
                 self.zero_grad()
-                raise UpdatedInStep(f"step {step}: non-finite gradient norm after train.lm_update_early had "
+                raise UpdatedInStep(f"step {step}: non-finite gradient norm after perf.lm_update_early had "
                                     "already updated the language model, so the step cannot be skipped; lower "
-                                    "optim.lr or set train.lm_update_early = false (it skips such steps)")
+                                    "optim.lr or set perf.lm_update_early = false (it skips such steps)")
             self.zero_grad()
             return False, norm_f, self.lr(step)
         if self.cfg.clip > 0 and norm_f > self.cfg.clip:

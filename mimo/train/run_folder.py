@@ -3,7 +3,7 @@
 A run takes the folder's lock (an exclusive `flock` on the folder itself, held by rank 0 while it trains
 and released by the kernel when the process dies, so a crashed run leaves no stale lock). A folder that
 already holds a run's outputs is refused, before anything in it is written, unless this run continues it
-(`train.resume`) or the config says `run.overwrite = true`:
+(`checkpoint.resume`) or the config says `run.overwrite = true`:
 - resume = false: the folder must hold no run; with overwrite the old outputs are deleted first;
 - resume = true: the newest loadable checkpoint is continued; if none loads, the run would start over,
   which again needs an empty folder or overwrite;
@@ -100,23 +100,23 @@ class RunFolder:
 
     def _refusal_now(self) -> str:
         """Why this run may not use the folder at all, or ""."""
-        resume, overwrite = self.cfg.train.resume, self.cfg.run.overwrite
+        resume, overwrite = self.cfg.checkpoint.resume, self.cfg.run.overwrite
         if overwrite or not self.outputs():
             return ""
         if resume is False or resume == "never":
-            return (f"{self._held()}; continue it with --train.resume=true, choose another --run.name, or set "
+            return (f"{self._held()}; continue it with --checkpoint.resume=true, choose another --run.name, or set "
                     "--run.overwrite=true to delete its outputs and start over")
         if resume is True or resume == "auto":
             return self._format_change()
         named = Path(str(resume)).resolve()
         own = (self.path / "checkpoints").resolve()
         if named.parent != own:
-            return (f"{self._held()}, and train.resume = '{resume}' is a checkpoint of another folder; resume into "
-                    "a new --run.name, or set --run.overwrite=true to replace this folder's run")
-        good, _ = CheckpointStore(own, self.cfg.train.keep_checkpoints).scan()
+            return (f"{self._held()}, and checkpoint.resume = '{resume}' is a checkpoint of another folder; resume "
+                    "into a new --run.name, or set --run.overwrite=true to replace this folder's run")
+        good, _ = CheckpointStore(own, self.cfg.checkpoint.keep).scan()
         later = [f.path.name for f in good if f.step > folder_step(named.name)]
         if later:
-            return (f"train.resume = '{resume}' rewinds the run in '{self.path}', whose later checkpoints {later} "
+            return (f"checkpoint.resume = '{resume}' rewinds the run in '{self.path}', whose later checkpoints {later} "
                     "its saves would replace; set --run.overwrite=true to allow that, or resume into a new "
                     "--run.name")
         return self._format_change()

@@ -4,7 +4,7 @@ Rates use host wall time, as tokens/s does: a logged row covers the steps since 
 row, the summary the whole run. Each step already waits for its loss on the host, so the wall time covers
 the device's work. Besides the whole run's rates (compilation, autotuning and a CUDA graph's capture in
 them), the bar and the summary give the steady state: the rates over the steps after the first
-`train.throughput_warmup` of this run, once they are past (the `steady_*` fields). Peak memory is
+`metrics.throughput_warmup` of this run, once they are past (the `steady_*` fields). Peak memory is
 `torch.cuda.max_memory_allocated` of this rank, a host-side counter (no device sync). On a CPU there is no
 meaningful peak to compare against, so `mfu` and `peak_mem_gib` are left out of the rows and the summary.
 """
@@ -57,7 +57,7 @@ class Throughput:
         return flops / max(seconds, 1e-9) / self.world / 1e12
 
     def stats(self, tflops: float) -> dict[str, float]:
-        """`model_tflops`, and on a GPU `mfu` against train.peak_tflops and this rank's `peak_mem_gib`."""
+        """`model_tflops`, and on a GPU `mfu` against metrics.peak_tflops and this rank's `peak_mem_gib`."""
         out = {"model_tflops": tflops}
         if self.device.type == "cuda":
             out["mfu"] = tflops / self.peak_tflops

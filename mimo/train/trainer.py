@@ -34,6 +34,7 @@ from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed
 from mimo.parallel.tensor import sequence_parallel_rows
 from mimo.perf.apply import apply_fast_paths
+from mimo.perf.gpu_defaults import fast_paths_note
 from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.batch_shares import BatchShares
 from mimo.train.captured import CapturedStep
@@ -54,28 +55,20 @@ from mimo.train.throughput import Throughput
 from mimo.train.wandb_mirror import require_wandb
 
 
-def gpu_defaults_note(applied: dict[str, object]) -> str:
-    """The line that tells the user which unset train keys took their GPU defaults ("" if none)."""
-    if not applied:
-        return ""
-    keys = ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in applied.items())
-    return f"mimo: GPU defaults for the train keys left unset: {keys} (set any of them to change it)"
-
-
 class Trainer:
     """The training loop. On one process it is plain PyTorch; under torchrun a ParallelPlan lays each
     module out on its own grid and supplies the few collectives the loop needs."""
 
     def __init__(self, cfg: Config, run_dir: Path | None = None):
-        self.cfg = cfg
-        applied = validate_run(cfg, launch_world_size())
+        self.cfg, fast_paths = validate_run(cfg, launch_world_size())
+        cfg = self.cfg  # the GPU defaults resolved: what the run trains with and writes to config.toml
         note = set_threads(cfg.train.threads)
         set_mmap_threshold(cfg.train.host_mmap_threshold_mb)
         if int(os.environ.get("RANK", "0")) == 0:
-            for line in (note, gpu_defaults_note(applied)):
+            for line in (note, fast_paths_note(fast_paths)):
                 if line:
                     print(line, file=sys.stderr)
-        if cfg.run.wandb:
+        if cfg.metrics.wandb:
             require_wandb()
         self.rank, self.world = init_distributed(torch.device(cfg.train.device).type, cfg.parallel.timeout_s)
         self.is_main = self.rank == 0
@@ -84,7 +77,8 @@ class Trainer:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda":
             # float32 means float32: cuDNN would otherwise run the ViT's patch conv in TF32 (matmuls already don't)
-            torch.backends.cudnn.allow_tf32 = all(cfg.train.dtype_of(m) != "float32" for m in cfg.model.module_names)
+            torch.backends.cudnn.allow_tf32 = all(cfg.precision.dtype_of(m) != "float32"
+                                                  for m in cfg.model.module_names)
         self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model()
@@ -99,7 +93,7 @@ class Trainer:
             self.data.shard_for(self.local_microbatches if self.balancer is None else lambda batch: [batch],
                                 cfg.data.global_batch, self.plan.agree_on_data() if self.plan is not None else None)
         self.optimizer = self.build_optimizer()
-        self.captured = CapturedStep(self.device_step, self.device) if cfg.train.step_graph else None
+        self.captured = CapturedStep(self.device_step, self.device) if cfg.perf.step_graph else None
         self.prefetched: tuple[int, tuple[list[dict], int, int, dict, frozenset[str]]] | None = None
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
@@ -136,13 +130,13 @@ class Trainer:
         return with_module_precision(self.cfg, model, apply_fast_paths(self.cfg, model, runtime, lm_tp))
 
     def build_optimizer(self) -> MimoOptimizer | MasterOptimizer:
-        """MimoOptimizer (fp32 weights), or MasterOptimizer under train.master_weights (turns them bf16)."""
-        t = self.cfg.train
-        if t.master_weights:
+        """MimoOptimizer (fp32 weights), or MasterOptimizer under precision.master_weights (turns them bf16)."""
+        f = self.cfg.perf
+        if self.cfg.precision.master_weights:
             modules = modules_by_name(self.model)
             sharded = {} if self.plan is None else {n: self.plan.master_state_groups(n) for n in modules}
-            return MasterOptimizer(modules, self.cfg.optim, t.steps, early=t.lm_update_early,
-                                   grad_table=t.grad_table, compile=t.compile and self.device.type == "cuda",
+            return MasterOptimizer(modules, self.cfg.optim, self.cfg.train.steps, early=f.lm_update_early,
+                                   grad_table=f.grad_table, compile=f.compile and self.device.type == "cuda",
                                    groups=sharded, norm_sq_reduce=self.plan.norm_sq_reduce if self.plan else None,
                                    fsdp=self.plan.fsdp_modules() if self.plan else ())
         return MimoOptimizer(modules_by_name(self.model), self.cfg.optim, self.cfg.train.steps,
@@ -167,7 +161,7 @@ class Trainer:
     # The step ----------------------------------------------------------------------------------
     def host_batch(self, step: int) -> tuple[list[dict], int, int, dict, frozenset[str]]:
         """This rank's microbatches of `step` on the host (checked, rows balanced between lanes under
-        data.balance_lanes, with their precomputed positions under train.step_graph or loss_rows_only), the
+        data.balance_lanes, with their precomputed positions under perf.step_graph or loss_rows_only), the
         global batch's tokens, model FLOPs, lane imbalance figures and the modalities it feeds (`fed_modalities`);
         the prefetched ones where `prefetch` made them."""
         if self.prefetched is not None and self.prefetched[0] == step:
@@ -177,7 +171,7 @@ class Trainer:
         self.shares.count(batch)
         batch, lanes = self.balance(batch)
         micro = self.local_microbatches(batch)
-        t = self.cfg.train
+        t = self.cfg.perf
         if t.step_graph or t.loss_rows_only:
             micro = [with_precomputed_rows(mb, self.model.special_token_ids, t.loss_rows_only) for mb in micro]
         lm_tp = self.plan.lm_tensor_parallel() if self.plan is not None and t.loss_rows_only else None
@@ -195,7 +189,7 @@ class Trainer:
         return self.balancer(batch) if self.balancer is not None else (batch, {})
 
     def prefetch(self, step: int) -> None:
-        """Under train.step_graph, while the device runs the step before: make `step`'s host batch, where the
+        """Under perf.step_graph, while the device runs the step before: make `step`'s host batch, where the
         data set is a pure function of the step (no reader state that a checkpoint would record)."""
         if self.captured is not None and step < self.cfg.train.steps and not hasattr(self.data, "state_dict"):
             self.prefetched = (step, self.host_batch(step))
@@ -292,10 +286,10 @@ class Trainer:
         or the gradients are not finite; the step's record."""
         if self.guard.agree(loss):
             stepped, grad_norm, lr = self.optimizer.step(step)
-        elif self.cfg.train.lm_update_early:
-            raise UpdatedInStep(f"step {step}: non-finite loss {loss} after train.lm_update_early had already "
+        elif self.cfg.perf.lm_update_early:
+            raise UpdatedInStep(f"step {step}: non-finite loss {loss} after perf.lm_update_early had already "
                                 "updated the language model, so the step cannot be skipped; lower optim.lr or set "
-                                "train.lm_update_early = false (it skips such steps)")
+                                "perf.lm_update_early = false (it skips such steps)")
         else:
             stepped, grad_norm, lr = skip_step(self.optimizer, step)
         self.guard.record(stepped)
@@ -303,12 +297,12 @@ class Trainer:
                 "bad_steps": self.guard.consecutive_bad}
 
     def after_update_in_step(self, step: int, loss: float, grad_norm: float) -> dict:
-        """The record of a step whose update ran inside it (train.step_graph): it cannot be skipped, so a
+        """The record of a step whose update ran inside it (perf.step_graph): it cannot be skipped, so a
         non-finite loss or norm stops the run (UpdatedInStep); every rank still agrees on SIGTERM."""
         if not (self.guard.agree(loss) and math.isfinite(grad_norm)):
             raise UpdatedInStep(f"step {step}: non-finite loss {loss} or gradient norm {grad_norm} in a step captured "
-                                "by train.step_graph, whose update had already run; lower optim.lr or set "
-                                "train.step_graph = false (it skips such steps)")
+                                "by perf.step_graph, whose update had already run; lower optim.lr or set "
+                                "perf.step_graph = false (it skips such steps)")
         self.guard.record(True)
         return {"step": step, "loss": loss, "lr": self.optimizer.lr(step), "grad_norm": grad_norm, "stepped": True,
                 "bad_steps": 0}
@@ -330,13 +324,14 @@ class Trainer:
     def train_from(self, start: int) -> dict:
         cfg = self.cfg
         steps = cfg.train.steps
-        wandb = dict(project=cfg.run.wandb_project, name=cfg.run.name, config=to_dict(cfg)) if cfg.run.wandb else None
-        logger = MetricsLogger(self.run_dir, steps, cfg.run.tensorboard, cfg.run.progress, enabled=self.is_main,
+        m = cfg.metrics
+        wandb = dict(project=m.wandb_project, name=cfg.run.name, config=to_dict(cfg)) if m.wandb else None
+        logger = MetricsLogger(self.run_dir, steps, m.tensorboard, m.progress, enabled=self.is_main,
                                start_step=start, wandb=wandb)
         self.model.train()
         t0 = time.perf_counter()
         self.checkpointer.start_clock()
-        throughput = Throughput(self.world, cfg.train.peak_tflops, self.device, t0, cfg.train.throughput_warmup)
+        throughput = Throughput(self.world, cfg.metrics.peak_tflops, self.device, t0, cfg.metrics.throughput_warmup)
         losses: list[tuple[int, float]] = []
         skipped = 0
         rec: dict = {}

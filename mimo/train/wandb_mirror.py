@@ -1,4 +1,4 @@
-"""Weights & Biases as a third sink for the run's metrics (`run.wandb`), beside metrics.jsonl and TensorBoard.
+"""Weights & Biases as a third sink for the run's metrics (`metrics.wandb`), beside metrics.jsonl and TensorBoard.
 
 Why a file of its own: W&B is an optional dependency; everything that touches it lives here, so the rest of
 the trainer never imports it. A run resumed from a checkpoint continues the same W&B run (its id is kept
@@ -19,13 +19,13 @@ ID_FILE = "wandb_run_id"
 
 
 def require_wandb() -> None:
-    """Raise a ConfigError naming `run.wandb` when the wandb package is missing (call on every rank)."""
+    """Raise a ConfigError naming `metrics.wandb` when the wandb package is missing (call on every rank)."""
     try:
         importlib.import_module("wandb")
     except ImportError as e:
-        raise ConfigError("run.wandb = true needs the wandb package: pip install wandb (pip install -e '.[wandb]' in "
-                          "the mimo checkout) "
-                          "(or set run.wandb = false)") from e
+        raise ConfigError("metrics.wandb = true needs the wandb package: pip install wandb (pip install -e "
+                          "'.[wandb]' in the mimo checkout) "
+                          "(or set metrics.wandb = false)") from e
 
 
 class WandbMirror:

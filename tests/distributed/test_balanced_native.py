@@ -28,7 +28,7 @@ LANG = "--parallel.modules.language"
 TINY = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=2",
         "--model.llm.mlp=64", "--model.modalities.images.native.hidden=16", "--model.modalities.images.native.heads=2",
         "--model.modalities.images.native.mlp=32", "--data.seq_len=160", "--data.global_batch=8", "--data.seed=5",
-        "--run.progress=false", "--run.tensorboard=false", "--train.log_every=1", "--train.threads=1",
+        "--metrics.progress=false", "--metrics.tensorboard=false", "--train.log_every=1", "--train.threads=1",
         "--optim.warmup_steps=1", "--data.eval_samples=1", "--run.name=native"]
 LAYOUTS = {
     "dp2_mb2": (2, ["--parallel.microbatches=2"]),

@@ -11,7 +11,7 @@ from tests.support.cli_curve import ROOT
 
 def test_benchmark_runs_data_parallel_on_tiny(tmp_path):
     """mimo on 2 gloo ranks through torchrun: one row, whose throughput is over both ranks; the one-process keys
-    are off, train.master_weights on (its fp32 state sharded over the two ranks)."""
+    are off, precision.master_weights on (its fp32 state sharded over the two ranks)."""
     cmd = [sys.executable, "-m", "benchmarks.bench_vlm", "--preset", "tiny", "--nproc", "2", "--no-baseline",
            "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -21,13 +21,13 @@ TP2 = ["--parallel.modules.language.tp=2", "--parallel.modules.language.sequence
 
 
 def write_dp2(rank: int, world: int, out: str) -> tuple[float, float, float]:
-    tr = Trainer(tiny_config(Path(out), *COMMON, "--train.save_every=4", "--train.keep_checkpoints=3"))
+    tr = Trainer(tiny_config(Path(out), *COMMON, "--checkpoint.save_every=4", "--checkpoint.keep=3"))
     tr.train()
     return continue_run(tr, 6)
 
 
 def read_tp2(rank: int, world: int, out: str) -> tuple[float, float, float]:
-    tr = Trainer(tiny_config(Path(out) / "tp2", *COMMON, *TP2, f"--train.resume={_ckpt(out)}"))
+    tr = Trainer(tiny_config(Path(out) / "tp2", *COMMON, *TP2, f"--checkpoint.resume={_ckpt(out)}"))
     assert set(tr.checkpointer.tp_meshes) == {"language", "images"}
     assert tr.checkpointer.resume() == 6
     return continue_run(tr, 6)
@@ -43,6 +43,6 @@ def test_dp2_checkpoint_loads_into_tp2_and_into_one_process(tmp_path):
     assert loaded[0] == loaded[1]
     assert params_close(written, loaded[0]), (written, loaded[0])
 
-    single = Trainer(tiny_config(tmp_path / "one", *COMMON, f"--train.resume={_ckpt(str(tmp_path))}"))
+    single = Trainer(tiny_config(tmp_path / "one", *COMMON, f"--checkpoint.resume={_ckpt(str(tmp_path))}"))
     assert single.checkpointer.resume() == 6
     assert params_close(written, continue_run(single, 6)), written

@@ -23,7 +23,7 @@ from tests.support.dist import run_distributed
 from tests.support.tiny_run import metrics, pid_files, train_rank
 
 STEPS = 30
-RUN = [f"--train.steps={STEPS}", "--train.save_every=2", "--train.keep_checkpoints=2"]
+RUN = [f"--train.steps={STEPS}", "--checkpoint.save_every=2", "--checkpoint.keep=2"]
 
 
 def _kill_after(out: Path, step_count: int, sig: int, fired: threading.Event) -> threading.Thread:
@@ -57,7 +57,7 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path):
     assert [s for s, _ in expected] == list(range(STEPS))
 
     out = tmp_path / "killed"
-    resume = [*RUN, "--train.resume=true"]
+    resume = [*RUN, "--checkpoint.resume=true"]
     for kill_at in (3, 8, 14, 19, 25):
         fired = threading.Event()
         watcher = _kill_after(out, kill_at, signal.SIGKILL, fired)

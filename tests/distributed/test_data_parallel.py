@@ -43,7 +43,7 @@ MODES = ("replicated", "fsdp", "fsdp_empty_batch", "fsdp_fused_qkv", "fsdp_check
 fsdp_empty_batch: they pass 0 images, which joins FSDP's collectives by itself; fsdp_fused_qkv: fsdp with
 each attention's q, k and v from one product (mimo.perf.fuse_qkv, against the unfused reference);
 fsdp_checkpointed: fsdp with every LM and ViT block checkpointed, applied after sharding as `mimo train`
-does (`train.activation_checkpointing`)."""
+does (`perf.activation_checkpointing`)."""
 ATOL = 1e-10
 """Gradients that are mathematically zero (attention key biases: softmax ignores a shift shared by all
 keys) hold only rounding noise, ~1e-12 here, which no relative bound can compare."""

@@ -38,7 +38,7 @@ CASES = {  # the encoder's DP degree equals the LM's, so no bridge crosses data 
 
 OUT_PATH = [*TINY_T2I, "--model.llm.heads=4", "--model.llm.kv_heads=2", "--data.train_samples=16",
             "--data.eval_samples=4", "--data.global_batch=4", "--train.steps=2", "--run.name=tiny",
-            "--run.progress=false", "--run.tensorboard=false", "--train.threads=1"]
+            "--metrics.progress=false", "--metrics.tensorboard=false", "--train.threads=1"]
 
 
 def greedy_tokens(model, data) -> list[list[int]]:

@@ -28,14 +28,14 @@ def _ckpt(out: str) -> Path:
 
 def write_ep2(rank: int, world: int, out: str, fsdp: bool) -> tuple[float, float, float]:
     layout = [f"{LANG}.ep=2", f"{LANG}.fsdp={str(fsdp).lower()}"]
-    tr = Trainer(tiny_config(Path(out), *MOE, *layout, "--train.save_every=4"))
+    tr = Trainer(tiny_config(Path(out), *MOE, *layout, "--checkpoint.save_every=4"))
     assert tr.checkpointer.expert_mesh.ndim == (2 if fsdp else 1)
     tr.train()
     return continue_run(tr, 4)
 
 
 def read_ep4(rank: int, world: int, out: str) -> tuple[float, float, float]:
-    tr = Trainer(tiny_config(Path(out) / "ep4", *MOE, f"{LANG}.ep=4", f"--train.resume={_ckpt(out)}"))
+    tr = Trainer(tiny_config(Path(out) / "ep4", *MOE, f"{LANG}.ep=4", f"--checkpoint.resume={_ckpt(out)}"))
     assert tr.checkpointer.resume() == 4
     return continue_run(tr, 4)
 
@@ -52,6 +52,6 @@ def test_ep2_trains_like_one_process_and_its_checkpoint_loads_into_ep4_and_one_p
     loaded = run_distributed(read_ep4, 4, str(tmp_path), timeout=300)
     assert all(r == loaded[0] for r in loaded)
     assert params_close(written, loaded[0]), (written, loaded[0])
-    single = Trainer(tiny_config(tmp_path / "one", *MOE, f"--train.resume={_ckpt(str(tmp_path))}"))
+    single = Trainer(tiny_config(tmp_path / "one", *MOE, f"--checkpoint.resume={_ckpt(str(tmp_path))}"))
     assert single.checkpointer.resume() == 4
     assert params_close(written, continue_run(single, 4)), written

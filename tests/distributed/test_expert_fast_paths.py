@@ -1,5 +1,5 @@
 """The fast paths of `mimo train` beside expert parallelism: on LM ep2 over 2 ranks (and ep2 with FSDP2), a MoE
-VLM with `train.activation_checkpointing`, `train.fuse_qkv`, `train.chunked_loss` and `train.compile` (aot_eager)
+VLM with `perf.activation_checkpointing`, `perf.fuse_qkv`, `perf.chunked_loss` and `perf.compile` (aot_eager)
 all on trains like the single-process plain fp32 run: both steps' losses and every gradient within 1e-5 relative.
 A checkpointed block's recompute runs its all-to-alls again inside the backward, in the same order on every rank.
 """

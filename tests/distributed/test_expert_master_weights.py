@@ -1,4 +1,4 @@
-"""`train.master_weights` beside expert parallelism trains like the single-process master_weights run of the
+"""`precision.master_weights` beside expert parallelism trains like the single-process master_weights run of the
 same MoE model, within the bf16 bounds of tests/distributed/test_master_weights_layouts.py:
 - LM ep2 with FSDP2 (its fp32 shards, experts over their edp ranks, are the master weights);
 - a replicated LM (no FSDP), ep2 on 2 ranks (edp 1) and ep2 x dp2 on 4 ranks (edp 2): ZeRO-1 master state of

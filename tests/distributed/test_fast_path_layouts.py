@@ -1,14 +1,14 @@
 """Every fast path of `mimo train`, alone and all together, on five layouts, trains like the single-process
-plain fp32 run of the same config: `train.compile`, `train.chunked_loss` (vocab-parallel under LM TP),
-`train.fuse_qkv` (each rank's own q/k/v shards under TP) and `train.activation_checkpointing` of both modules,
+plain fp32 run of the same config: `perf.compile`, `perf.chunked_loss` (vocab-parallel under LM TP),
+`perf.fuse_qkv` (each rank's own q/k/v shards under TP) and `perf.activation_checkpointing` of both modules,
 on LM tp2 + sequence parallel (encoder tp2), LM cp2 x tp2 + sequence parallel (encoder tp2), FSDP2 of both
 modules over 2 ranks, the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2) and the 3-rank pipeline
 (encoder on rank 0, LM pp2 on ranks 1-2). Each run is a `Trainer` built from the config, as `mimo train` builds
 it; two steps each: both losses and every gradient of both steps (gathered whole) within 1e-5 relative.
-`train.loss_rows_only` likewise on every layout, on LM cp2 x tp2 without sequence parallel and on the pipeline
+`perf.loss_rows_only` likewise on every layout, on LM cp2 x tp2 without sequence parallel and on the pipeline
 with LM cp2 or LM tp2 + sequence parallel.
 
-Compiled runs use `train.compile_backend = "aot_eager"`: Dynamo captures each block with its collectives (as
+Compiled runs use `perf.compile_backend = "aot_eager"`: Dynamo captures each block with its collectives (as
 functional collectives) and AOTAutograd traces its joint forward and backward, functionalises the in-place
 collectives, partitions the graph and traces the checkpointed recompute, exactly as for inductor; only the
 kernels are eager. Inductor's C++ code generation, minutes per layout on this 2-core machine, adds fused
@@ -97,14 +97,14 @@ def test_inductor_compiles_tensor_parallel_blocks(reference, tmp_path):
 @pytest.mark.parametrize("layout", ["tp2_sp", "cp2_tp2", "cp2_tp2_no_sp", "fsdp2", "fan_in4", "pipeline3",
                                     "pipeline_cp2", "pipeline_tp2_sp"])
 def test_loss_rows_only_trains_like_single_process(reference, tmp_path, layout):
-    """`train.loss_rows_only` (with the chunked loss, vocab-parallel where the LM has tp2) on LM tp2 + sequence
+    """`perf.loss_rows_only` (with the chunked loss, vocab-parallel where the LM has tp2) on LM tp2 + sequence
     parallel (each TP rank's rows of its own shard, padded with unlabelled ones to the group's largest count),
     LM cp2 x tp2 with and without it (each CP rank's rows among its own zigzag positions, which `shard_batch` cut; a
     rank may hold none), FSDP2, the fan-in and the pipelines (the LM's last stage finds the rows in the labels it
     reads, after CP cut them)."""
-    variants = {"loss_rows_only": ["--train.loss_rows_only=true", "--train.chunked_loss=true"]}
+    variants = {"loss_rows_only": ["--perf.loss_rows_only=true", "--perf.chunked_loss=true"]}
     if layout in ("fsdp2", "pipeline3", "pipeline_cp2"):  # and the plain loss where the LM has no TP
-        variants["plain_loss"] = ["--train.loss_rows_only=true"]
+        variants["plain_loss"] = ["--perf.loss_rows_only=true"]
     for name, (losses, grads, ranks) in _run(tmp_path, layout, variants).items():
         _assert_installed(f"{layout} {name}", variants[name], ranks)
         assert_trains_like_reference(f"{layout} {name}", (losses, grads), reference)

@@ -1,4 +1,4 @@
-"""`train.module_dtype = "float8"` for both modules composes with the layouts and compilation it is installed
+"""`precision.module_dtype = "float8"` for both modules composes with the layouts and compilation it is installed
 among: data parallelism and FSDP2 of both modules over 2 ranks, alone and with every block compiled (aot_eager),
 and the 3-rank pipeline, train like the single-process run of the same config. torchao's Float8Linear is
 replaced by the CPU reference of tests/support/float8_reference.py, its input scaled per row so that a row's
@@ -24,11 +24,12 @@ from tests.support.tiny_run import tiny_config
 
 STEPS = 2
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
-FLOAT8 = ["--train.dtype=bfloat16", "--train.module_dtype.language=float8", "--train.module_dtype.images=float8",
-          "--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
+FLOAT8 = ["--precision.dtype=bfloat16", "--precision.module_dtype.language=float8",
+          "--precision.module_dtype.images=float8", "--model.llm.layers=2", "--model.llm.heads=4",
+          "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
 LAYOUTS = {"dp2": [], "fsdp2": [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"]}
 PIPELINE3 = [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2", f"{LANG}.pp=2"]
-COMPILE = ["--train.compile=true", "--train.compile_backend=aot_eager"]
+COMPILE = ["--perf.compile=true", "--perf.compile_backend=aot_eager"]
 
 
 def _train(out: Path, *overrides: str) -> tuple[list[float], list[dict], list[str]]:

@@ -15,7 +15,7 @@ from tests.support.dist import run_distributed
 from tests.support.tiny_run import metrics, tiny_config
 
 LANG = "--parallel.modules.language"
-RUN = ["--train.steps=4", "--train.save_every=2", "--train.keep_checkpoints=4", "--model.llm.heads=4",
+RUN = ["--train.steps=4", "--checkpoint.save_every=2", "--checkpoint.keep=4", "--model.llm.heads=4",
        "--model.llm.kv_heads=2", f"{LANG}.tp=2", f"{LANG}.fsdp=true"]
 
 
@@ -40,7 +40,7 @@ def test_fsdp_over_tp_chunks_saves_every_shard_in_place_and_resumes_bit_for_bit(
         assert torch.equal(step4.read(name), full[name]), name
 
     resumed = run_distributed(train_and_gather, 4, str(tmp_path / "b"),
-                              f"--train.resume={_step_dir(tmp_path / 'a', 2)}", timeout=400)[0]
+                              f"--checkpoint.resume={_step_dir(tmp_path / 'a', 2)}", timeout=400)[0]
     straight, again = metrics(tmp_path / "a"), metrics(tmp_path / "b")
     assert [r["step"] for r in again][-2:] == [r["step"] for r in straight][-2:]
     assert [r["loss"] for r in again][-2:] == [r["loss"] for r in straight][-2:]

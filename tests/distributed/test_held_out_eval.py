@@ -22,7 +22,7 @@ from tests.support.tiny_run import metrics, tiny_config, train_rank
 RTOL = 1e-5
 # 4 steps, evaluated after steps 1 and 3; 6 held-out samples = one full global batch of 4 and one half empty
 EVAL = ["--train.steps=4", "--train.eval_every=2", "--data.eval_samples=6", "--model.llm.layers=2",
-        "--run.tensorboard=true"]
+        "--metrics.tensorboard=true"]
 PIPELINE3 = ["--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
              "--parallel.modules.language.offset=1", "--parallel.modules.language.size=2",
              "--parallel.modules.language.pp=2", "--parallel.microbatches=2"]

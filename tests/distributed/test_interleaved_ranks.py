@@ -101,7 +101,7 @@ LM_KEY, IMAGES_KEY = "--parallel.modules.language", "--parallel.modules.images"
 TRAIN = ["--train.steps=6", "--model.llm.layers=4", "--parallel.microbatches=2"]
 # the encoder on rank 0, the LM pp2 x 2 chunks on ranks 1-2
 INTERLEAVED3 = [f"{IMAGES_KEY}.offset=0", f"{IMAGES_KEY}.size=1", f"{LM_KEY}.offset=1", f"{LM_KEY}.size=2",
-                f"{LM_KEY}.pp=2", f"{LM_KEY}.virtual_stages=2", "--train.save_every=4"]
+                f"{LM_KEY}.pp=2", f"{LM_KEY}.virtual_stages=2", "--checkpoint.save_every=4"]
 
 
 def test_an_interleaved_checkpoint_resumes_in_one_process(tmp_path):
@@ -112,7 +112,7 @@ def test_an_interleaved_checkpoint_resumes_in_one_process(tmp_path):
         reference = train_losses(tmp_path / "one", *TRAIN)
         run_distributed(train_rank, 3, str(tmp_path / "interleaved"), [*TRAIN, *INTERLEAVED3], timeout=300)
         step4 = tmp_path / "interleaved" / "tiny" / "checkpoints" / "step_00000004"
-        resumed = train_losses(tmp_path / "resumed", *TRAIN, f"--train.resume={step4}")
+        resumed = train_losses(tmp_path / "resumed", *TRAIN, f"--checkpoint.resume={step4}")
     finally:
         torch.set_num_threads(threads)
     interleaved = [r["loss"] for r in metrics(Path(tmp_path / "interleaved"))]

@@ -32,7 +32,7 @@ def test_a_layout_for_another_world_size_is_refused_before_launching(tmp_path):
 
 
 def test_a_failing_rank_is_reported_once_without_tracebacks(tmp_path):
-    r = _run(_cmd(tmp_path, f"--train.resume={tmp_path / 'nowhere'}"))
+    r = _run(_cmd(tmp_path, f"--checkpoint.resume={tmp_path / 'nowhere'}"))
     assert r.returncode == 2
     assert r.stderr.count("mimo: error:") == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "is not a loadable checkpoint (no such folder)" in r.stderr and "of 2 failed first" in r.stderr

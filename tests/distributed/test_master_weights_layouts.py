@@ -1,4 +1,4 @@
-"""`train.master_weights` on data-parallel layouts: each module's fp32 master weights and moments sharded
+"""`precision.master_weights` on data-parallel layouts: each module's fp32 master weights and moments sharded
 ZeRO-1 over its data lanes train like the single-process master_weights run of the same global batch.
 
 Layouts: DP2 (both modules over 2 ranks), the colocated fan-in on 4 ranks (encoder dp4 into LM tp2 x dp2),
@@ -127,9 +127,9 @@ def test_a_non_finite_gradient_on_one_stage_skips_the_step_on_every_stage(tmp_pa
         assert all(unchanged) and not any(moved[:1]), (rank, unchanged, moved)
 
 
-ALL_FAST = ["--train.loss_rows_only=true", "--train.chunked_loss=true", "--train.fuse_qkv=true",
-            '--train.activation_checkpointing=["language", "images"]', "--train.compile=true",
-            "--train.compile_backend=aot_eager"]
+ALL_FAST = ["--perf.loss_rows_only=true", "--perf.chunked_loss=true", "--perf.fuse_qkv=true",
+            '--perf.activation_checkpointing=["language", "images"]', "--perf.compile=true",
+            "--perf.compile_backend=aot_eager"]
 
 
 def _all_fast_rank(rank: int, world: int, out: str, layout: list[str]) -> tuple[list[float], bool]:

@@ -1,4 +1,4 @@
-"""`train.master_weights` checkpoints: the fp32 master weights, moments and step counts (each rank's ZeRO-1
+"""`precision.master_weights` checkpoints: the fp32 master weights, moments and step counts (each rank's ZeRO-1
 shard) are saved beside the bf16 weights, and a run resumed from step 4 of 6 takes the uninterrupted run's
 steps bit for bit, on 1 and on 2 ranks, with FSDP2 of the LM on 2 (its fp32 shards and torch AdamW moments
 saved as DTensors) and on the 3-rank pipeline (each stage's own state): the same losses, the same final
@@ -46,7 +46,7 @@ def _losses(out: Path) -> list[tuple[int, float]]:
 def test_resumed_master_weights_run_is_bitwise_the_uninterrupted_one(tmp_path, world, layout):
     ref, resumed = tmp_path / "ref", tmp_path / "resumed"
     ref_state = run_distributed(_train_rank, world, str(ref), layout, timeout=300)
-    got_state = run_distributed(_train_rank, world, str(resumed), [*layout, f"--train.resume={ref / STEP4}"],
+    got_state = run_distributed(_train_rank, world, str(resumed), [*layout, f"--checkpoint.resume={ref / STEP4}"],
                                 timeout=300)
     assert [s for s, _ in _losses(resumed)] == [4, 5]
     assert _losses(resumed) == _losses(ref)[4:]
@@ -55,4 +55,5 @@ def test_resumed_master_weights_run_is_bitwise_the_uninterrupted_one(tmp_path, w
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), rank
     if world == 2:  # the fp32 state is this layout's shards: one process cannot take it
         with pytest.raises(ValueError, match=r"sharded over the layout it was written with \(2 ranks"):
-            Trainer(tiny_config(tmp_path / "one", *MASTER_SAVES, f"--train.resume={ref / STEP4}")).checkpointer.resume()
+            one = Trainer(tiny_config(tmp_path / "one", *MASTER_SAVES, f"--checkpoint.resume={ref / STEP4}"))
+            one.checkpointer.resume()

@@ -4,8 +4,8 @@ Each layout config keeps demo_vlm's model, seed and global batch, so per-step lo
 float rounding (within 1e-4 relative over 20 steps): DP2 x TP2 with sequence parallel on 4 ranks,
 the colocated fan-in and fan-out layouts on 8 ranks, the pipelined layout on 8 ranks (encoder
 tp2 on ranks 0-1, LM tp2 x pp3 on ranks 2-7, 1F1B over 4 microbatches), context parallelism (LM
-cp2 x tp2) on 4 ranks, and sequence packing on one process; `train.fuse_qkv` under LM cp2 on 2 ranks and
-a pipelined layout on 3; `train.activation_checkpointing` under LM cp2 x tp2 on 4 ranks and the pipeline on 3.
+cp2 x tp2) on 4 ranks, and sequence packing on one process; `perf.fuse_qkv` under LM cp2 on 2 ranks and
+a pipelined layout on 3; `perf.activation_checkpointing` under LM cp2 x tp2 on 4 ranks and the pipeline on 3.
 """
 
 import subprocess
@@ -51,9 +51,9 @@ PIPELINE_3 = ["--parallel.modules.images.size=1", "--parallel.modules.images.tp=
     ("demo_pipeline.toml", 3, PIPELINE_3),
 ])
 def test_fused_qkv_reproduces_the_single_process_loss_curve(reference, tmp_path, config, nproc, overrides):
-    """`train.fuse_qkv` under context parallelism (LM cp2) and the pipeline: one product for q, k and v
+    """`perf.fuse_qkv` under context parallelism (LM cp2) and the pipeline: one product for q, k and v
     changes no loss beyond float rounding."""
-    _assert_follows(loss_curve(tmp_path, f"fused_{nproc}", config, nproc, "--train.fuse_qkv=true", *overrides),
+    _assert_follows(loss_curve(tmp_path, f"fused_{nproc}", config, nproc, "--perf.fuse_qkv=true", *overrides),
                     reference)
 
 
@@ -61,9 +61,9 @@ def test_fused_qkv_reproduces_the_single_process_loss_curve(reference, tmp_path,
                                                     ("demo_pipeline.toml", 3, PIPELINE_3)])
 def test_activation_checkpointing_reproduces_the_single_process_loss_curve(reference, tmp_path, config, nproc,
                                                                            overrides):
-    """`train.activation_checkpointing` of both modules under LM cp2 x tp2 with sequence parallel and the
+    """`perf.activation_checkpointing` of both modules under LM cp2 x tp2 with sequence parallel and the
     encoder tp2 (the recompute repeats their collectives in the backward), and under the pipeline."""
-    ckpt = '--train.activation_checkpointing=["language", "images"]'
+    ckpt = '--perf.activation_checkpointing=["language", "images"]'
     _assert_follows(loss_curve(tmp_path, f"ckpt_{nproc}", config, nproc, ckpt, *overrides), reference)
 
 

@@ -85,7 +85,7 @@ def test_sharded_pipelined_lm_equals_single_process(virtual):
 
 
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
-RUN = ["--train.steps=4", "--train.save_every=2", "--train.keep_checkpoints=2", "--train.eval_every=2",
+RUN = ["--train.steps=4", "--checkpoint.save_every=2", "--checkpoint.keep=2", "--train.eval_every=2",
        "--model.llm.layers=2", "--parallel.microbatches=2"]
 PIPE_FSDP = [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=4", f"{LANG}.pp=2",
              f"{LANG}.fsdp=true"]  # encoder on rank 0, the LM's 2 stages x 2 sharded lanes on ranks 1-4
@@ -118,5 +118,5 @@ def test_sharded_pipelined_run_trains_like_one_process_and_resumes_into_one(tmp_
     summary = run_distributed(_train, 5, str(pipe), PIPE_FSDP, timeout=600)[0]
     assert "eval" in summary
     assert _match(_losses(pipe), _losses(one)), (_losses(pipe), _losses(one))
-    _train(0, 1, str(resumed), [f"--train.resume={pipe / STEP2}"])
+    _train(0, 1, str(resumed), [f"--checkpoint.resume={pipe / STEP2}"])
     assert _match(_losses(resumed), [r for r in _losses(one) if r[0] >= 2]), (_losses(resumed), _losses(one))

@@ -19,7 +19,7 @@ from tests.support.dist import run_distributed
 GPUS = (4, 8)
 DEMOS = {"demo_vlm": CONFIGS / "demo_vlm.toml", "demo_text_to_image": T2I, "demo_avlm": CONFIGS / "demo_avlm.toml"}
 # Smaller data sets build faster and change no layout rule; the model, batch and microbatches stay the demo's.
-SHRINK = ["--data.train_samples=64", "--data.eval_samples=2", "--run.progress=false", "--run.tensorboard=false",
+SHRINK = ["--data.train_samples=64", "--data.eval_samples=2", "--metrics.progress=false", "--metrics.tensorboard=false",
           "--train.threads=1", "--parallel.timeout_s=120"]
 
 

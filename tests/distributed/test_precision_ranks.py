@@ -1,4 +1,4 @@
-"""`train.module_dtype` in a pipeline on 2 gloo ranks (encoder and language model on different ranks): each
+"""`precision.module_dtype` in a pipeline on 2 gloo ranks (encoder and language model on different ranks): each
 module computes in its own dtype."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ PIPELINE = ["--parallel.modules.images.size=1", "--parallel.modules.language.off
 
 
 def _pipeline_rank(rank: int, world: int, out_dir: str) -> dict[str, list[str]]:
-    trainer = Trainer(tiny_config(Path(out_dir), "--train.dtype=bfloat16", "--train.module_dtype.images=float32",
-                                  *PIPELINE))
+    trainer = Trainer(tiny_config(Path(out_dir), "--precision.dtype=bfloat16",
+                                  "--precision.module_dtype.images=float32", *PIPELINE))
     seen = record_dtypes(trainer.model)
     assert trainer.train_step(0)["stepped"]
     return {name: sorted({str(d) for d in dtypes}) for name, dtypes in seen.items() if dtypes}

@@ -12,7 +12,7 @@ from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
 from tests.support.tiny_run import metrics, tiny_config, train_rank
 
-RUN = ["--train.steps=6", "--train.save_every=2", "--train.keep_checkpoints=3"]
+RUN = ["--train.steps=6", "--checkpoint.save_every=2", "--checkpoint.keep=3"]
 
 
 def _resume_rank(rank: int, world: int, out_dir: str, overrides: list[str]) -> dict:
@@ -40,7 +40,7 @@ def test_an_unreadable_rng_file_of_one_rank_makes_all_ranks_skip_that_checkpoint
     root = out / "tiny" / "checkpoints"
     _garble(root / "step_00000006", "rng/rank_00001.json", "garbage, not JSON")
     _garble(root / "step_00000004", "rng/rank_00001.json", json.dumps({"torch": "AAAA", "numpy": {}, "python": {}}))
-    results = run_distributed(_resume_rank, 2, str(out), [*RUN, "--train.resume=true"], timeout=240)
+    results = run_distributed(_resume_rank, 2, str(out), [*RUN, "--checkpoint.resume=true"], timeout=240)
 
     assert [r["resumed_from"] for r in results] == [str(root / "step_00000002")] * 2
     for r in results:

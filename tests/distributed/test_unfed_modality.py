@@ -29,7 +29,7 @@ from tests.support.parity import assert_weights_like
 RTOL = 1e-5
 STEPS = 3
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
-RUN = ["--run.name=tiny", "--run.progress=false", "--run.tensorboard=false", "--train.log_every=1",
+RUN = ["--run.name=tiny", "--metrics.progress=false", "--metrics.tensorboard=false", "--train.log_every=1",
        "--train.threads=1", "--optim.warmup_steps=1", "--optim.eps=1e-2"]
 OUT_PATH = [*TINY_T2I, *RUN, "--model.llm.heads=4", "--model.llm.kv_heads=2", "--data.train_samples=32",
             "--data.eval_samples=2", "--data.global_batch=8"]

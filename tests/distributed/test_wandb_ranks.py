@@ -30,7 +30,7 @@ def test_only_rank_0_of_a_two_rank_run_talks_to_wandb(tmp_path):
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, "FAKE_WANDB_LOG": str(log), "PYTHONPATH": f"{fake.parent}{os.pathsep}{ROOT}"}
     cmd = [sys.executable, "-m", "mimo", "train", str(DEMO), *TINY, f"--run.out_dir={tmp_path}", "--nproc=2",
-           "--train.steps=3", "--run.wandb=true"]
+           "--train.steps=3", "--metrics.wandb=true"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     calls = [json.loads(line) for line in log.read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""Every fast path at once (`train.compile` with inductor, `train.chunked_loss`, `train.fuse_qkv`, activation
+"""Every fast path at once (`perf.compile` with inductor, `perf.chunked_loss`, `perf.fuse_qkv`, activation
 checkpointing of both modules), trained through `mimo train` on two GPUs over NCCL on each 2-rank layout, has the
 loss curve of the plain fp32 run on one GPU at every one of 20 steps, within 1e-4 relative (as the gloo layout
 tests' curves; inductor reorders fp32 sums): on GPUs compiled blocks run inductor's kernels around NCCL's
@@ -23,8 +23,8 @@ LAYOUTS = {
     "pipeline: encoder rank 0, LM rank 1": [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=1",
                                             "--parallel.microbatches=4"],
 }
-FAST = ["--train.compile=true", "--train.chunked_loss=true", "--train.fuse_qkv=true",
-        '--train.activation_checkpointing=["language", "images"]']
+FAST = ["--perf.compile=true", "--perf.chunked_loss=true", "--perf.fuse_qkv=true",
+        '--perf.activation_checkpointing=["language", "images"]']
 RTOL = 1e-4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
@@ -38,13 +38,13 @@ def out(tmp_path_factory) -> Path:
 @functools.cache
 def _one_gpu_plain(out: Path) -> tuple[float, ...]:
     return tuple(loss_curve(out, "one_gpu_plain", "demo_vlm.toml", 1, "--train.device=cuda",
-                            "--train.gpu_defaults=false", timeout=600))
+                            "--perf.gpu_defaults=false", timeout=600))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_fast_path_on_two_gpus_follows_the_one_gpu_plain_curve(out, layout):
     name = layout.split(":")[0].replace(" ", "_").replace("+", "")
-    losses = loss_curve(out, f"fast_{name}", "demo_vlm.toml", 2, "--train.device=cuda", "--train.gpu_defaults=false",
+    losses = loss_curve(out, f"fast_{name}", "demo_vlm.toml", 2, "--train.device=cuda", "--perf.gpu_defaults=false",
                         *FAST, *LAYOUTS[layout],
                         timeout=900)
     reference = _one_gpu_plain(out)

@@ -1,4 +1,4 @@
-"""`train.module_dtype.language = "float8"` on a GPU with FP8 (compute capability >= 8.9) through torchao: the
+"""`precision.module_dtype.language = "float8"` on a GPU with FP8 (compute capability >= 8.9) through torchao: the
 LM's projections become torchao's Float8Linear and the tiny demo trains like its bf16 run. Marked `gpu`; skipped
 where there is no such GPU or no torchao (carry its wheel to the GPU machine).
 
@@ -21,10 +21,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 def test_float8_lm_trains_like_bf16_on_the_gpu(recipe, tmp_path):
     float8_linear = pytest.importorskip("torchao.float8.float8_linear").Float8Linear
     # fuse_qkv off (it is on by default on a GPU): q, k and v are then separate linears, converted too.
-    common = ["--train.device=cuda", "--train.dtype=bfloat16", "--train.steps=30", "--train.fuse_qkv=false"]
+    common = ["--train.device=cuda", "--precision.dtype=bfloat16", "--train.steps=30", "--perf.fuse_qkv=false"]
     Trainer(tiny_config(tmp_path / "bf16", *common)).train()
-    trainer = Trainer(tiny_config(tmp_path / "fp8", *common, "--train.module_dtype.language=float8",
-                                  f"--train.float8_recipe={recipe}"))
+    trainer = Trainer(tiny_config(tmp_path / "fp8", *common, "--precision.module_dtype.language=float8",
+                                  f"--precision.float8_recipe={recipe}"))
     converted = [n for n, m in trainer.model.named_modules() if isinstance(m, float8_linear)]
     assert len(converted) == 7 and all(n.startswith("language_model.layers.0.") for n in converted)
     trainer.train()

@@ -27,7 +27,7 @@ CUDA = torch.device("cuda")
 
 @pytest.fixture(autouse=True)
 def _sdpa_backends_restored():
-    """`train.attention_backend` allows only its own attention backend, process-wide (`use_sdpa_backend`), and
+    """`perf.attention_backend` allows only its own attention backend, process-wide (`use_sdpa_backend`), and
     the trainer sets cuDNN's TF32 switch; left so, the tests after it in this process would have cuDNN
     attention alone, which takes no fp32 input."""
     flags = ("flash", "cudnn", "mem_efficient", "math")
@@ -100,14 +100,14 @@ def test_flash_attention_with_grouped_kv_heads_matches_repeated_heads_in_fp32():
     assert rel(out, ref) < 1e-2
 
 
-SYNTHETIC = ["--train.device=cuda", "--train.gpu_defaults=false", "--data.name=synthetic", "--data.seq_len=64",
+SYNTHETIC = ["--train.device=cuda", "--perf.gpu_defaults=false", "--data.name=synthetic", "--data.seq_len=64",
              "--data.global_batch=4",
              "--data.repeat_batches=2",
              "--optim.clip=0", "--optim.lr=1e-3", "--train.log_every=1"]
-FAST = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.grad_table=true",
-        "--train.lm_update_early=true", "--train.step_graph=true", "--train.compile=true",
-        "--train.encoder_compile=whole", "--train.chunked_loss=true", "--train.loss_rows_only=true",
-        "--train.fuse_qkv=true", "--train.attention_backend=cudnn"]
+FAST = ["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.grad_table=true",
+        "--perf.lm_update_early=true", "--perf.step_graph=true", "--perf.compile=true",
+        "--perf.encoder_compile=whole", "--perf.chunked_loss=true", "--perf.loss_rows_only=true",
+        "--perf.fuse_qkv=true", "--perf.attention_backend=cudnn"]
 
 
 def _step_losses(out, steps: int, *switches: str) -> tuple[list[float], Trainer]:
@@ -115,13 +115,13 @@ def _step_losses(out, steps: int, *switches: str) -> tuple[list[float], Trainer]
     return [trainer.train_step(i)["loss"] for i in range(steps)], trainer
 
 
-@pytest.mark.parametrize("extra", [[], ["--train.lm_update_early=false"], ["--train.grad_table=false"]])
+@pytest.mark.parametrize("extra", [[], ["--perf.lm_update_early=false"], ["--perf.grad_table=false"]])
 def test_every_fast_path_of_mimo_train_trains_like_fp32_mimo_train(tmp_path, extra):
     """`mimo train` with every fast path (the whole step captured as one CUDA graph over compiled regions,
     cuDNN attention, bf16 weights + master AdamW, the chunked loss on the labelled rows with the Triton chunk)
     against plain fp32 `mimo train` from the same seed on the same synthetic batches: each of 8 losses within
     1% (steps 1-2 eager, 3 captured and replayed, 4-8 replayed)."""
-    ref, _ = _step_losses(tmp_path / "ref", 8, "--train.attention_backend=math")
+    ref, _ = _step_losses(tmp_path / "ref", 8, "--perf.attention_backend=math")
     fast, trainer = _step_losses(tmp_path / "fast", 8, *FAST, *extra)
     assert trainer.captured is not None and trainer.captured.graph is not None
     assert ref[-1] < ref[0] - 0.1
@@ -129,15 +129,15 @@ def test_every_fast_path_of_mimo_train_trains_like_fp32_mimo_train(tmp_path, ext
         assert abs(a - b) <= 1e-2 * a, (i, a, b)
 
 
-@pytest.mark.parametrize("extra", [[], ["--train.lm_update_early=false"], ["--train.grad_table=false"]])
+@pytest.mark.parametrize("extra", [[], ["--perf.lm_update_early=false"], ["--perf.grad_table=false"]])
 def test_captured_step_replays_the_eager_step(tmp_path, extra):
     """The step graph (by default with the language model's update started on a side stream in backward, and
     the gradients read through a table of their addresses) against the same compiled regions stepped eagerly
     with the whole update after backward over a flat gradient buffer, from the same seed on the same batches:
     losses agree to 1e-3, so replaying on new inputs (copied into the graph's buffers) trains as eager steps
     do."""
-    eager, _ = _step_losses(tmp_path / "eager", 7, *FAST, "--train.step_graph=false", "--train.lm_update_early=false",
-                            "--train.grad_table=false")
+    eager, _ = _step_losses(tmp_path / "eager", 7, *FAST, "--perf.step_graph=false", "--perf.lm_update_early=false",
+                            "--perf.grad_table=false")
     graphed, trainer = _step_losses(tmp_path / "graphed", 7, *FAST, *extra)
     assert trainer.captured.graph is not None
     for i, (a, b) in enumerate(zip(eager, graphed)):
@@ -150,7 +150,7 @@ def test_mimo_train_on_a_gpu_defaults_to_the_fast_path(tmp_path):
     plain = [k for k in SYNTHETIC if "gpu_defaults" not in k]
     explicit = [k for k in FAST if "step_graph" not in k and "lm_update_early" not in k]
     defaults = Trainer(tiny_config(tmp_path / "defaults", *plain, "--train.steps=6"))
-    assert defaults.cfg.train.master_weights and defaults.cfg.train.compile and defaults.captured is None
+    assert defaults.cfg.precision.master_weights and defaults.cfg.perf.compile and defaults.captured is None
     ran = [defaults.train_step(i)["loss"] for i in range(6)]
     by_hand, _ = _step_losses(tmp_path / "by_hand", 6, *explicit)
     for i, (a, b) in enumerate(zip(ran, by_hand)):
@@ -158,7 +158,7 @@ def test_mimo_train_on_a_gpu_defaults_to_the_fast_path(tmp_path):
 
 
 def _trainer_losses(out, *switches: str) -> list[float]:
-    return train_losses(out, "--train.device=cuda", "--train.gpu_defaults=false", "--train.dtype=bfloat16",
+    return train_losses(out, "--train.device=cuda", "--perf.gpu_defaults=false", "--precision.dtype=bfloat16",
                         "--train.steps=6", "--data.global_batch=16", *switches)
 
 
@@ -167,8 +167,8 @@ def test_mimo_train_on_a_gpu_with_checkpointing_and_an_fp32_encoder(tmp_path):
     again in the backward) and with the encoder kept in fp32 (nested autocast): the loss curves stay
     within bf16 distance of the plain bf16 run's."""
     plain = _trainer_losses(tmp_path / "plain")
-    ckpt = _trainer_losses(tmp_path / "ckpt", '--train.activation_checkpointing=["language", "images"]')
-    fp32_encoder = _trainer_losses(tmp_path / "fp32_encoder", "--train.module_dtype.images=float32")
+    ckpt = _trainer_losses(tmp_path / "ckpt", '--perf.activation_checkpointing=["language", "images"]')
+    fp32_encoder = _trainer_losses(tmp_path / "fp32_encoder", "--precision.module_dtype.images=float32")
     assert len(plain) == len(ckpt) == len(fp32_encoder) == 6
     for other in (ckpt, fp32_encoder):
         for a, b in zip(other, plain):

@@ -38,8 +38,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 
 def _train(out: Path, name: str, config: str, overrides: list[str], nproc: int, dtype: str) -> list[float]:
-    return loss_curve(out, name, config, nproc, "--train.device=cuda", "--train.gpu_defaults=false",
-                      f"--train.dtype={dtype}", *overrides, timeout=600)
+    return loss_curve(out, name, config, nproc, "--train.device=cuda", "--perf.gpu_defaults=false",
+                      f"--precision.dtype={dtype}", *overrides, timeout=600)
 
 
 @functools.cache

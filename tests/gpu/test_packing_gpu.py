@@ -15,13 +15,13 @@ from tests.support.cli_curve import ROOT, STEPS, loss_curve
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-CUDA = ["--train.device=cuda", "--train.gpu_defaults=false"]
+CUDA = ["--train.device=cuda", "--perf.gpu_defaults=false"]
 RTOL = 1e-4
 
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_packed_curve_on_cuda_equals_the_unpacked_one(tmp_path, compiled):
-    extra = ["--train.compile=true"] if compiled else []
+    extra = ["--perf.compile=true"] if compiled else []
     packed = loss_curve(tmp_path, "packed", "demo_packed.toml", 1, *CUDA, *extra, timeout=600)
     unpacked = loss_curve(tmp_path, "unpacked", "demo_vlm.toml", 1, *CUDA, *extra, timeout=600)
     assert len(packed) == len(unpacked) == 20

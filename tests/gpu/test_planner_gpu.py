@@ -12,7 +12,7 @@ from mimo.planner.calibrate import calibrate, graph_timed, layer_step, timed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-TINY = ["--train.device=cuda", "--train.compile=false", "--model.llm.hidden=64", "--model.llm.layers=2",
+TINY = ["--train.device=cuda", "--perf.compile=false", "--model.llm.hidden=64", "--model.llm.layers=2",
         "--model.llm.heads=4", "--model.llm.kv_heads=2", "--model.llm.mlp=128"]
 
 

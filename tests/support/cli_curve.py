@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["--train.steps=20", "--train.log_every=1", "--run.progress=false", "--run.tensorboard=false",
+STEPS = ["--train.steps=20", "--train.log_every=1", "--metrics.progress=false", "--metrics.tensorboard=false",
          "--data.train_samples=640", "--data.eval_samples=12"]
 
 

@@ -85,7 +85,7 @@ TINY_AVLM = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads
              "--model.modalities.audio.audio.hidden=16", "--model.modalities.audio.audio.layers=1",
              "--model.modalities.audio.audio.heads=2", "--model.modalities.audio.audio.mlp=32",
              "--data.train_samples=16", "--data.eval_samples=8", "--data.global_batch=8", "--optim.warmup_steps=1",
-             "--run.progress=false", "--run.tensorboard=false", "--train.threads=1"]
+             "--metrics.progress=false", "--metrics.tensorboard=false", "--train.threads=1"]
 
 
 def image_text_batch(counts: torch.Tensor, seq: int, token_id: int, g: torch.Generator) -> dict:

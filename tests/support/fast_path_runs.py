@@ -33,10 +33,10 @@ LAYOUTS = {
 
 
 SWITCHES = {
-    "compile": ["--train.compile=true", "--train.compile_backend=aot_eager"],
-    "chunked_loss": ["--train.chunked_loss=true"],
-    "fuse_qkv": ["--train.fuse_qkv=true"],
-    "checkpointing": ['--train.activation_checkpointing=["language", "images"]'],
+    "compile": ["--perf.compile=true", "--perf.compile_backend=aot_eager"],
+    "chunked_loss": ["--perf.chunked_loss=true"],
+    "fuse_qkv": ["--perf.fuse_qkv=true"],
+    "checkpointing": ['--perf.activation_checkpointing=["language", "images"]'],
 }
 
 

@@ -1,4 +1,4 @@
-"""A CPU reference for torchao's FP8 linears, for tests of `train.module_dtype.<m> = "float8"` off an FP8 GPU.
+"""A CPU reference for torchao's FP8 linears, for tests of `precision.module_dtype.<m> = "float8"` off an FP8 GPU.
 
 `QDQLinear` quantise-dequantises its input and weight through torch.float8_e4m3fn (the amax scaled to the
 format's largest value; gradients pass straight through) and multiplies in their own dtype. `qdq_swap` swaps

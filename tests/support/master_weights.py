@@ -17,7 +17,7 @@ MASTER_OF_MOVE = 0.05
 
 LANG, IMG = "--parallel.modules.language", "--parallel.modules.images"
 MODEL = ["--model.llm.layers=2", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--optim.eps=1e-2"]
-MASTER = ["--train.master_weights=true", "--train.dtype=bfloat16"]
+MASTER = ["--precision.master_weights=true", "--precision.dtype=bfloat16"]
 
 
 def full_master_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -42,7 +42,7 @@ def train_with_masters(out: Path, *overrides: str) -> dict:
     initial = {n: p.detach().float().numpy().copy() for n, p in trainer.model.named_parameters()} \
         if trainer.plan is None else {}
     losses = [trainer.train_step(step)["loss"] for step in range(STEPS)]
-    if not trainer.cfg.train.master_weights:
+    if not trainer.cfg.precision.master_weights:
         return {"losses": losses}
     shards = [(name, opt.master.numel() / opt.weight.numel()) for name, opt in trainer.optimizer.parts]
     fsdp = {name: (sum(p.to_local().numel() for p in ps), sum(p.numel() for p in ps),
@@ -60,5 +60,6 @@ EP_FSDP = [f"{LANG}.ep=2", f"{LANG}.fsdp=true"]
 
 
 # a master-weights run of 6 steps that saves every 2, and the checkpoint it resumes from
-MASTER_SAVES = ["--train.dtype=bfloat16", "--train.master_weights=true", "--train.steps=6", "--train.save_every=2"]
+MASTER_SAVES = ["--precision.dtype=bfloat16", "--precision.master_weights=true", "--train.steps=6",
+                "--checkpoint.save_every=2"]
 STEP4 = Path("tiny") / "checkpoints" / "step_00000004"

@@ -9,7 +9,7 @@ SIZES = [(40, 72), (100, 30), (33, 33), (200, 150)]  # (height, width)
 TINY = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
         "--model.llm.mlp=64", "--model.modalities.images.native.hidden=16", "--model.modalities.images.native.heads=2",
         "--model.modalities.images.native.mlp=32", "--data.seq_len=160", "--data.global_batch=4",
-        "--run.progress=false", "--run.tensorboard=false", "--train.log_every=1", "--train.threads=1",
+        "--metrics.progress=false", "--metrics.tensorboard=false", "--train.log_every=1", "--train.threads=1",
         "--optim.warmup_steps=1"]
 
 

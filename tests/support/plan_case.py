@@ -12,7 +12,7 @@ from mimo.planner.memory import estimate, module_sizes
 #   total = 2048 + 2048 + 32 + 2 x (9216 + 64) = 22688 parameters.
 TINY = ["--model.llm.vocab=64", "--model.llm.hidden=32", "--model.llm.layers=2", "--model.llm.heads=4",
         "--model.llm.kv_heads=2", "--model.llm.mlp=64", "--model.llm.qkv_bias=false", "--data.global_batch=8",
-        "--data.seq_len=16", "--train.dtype=bfloat16"]
+        "--data.seq_len=16", "--precision.dtype=bfloat16"]
 
 
 def usage_of(cfg, modules, gpus):

@@ -24,8 +24,8 @@ WORLD = {"demo_tp2_dp2.toml": 4, "demo_cp2_tp2.toml": 4, "demo_colocated_fanin.t
          "demo_colocated_fanout.toml": 8, "demo_pipeline.toml": 8}
 """The ranks each layout config spans (`mimo train CONFIG --nproc N`); every other config runs on one process."""
 
-TWO_STEPS = ["--train.steps=2", "--train.log_every=1", "--run.progress=false", "--run.tensorboard=false"]
-ON_THE_CPU = ["--train.device=cpu", "--train.dtype=float32"]  # the recipes ask for a GPU and bf16
+TWO_STEPS = ["--train.steps=2", "--train.log_every=1", "--metrics.progress=false", "--metrics.tensorboard=false"]
+ON_THE_CPU = ["--train.device=cpu", "--precision.dtype=float32"]  # the recipes ask for a GPU and bf16
 TINY_LM = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
            "--model.llm.mlp=64"]
 

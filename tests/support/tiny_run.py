@@ -19,8 +19,8 @@ TINY = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", 
         "--model.llm.mlp=64", "--model.modalities.images.vit.patch=16", "--model.modalities.images.vit.hidden=32",
         "--model.modalities.images.vit.layers=1", "--model.modalities.images.vit.heads=2",
         "--model.modalities.images.vit.mlp=64", "--data.train_samples=48", "--data.eval_samples=3",
-        "--data.global_batch=4", "--optim.warmup_steps=2", "--run.name=tiny", "--run.progress=false",
-        "--run.tensorboard=false", "--train.log_every=1", "--train.threads=1"]
+        "--data.global_batch=4", "--optim.warmup_steps=2", "--run.name=tiny", "--metrics.progress=false",
+        "--metrics.tensorboard=false", "--train.log_every=1", "--train.threads=1"]
 
 
 def tiny_config(out_dir: Path, *overrides: str) -> Config:

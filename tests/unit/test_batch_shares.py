@@ -24,7 +24,7 @@ def summary(out_dir) -> dict:
 
 
 def test_an_unpacked_run_reports_the_padding_of_its_batches(tmp_path, capsys):
-    cfg = tiny_config(tmp_path, "--train.steps=3", "--run.progress=true")
+    cfg = tiny_config(tmp_path, "--train.steps=3", "--metrics.progress=true")
     trainer = Trainer(cfg)
     trainer.train()
     d = cfg.data

@@ -66,12 +66,12 @@ def test_each_workload_ships_as_a_mimo_train_config_of_its_shapes(name):
     d, o = cfg.data, cfg.optim
     assert (d.name, d.seq_len, d.images_per_sample, d.global_batch) == ("synthetic", p["seq_len"], 1, p["micro_batch"])
     assert (o.lr, o.schedule, o.warmup_steps, o.clip, o.beta1, o.beta2) == (1e-5, "constant", 0, 0.0, 0.9, 0.999)
-    assert cfg.parallel.microbatches == 1 and cfg.train.master_weights and cfg.train.step_graph
+    assert cfg.parallel.microbatches == 1 and cfg.precision.master_weights and cfg.perf.step_graph
 
 
 def test_overrides_split_at_top_level_commas():
-    assert preset_overrides('train.step_graph=false, train.activation_checkpointing=["language", "images"]') == [
-        "--train.step_graph=false", '--train.activation_checkpointing=["language", "images"]']
+    assert preset_overrides('perf.step_graph=false, perf.activation_checkpointing=["language", "images"]') == [
+        "--perf.step_graph=false", '--perf.activation_checkpointing=["language", "images"]']
     assert preset_overrides("") == []
 
 

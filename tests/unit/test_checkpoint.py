@@ -18,7 +18,7 @@ from mimo.train.checkpoint.store import MARKER, STAGING, CheckpointStore, crc32
 from mimo.train.trainer import Trainer
 from tests.support.tiny_run import metrics, tiny_config
 
-SAVE = ["--train.steps=6", "--train.save_every=2"]
+SAVE = ["--train.steps=6", "--checkpoint.save_every=2"]
 
 
 class InjectedCrash(Exception):
@@ -49,7 +49,7 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch
     monkeypatch.undo()
     assert _ckpts(tmp_path) == [STAGING + "step_00000004", "step_00000002"]
 
-    tr = Trainer(tiny_config(tmp_path, *SAVE, "--train.resume=true"))
+    tr = Trainer(tiny_config(tmp_path, *SAVE, "--checkpoint.resume=true"))
     assert tr.checkpointer.resume() == 2
     err = capsys.readouterr().err
     assert "ignoring" in err and "step_00000004" in err and "never finished" in err
@@ -59,7 +59,7 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch
 
 
 def test_corrupt_checkpoints_are_reported_skipped_and_never_half_loaded(tmp_path, capsys):
-    Trainer(tiny_config(tmp_path, *SAVE, "--train.keep_checkpoints=3")).train()
+    Trainer(tiny_config(tmp_path, *SAVE, "--checkpoint.keep=3")).train()
     root = tmp_path / "tiny" / "checkpoints"
     # newest: one byte changed, size kept (only the CRC sees it); next: truncated (the size check sees it)
     newest = next((root / "step_00000006").glob("*.distcp"))
@@ -69,7 +69,7 @@ def test_corrupt_checkpoints_are_reported_skipped_and_never_half_loaded(tmp_path
     middle = next((root / "step_00000004").glob("*.distcp"))
     middle.write_bytes(middle.read_bytes()[:100])
 
-    tr = Trainer(tiny_config(tmp_path, *SAVE, "--train.resume=true"))
+    tr = Trainer(tiny_config(tmp_path, *SAVE, "--checkpoint.resume=true"))
     before = _weights(tr)
     assert tr.checkpointer.resume() == 2
     err = capsys.readouterr().err
@@ -87,16 +87,16 @@ def test_corrupt_checkpoints_are_reported_skipped_and_never_half_loaded(tmp_path
 def test_explicit_resume_path_and_mismatches_are_clear_errors(tmp_path):
     Trainer(tiny_config(tmp_path, *SAVE)).train()
     step4 = tmp_path / "tiny" / "checkpoints" / "step_00000004"
-    tr = Trainer(tiny_config(tmp_path / "b", *SAVE, f"--train.resume={step4}"))
+    tr = Trainer(tiny_config(tmp_path / "b", *SAVE, f"--checkpoint.resume={step4}"))
     assert tr.checkpointer.resume() == 4
     with pytest.raises(ConfigError, match="is not a loadable checkpoint"):
-        Trainer(tiny_config(tmp_path / "c", *SAVE, f"--train.resume={tmp_path}")).checkpointer.resume()
+        Trainer(tiny_config(tmp_path / "c", *SAVE, f"--checkpoint.resume={tmp_path}")).checkpointer.resume()
     with pytest.raises(ValueError, match="data.global_batch = 4"):
         Trainer(tiny_config(tmp_path / "d", *SAVE, "--data.global_batch=2",
-                            f"--train.resume={step4}")).checkpointer.resume()
+                            f"--checkpoint.resume={step4}")).checkpointer.resume()
     with pytest.raises(ValueError, match="different model config"):
         Trainer(tiny_config(tmp_path / "e", *SAVE, "--model.llm.layers=2",
-                            f"--train.resume={step4}")).checkpointer.resume()
+                            f"--checkpoint.resume={step4}")).checkpointer.resume()
 
 
 class _Boom:
@@ -105,7 +105,7 @@ class _Boom:
 
 
 def test_index_that_would_run_code_is_refused(tmp_path, monkeypatch):
-    Trainer(tiny_config(tmp_path, "--train.steps=2", "--train.save_every=2")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=2", "--checkpoint.save_every=2")).train()
     ck = tmp_path / "tiny" / "checkpoints" / "step_00000002"
     meta = read_metadata_file(ck / ".metadata")
     assert "model.language.embed_tokens.weight" in meta.state_dict_metadata
@@ -126,9 +126,9 @@ def test_index_that_would_run_code_is_refused(tmp_path, monkeypatch):
 def test_keep_last_k_and_stale_staging_removed(tmp_path):
     store = CheckpointStore(tmp_path, keep=2)
     assert store.scan() == ([], [])
-    Trainer(tiny_config(tmp_path, "--train.steps=8", "--train.save_every=2")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=8", "--checkpoint.save_every=2")).train()
     root = tmp_path / "tiny" / "checkpoints"
     assert _ckpts(tmp_path) == ["step_00000006", "step_00000008"]
     shutil.copytree(root / "step_00000006", root / (STAGING + "step_00000012"))
-    Trainer(tiny_config(tmp_path, "--train.steps=10", "--train.save_every=2", "--train.resume=true")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=10", "--checkpoint.save_every=2", "--checkpoint.resume=true")).train()
     assert _ckpts(tmp_path) == ["step_00000008", "step_00000010"]

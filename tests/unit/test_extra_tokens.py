@@ -108,8 +108,8 @@ def test_the_export_loads_in_transformers_with_the_new_token(tmp_path, tie):
 def test_a_resumed_run_keeps_the_new_rows(tmp_path, run_files):
     straight = Trainer(_config(tmp_path / "a", run_files, "--train.steps=4"))
     straight.train()
-    Trainer(_config(tmp_path / "b", run_files, "--train.steps=2", "--train.save_every=2")).train()
-    resumed = Trainer(_config(tmp_path / "b", run_files, "--train.steps=4", "--train.resume=true"))
+    Trainer(_config(tmp_path / "b", run_files, "--train.steps=2", "--checkpoint.save_every=2")).train()
+    resumed = Trainer(_config(tmp_path / "b", run_files, "--train.steps=4", "--checkpoint.resume=true"))
     assert resumed.checkpointer.resume() == 2
     resumed.train()
     for name in ("embed_tokens.weight", "lm_head.weight"):

@@ -55,7 +55,7 @@ def test_too_many_bad_steps_stop_with_a_checkpoint(tmp_path):
         tr.train()
     ck = tmp_path / "tiny" / "checkpoints" / "step_00000005"
     assert (ck / "COMPLETE.json").is_file()
-    resumed = Trainer(tiny_config(tmp_path, "--train.steps=10", "--train.max_bad_steps=3", "--train.resume=true"))
+    resumed = Trainer(tiny_config(tmp_path, "--train.steps=10", "--train.max_bad_steps=3", "--checkpoint.resume=true"))
     assert resumed.checkpointer.resume() == 5 and resumed.guard.consecutive_bad == 3
 
 

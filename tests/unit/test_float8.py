@@ -1,4 +1,4 @@
-"""train.module_dtype.<m> = "float8": the gate's refusals (CPU, a GPU without FP8, no torchao, tensor
+"""precision.module_dtype.<m> = "float8": the gate's refusals (CPU, a GPU without FP8, no torchao, tensor
 parallelism), exactly which linears convert and which stay, and a run whose FP8 products are a CPU reference
 (quantise-dequantise through torch.float8_e4m3fn with one scale per tensor) trains like the bf16 run."""
 
@@ -18,12 +18,12 @@ from mimo.parallel.layout import Layout
 from mimo.perf import gpu_defaults
 from mimo.perf.apply import apply_fast_paths
 from mimo.perf.float8 import float8_linears
-from mimo.perf.gpu_defaults import GPU_DEFAULTS, apply_gpu_defaults
+from mimo.perf.gpu_defaults import GPU_DEFAULTS, resolve_gpu_defaults
 from mimo.train.gate import check_layout, validate_run
 from tests.support.float8_reference import SWAPPED, float8_reference
 from tests.support.tiny_run import DEMO, TINY, train_losses
 
-FP8_LM = ["--train.dtype=bfloat16", "--train.module_dtype.language=float8"]
+FP8_LM = ["--precision.dtype=bfloat16", "--precision.module_dtype.language=float8"]
 
 
 def tiny_cfg(*overrides: str):
@@ -41,7 +41,7 @@ def test_float8_on_a_cpu_is_refused_by_mimo_train_naming_the_field(capsys, tmp_p
         main(["train", str(DEMO), *TINY, f"--run.out_dir={tmp_path / 'runs'}", *FP8_LM])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and not (tmp_path / "runs").exists()
-    assert 'mimo: error: train.module_dtype.language = "float8" computes its linears with the GPU\'s FP8' in err
+    assert 'mimo: error: precision.module_dtype.language = "float8" computes its linears with the GPU\'s FP8' in err
     assert 'train.device = "cpu" has not; use train.device = "cuda"' in err
 
 
@@ -54,23 +54,25 @@ def fake_gpu(monkeypatch, capability: tuple[int, int], name: str = "NVIDIA H200"
 def test_float8_on_a_gpu_without_fp8_or_without_torchao_is_refused(monkeypatch):
     fake_gpu(monkeypatch, (8, 0), "NVIDIA A100-SXM4-80GB")
     message = refusal(*FP8_LM, "--train.device=cuda")
-    assert 'train.module_dtype.language = "float8" needs FP8 matrix instructions (compute capability >= 8.9' in message
+    assert ('precision.module_dtype.language = "float8" needs FP8 matrix instructions (compute capability >= 8.9'
+            in message)
     assert "NVIDIA A100-SXM4-80GB has 8.0" in message
     fake_gpu(monkeypatch, (9, 0))
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
-    message = refusal("--train.dtype=bfloat16", "--train.module_dtype.images=float8", "--train.device=cuda")
-    assert "train.module_dtype.images = \"float8\" trains through torchao's float8 training, which is not " \
+    message = refusal("--precision.dtype=bfloat16", "--precision.module_dtype.images=float8", "--train.device=cuda")
+    assert "precision.module_dtype.images = \"float8\" trains through torchao's float8 training, which is not " \
            "installed; pip install 'mimo[fp8]'" in message
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["--train.module_dtype.language=float8"], 'float8" computes the rest of the module in bf16, so it needs '
-                                               'train.dtype = "bfloat16" (got "float32")'),
-    ([*FP8_LM, "--train.float8_recipe=blockwise"], "train.float8_recipe = 'blockwise'; choose one of tensorwise, "
-                                                   "rowwise"),
-    (["--train.dtype=bfloat16", "--train.module_dtype.language=fp8"], "train.module_dtype.language = 'fp8'; choose "
-                                                                      "float32, bfloat16 or float8"),
+    (["--precision.module_dtype.language=float8"], 'float8" computes the rest of the module in bf16, so it needs '
+                                                   'precision.dtype = "bfloat16" (got "float32")'),
+    ([*FP8_LM, "--precision.float8_recipe=blockwise"], "precision.float8_recipe = 'blockwise'; choose one of "
+                                                       "'tensorwise', 'rowwise'"),
+    (["--precision.dtype=bfloat16", "--precision.module_dtype.language=fp8"], "precision.module_dtype.language = "
+                                                                              "'fp8'; choose one of 'float32', "
+                                                                              "'bfloat16', 'float8'"),
 ])
 def test_float8_config_mistakes_are_refused_by_the_config_check(overrides, message):
     assert message in refusal(*overrides)
@@ -78,8 +80,9 @@ def test_float8_config_mistakes_are_refused_by_the_config_check(overrides, messa
 
 def test_float8_under_tensor_parallelism_is_refused_at_the_gate():
     cfg = tiny_cfg(*FP8_LM, "--parallel.modules.language.tp=2", "--model.llm.kv_heads=2")
-    with pytest.raises(ConfigError, match=r'train.module_dtype.language = "float8" with parallel.modules.language.tp'
-                                          r' = 2: FP8 linears do not compose .* set parallel.modules.language.tp = 1'):
+    with pytest.raises(ConfigError, match=r'precision.module_dtype.language = "float8" with '
+                                          r'parallel.modules.language.tp = 2: FP8 linears do not compose .* set '
+                                          r'parallel.modules.language.tp = 1'):
         check_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))
     cfg = tiny_cfg(*FP8_LM, "--parallel.modules.images.tp=2")  # the LM's FP8 beside a tensor-parallel ViT is fine
     check_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))
@@ -101,20 +104,20 @@ def test_which_linears_compute_in_float8():
     multiple of 16 stays. A ViT's: its blocks' linears and the projector (its patch embedding is a convolution)."""
     lm = sorted(f"language_model.layers.{i}.{n}" for i in range(2) for n in LM_LAYER)
     assert names_of(*FP8_LM, "--model.llm.layers=2") == lm
-    assert names_of(*FP8_LM, "--model.llm.layers=2", "--train.fuse_qkv=true") == [
+    assert names_of(*FP8_LM, "--model.llm.layers=2", "--perf.fuse_qkv=true") == [
         n for n in lm if n.split(".")[-1] not in ("q_proj", "k_proj", "v_proj")]
     assert names_of(*FP8_LM, "--model.llm.layers=2", "--model.llm.mlp=72") == [n for n in lm if "_proj" in n and
                                                                                 "mlp" not in n]
     vit = "modality_submodules.images.encoders.vit"
-    images = names_of("--train.dtype=bfloat16", "--train.module_dtype.images=float8")
+    images = names_of("--precision.dtype=bfloat16", "--precision.module_dtype.images=float8")
     assert images == sorted([f"{vit}.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")] +
                             [f"{vit}.layers.0.mlp.fc1", f"{vit}.layers.0.mlp.fc2",
                              "modality_submodules.images.input_projections.0.fc1",
                              "modality_submodules.images.input_projections.0.fc2"])
-    odd_mlp = names_of("--train.dtype=bfloat16", "--train.module_dtype.images=float8",
+    odd_mlp = names_of("--precision.dtype=bfloat16", "--precision.module_dtype.images=float8",
                        "--model.modalities.images.vit.mlp=72")
     assert odd_mlp == [n for n in images if ".mlp." not in n]
-    assert names_of("--train.dtype=bfloat16") == []
+    assert names_of("--precision.dtype=bfloat16") == []
 
 
 def test_a_float8_run_with_the_cpu_reference_trains_like_the_fp32_run(tmp_path: Path):
@@ -123,7 +126,7 @@ def test_a_float8_run_with_the_cpu_reference_trains_like_the_fp32_run(tmp_path: 
     exactly the LM's projections swap, and the loss stays within 1% of the fp32 run's at every step (3.0e-4 here;
     bf16 alone 3.6e-5), finite and not equal to the bf16 run's."""
     fp32 = train_losses(tmp_path / "fp32", "--train.steps=12")
-    bf16 = train_losses(tmp_path / "bf16", "--train.dtype=bfloat16", "--train.steps=12")
+    bf16 = train_losses(tmp_path / "bf16", "--precision.dtype=bfloat16", "--train.steps=12")
     with float8_reference():
         fp8 = train_losses(tmp_path / "fp8", *FP8_LM, "--train.steps=12")
     assert sorted(SWAPPED) == sorted(f"language_model.layers.0.{n}" for n in LM_LAYER)
@@ -136,7 +139,7 @@ def test_a_float8_run_with_the_cpu_reference_trains_like_the_fp32_run(tmp_path: 
 def test_torchao_converts_the_same_linears_and_keeps_every_name():
     Float8Linear = pytest.importorskip("torchao.float8.float8_linear").Float8Linear
 
-    cfg = tiny_cfg(*FP8_LM, "--train.fuse_qkv=true")
+    cfg = tiny_cfg(*FP8_LM, "--perf.fuse_qkv=true")
     model = build_model(cfg.model)
     before = list(model.state_dict())
     apply_fast_paths(cfg, model)
@@ -149,8 +152,8 @@ def test_torchao_converts_the_same_linears_and_keeps_every_name():
 
 def test_a_float8_module_takes_the_gpu_defaults_of_a_bf16_one():
     """Its attention, norms and the rest compute in bf16, so cuDNN attention (bf16 only) is its default too."""
-    applied = apply_gpu_defaults(tiny_cfg("--train.device=cuda", *FP8_LM), None)
-    assert applied["attention_backend"] == "cudnn" and applied["fuse_qkv"] is True
+    cfg, _ = resolve_gpu_defaults(tiny_cfg("--train.device=cuda", *FP8_LM), None)
+    assert cfg.perf.attention_backend == "cudnn" and cfg.perf.fuse_qkv is True
 
 
 def fp8_gpu(monkeypatch) -> None:
@@ -161,24 +164,24 @@ def fp8_gpu(monkeypatch) -> None:
 
 
 def test_float8_with_train_dtype_unset_takes_the_gpu_default_bf16(monkeypatch):
-    """On CUDA the GPU defaults set the unset train.dtype to bf16, so the float8 module's need holds after them."""
+    """On CUDA the GPU defaults set the unset precision.dtype to bf16, so the float8 module's need holds after them."""
     fp8_gpu(monkeypatch)
-    cfg = tiny_cfg("--train.device=cuda", "--train.module_dtype.language=float8")
-    assert cfg.train.dtype == "float32"  # load_config leaves it to the gate's GPU defaults
-    assert validate_run(cfg, 1)["dtype"] == "bfloat16" and cfg.train.dtype == "bfloat16"
+    cfg = tiny_cfg("--train.device=cuda", "--precision.module_dtype.language=float8")
+    assert cfg.precision.dtype == "float32"  # load_config leaves it to the gate's GPU defaults
+    assert validate_run(cfg, 1)[0].precision.dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("overrides", [["--train.gpu_defaults=false"], ["--train.dtype=float32"]])
+@pytest.mark.parametrize("overrides", [["--perf.gpu_defaults=false"], ["--precision.dtype=float32"]])
 def test_float8_without_the_gpu_default_dtype_is_refused_at_load(overrides, monkeypatch):
     fp8_gpu(monkeypatch)
-    with pytest.raises(ConfigError, match=r'float8" computes the rest of the module in bf16, so it needs train.dtype = '
-                                          r'"bfloat16" \(got "float32"\)'):
-        tiny_cfg("--train.device=cuda", "--train.module_dtype.language=float8", *overrides)
+    with pytest.raises(ConfigError, match=r'float8" computes the rest of the module in bf16, so it needs '
+                                          r'precision.dtype = "bfloat16" \(got "float32"\)'):
+        tiny_cfg("--train.device=cuda", "--precision.module_dtype.language=float8", *overrides)
 
 
 def test_the_gate_rechecks_float8_when_the_gpu_defaults_leave_train_dtype(monkeypatch):
     fp8_gpu(monkeypatch)
-    monkeypatch.setattr(gpu_defaults, "GPU_DEFAULTS", tuple(kv for kv in GPU_DEFAULTS if kv[0] != "dtype"))
-    cfg = tiny_cfg("--train.device=cuda", "--train.module_dtype.language=float8")  # as if bf16 could not apply
-    with pytest.raises(ConfigError, match=r'needs train.dtype = "bfloat16" \(got "float32"\)'):
+    monkeypatch.setattr(gpu_defaults, "GPU_DEFAULTS", tuple(kv for kv in GPU_DEFAULTS if kv[0] != "precision.dtype"))
+    cfg = tiny_cfg("--train.device=cuda", "--precision.module_dtype.language=float8")  # as if bf16 could not apply
+    with pytest.raises(ConfigError, match=r'needs precision.dtype = "bfloat16" \(got "float32"\)'):
         validate_run(cfg, 1)

@@ -71,8 +71,8 @@ ITEM_7 = {  # case -> (overrides, what the message must say: the field, then the
     "optim.lr = -1": (["--optim.lr=-1"], r"optim.lr = -1.0 must be >= 0"),
     "data.workers = -1": (["--data.workers=-1"], r"data.workers = -1 must be >= 0"),
     "logit softcap with the chunked loss on one process": (
-        ["--model.llm.logit_softcap=30.0", "--train.chunked_loss=true"],
-        r"model.llm.logit_softcap = 30.0 \(Gemma 2\) caps the logits.*set train.chunked_loss = false"),
+        ["--model.llm.logit_softcap=30.0", "--perf.chunked_loss=true"],
+        r"model.llm.logit_softcap = 30.0 \(Gemma 2\) caps the logits.*set perf.chunked_loss = false"),
     "rope_scaling missing keys": (["--model.llm.rope_scaling={factor = 8.0}"],
                                   r"model.llm.rope_scaling has the keys \['factor'\]; Llama 3's RoPE scaling takes "
                                   r"exactly factor, low_freq_factor, high_freq_factor, original_max_position_emb"),

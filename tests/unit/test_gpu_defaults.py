@@ -1,5 +1,6 @@
-"""The GPU defaults of `mimo train` (mimo.perf.gpu_defaults): which unset train keys take their fast value on
-CUDA, on which layouts, and that a key the user set, a CPU run or a Config built in Python keeps its own."""
+"""The GPU defaults of `mimo train` (mimo.perf.gpu_defaults): which unset fast-path keys take their fast value on
+CUDA, on which layouts, and that a key the user set, a CPU run or a Config built in Python keeps its own; the
+config the run trains with is a resolved copy, with each key's value and why."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import torch
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
 from mimo.parallel.layout import Layout
-from mimo.perf.gpu_defaults import GPU_DEFAULTS, apply_gpu_defaults
+from mimo.perf.gpu_defaults import GPU_DEFAULTS, config_value, fast_paths_note, resolve_gpu_defaults
 from mimo.train.gate import validate_run
 from tests.support.configs import CONFIGS, T2I
 
 VLM = CONFIGS / "demo_vlm.toml"
-EVERY_KEY = dict(GPU_DEFAULTS)
+EVERY_KEY = {key: value for key, value, _ in GPU_DEFAULTS}
 
 
 def cuda_config(*overrides: str, path=VLM):
@@ -25,120 +26,141 @@ def layout_of(cfg, world: int) -> Layout:
     return Layout.from_config(cfg.parallel.modules, cfg.model.module_names, world)
 
 
+def set_by_defaults(cfg, layout):
+    """Resolve `cfg` on `layout`: (the resolved config, {key: value} of the keys the GPU defaults set)."""
+    resolved, notes = resolve_gpu_defaults(cfg, layout)
+    return resolved, {key: value for key, value, why in notes if why.startswith("GPU default:")}
+
+
 def test_one_process_takes_every_gpu_default():
-    cfg = cuda_config()
-    applied = apply_gpu_defaults(cfg, None)
+    written = cuda_config()
+    cfg, applied = set_by_defaults(written, None)
     assert applied == EVERY_KEY
-    assert {k: getattr(cfg.train, k) for k in EVERY_KEY} == EVERY_KEY
-    assert (cfg.train.lm_update_early, cfg.train.step_graph) == (False, False)  # opt-in only
+    assert {k: config_value(cfg, k) for k in EVERY_KEY} == EVERY_KEY
+    assert (cfg.perf.lm_update_early, cfg.perf.step_graph) == (False, False)  # opt-in only
+    assert not written.perf.compile and written.precision.dtype == "float32"  # the config as written is left alone
 
 
 def test_keys_the_user_set_are_kept():
-    cfg = cuda_config("--train.compile=false", "--train.attention_backend=flash")
-    applied = apply_gpu_defaults(cfg, None)
-    assert "compile" not in applied and "attention_backend" not in applied
-    assert (cfg.train.compile, cfg.train.attention_backend) == (False, "flash")
-    assert cfg.train.encoder_compile == "whole"  # takes effect only under compile, refused by nothing
+    cfg, applied = set_by_defaults(cuda_config("--perf.compile=false", "--perf.attention_backend=flash"), None)
+    assert "perf.compile" not in applied and "perf.attention_backend" not in applied
+    assert (cfg.perf.compile, cfg.perf.attention_backend) == (False, "flash")
+    assert cfg.perf.encoder_compile == "whole"  # takes effect only under compile, refused by nothing
 
 
 def test_an_fp32_module_keeps_fp32_weights_and_sdpa_default():
-    cfg = cuda_config("--train.module_dtype.images=float32")
-    applied = apply_gpu_defaults(cfg, None)
-    assert applied["dtype"] == "bfloat16"
-    for key in ("master_weights", "grad_table", "attention_backend"):  # bf16 weights / cuDNN need bf16 everywhere
+    cfg, applied = set_by_defaults(cuda_config("--precision.module_dtype.images=float32"), None)
+    assert applied["precision.dtype"] == "bfloat16"
+    for key in ("precision.master_weights", "perf.grad_table", "perf.attention_backend"):  # need bf16 everywhere
         assert key not in applied
-    assert cfg.train.attention_backend == "default" and not cfg.train.master_weights
+    assert cfg.perf.attention_backend == "default" and not cfg.precision.master_weights
 
 
 def test_data_parallel_layout_drops_the_one_process_keys():
     cfg = cuda_config()
-    applied = apply_gpu_defaults(cfg, layout_of(cfg, 2))
-    assert "grad_table" not in applied and not cfg.train.grad_table
-    assert applied["master_weights"] is True and applied["loss_rows_only"] is True
+    cfg, applied = set_by_defaults(cfg, layout_of(cfg, 2))
+    assert "perf.grad_table" not in applied and not cfg.perf.grad_table
+    assert applied["precision.master_weights"] is True and applied["perf.loss_rows_only"] is True
 
 
 def test_pipelined_layout_takes_master_weights_and_the_labelled_rows():
     cfg = cuda_config("--parallel.modules.images.size=1", "--parallel.modules.language.offset=1",
                       "--parallel.modules.language.size=1")
-    applied = apply_gpu_defaults(cfg, layout_of(cfg, 2))
-    assert applied["master_weights"] is True and applied["loss_rows_only"] is True
-    assert applied["compile"] is True and applied["chunked_loss"] is True
+    _, applied = set_by_defaults(cfg, layout_of(cfg, 2))
+    assert applied["precision.master_weights"] is True and applied["perf.loss_rows_only"] is True
+    assert applied["perf.compile"] is True and applied["perf.chunked_loss"] is True
 
 
 def test_sharded_sequences_take_the_labelled_rows():
     cfg = cuda_config("--parallel.modules.language.cp=2", "--parallel.modules.language.tp=2")
-    assert apply_gpu_defaults(cfg, layout_of(cfg, 4))["loss_rows_only"] is True  # each CP rank's own rows
+    assert set_by_defaults(cfg, layout_of(cfg, 4))[1]["perf.loss_rows_only"] is True  # each CP rank's own rows
     cfg = cuda_config("--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
-    applied = apply_gpu_defaults(cfg, layout_of(cfg, 2))  # each TP rank's rows of its own shard
-    assert applied["loss_rows_only"] is True and applied["chunked_loss"] is True
+    _, applied = set_by_defaults(cfg, layout_of(cfg, 2))  # each TP rank's rows of its own shard
+    assert applied["perf.loss_rows_only"] is True and applied["perf.chunked_loss"] is True
 
 
 def test_out_path_keeps_every_row():
-    cfg = cuda_config(path=T2I)
-    applied = apply_gpu_defaults(cfg, None)
-    assert "loss_rows_only" not in applied and applied["chunked_loss"] is True
+    _, applied = set_by_defaults(cuda_config(path=T2I), None)
+    assert "perf.loss_rows_only" not in applied and applied["perf.chunked_loss"] is True
 
 
 def test_logit_softcap_keeps_the_full_logits():
     cfg = cuda_config("--model.llm.logit_softcap=30.0")
-    assert "chunked_loss" not in apply_gpu_defaults(cfg, None)
+    cfg, notes = resolve_gpu_defaults(cfg, None)
+    assert not cfg.perf.chunked_loss
+    assert any(k == "perf.chunked_loss" and "refused: model.llm.logit_softcap" in why for k, _, why in notes), notes
 
 
 def test_cpu_and_python_configs_keep_their_defaults():
-    cpu = load_config(VLM)
-    assert apply_gpu_defaults(cpu, None) == {} and cpu.train.dtype == "float32"
+    cpu, notes = resolve_gpu_defaults(load_config(VLM), None)
+    assert notes == [] and cpu == load_config(VLM) and fast_paths_note(notes) == ""
     built = cuda_config()
-    built.train.left_unset = frozenset()  # a Config built in Python names every key it means
-    assert apply_gpu_defaults(built, None) == {}
-    off = cuda_config("--train.gpu_defaults=false")
-    assert apply_gpu_defaults(off, None) == {} and off.train.dtype == "float32" and not off.train.compile
+    built.left_unset = frozenset()  # a Config built in Python names every key it means
+    resolved, notes = resolve_gpu_defaults(built, None)
+    assert resolved == built and {why for _, _, why in notes} == {"set in the config"}
+    off, notes = resolve_gpu_defaults(cuda_config("--perf.gpu_defaults=false"), None)
+    assert notes == [] and off.precision.dtype == "float32" and not off.perf.compile
 
 
 def test_load_config_records_the_keys_left_unset():
-    cfg = load_config(VLM, ["--train.compile=true"])
-    assert "compile" not in cfg.train.left_unset and "steps" not in cfg.train.left_unset  # the TOML sets steps
-    assert {"dtype", "master_weights", "chunked_loss"} <= cfg.train.left_unset
-    with pytest.raises(ConfigError, match="unknown config key 'train.left_unset'"):
-        load_config(VLM, ["--train.left_unset=1"])
+    cfg = load_config(VLM, ["--perf.compile=true"])
+    assert "perf.compile" not in cfg.left_unset and "train.steps" not in cfg.left_unset  # the TOML sets steps
+    assert {"precision.dtype", "precision.master_weights", "perf.chunked_loss"} <= cfg.left_unset
+    with pytest.raises(ConfigError, match="unknown config key 'left_unset'"):
+        load_config(VLM, ["--left_unset=1"])
+
+
+def test_the_note_names_each_key_its_value_and_why():
+    _, notes = resolve_gpu_defaults(cuda_config("--perf.compile=false", "--precision.module_dtype.images=float32"),
+                                    None)
+    lines = fast_paths_note(notes).splitlines()
+    assert lines[0].startswith("mimo: fast paths on CUDA") and len(lines) == 1 + len(GPU_DEFAULTS)
+    assert "  perf.compile = false  (set in the config)" in lines
+    assert "  precision.dtype = 'bfloat16'  (GPU default: bf16 autocast runs the matmuls on tensor cores)" in lines
+    assert any(line.startswith("  perf.attention_backend = 'default'  (GPU default 'cudnn' refused: ")
+               for line in lines), lines
 
 
 
-@pytest.mark.parametrize("opt_in", [["--train.step_graph=true", "--optim.clip=0"], ["--train.grad_table=true"],
-                                    ["--train.lm_update_early=true", "--optim.clip=0"]])
+@pytest.mark.parametrize("opt_in", [["--perf.step_graph=true", "--optim.clip=0"], ["--perf.grad_table=true"],
+                                    ["--perf.lm_update_early=true", "--optim.clip=0"]])
 def test_a_key_needing_master_weights_takes_them_from_the_gpu_defaults(opt_in, monkeypatch):
-    """Left unset, train.dtype and train.master_weights are the GPU defaults' to set: the config-alone check
+    """Left unset, precision.dtype and precision.master_weights are the GPU defaults' to set: the config-alone check
     leaves what needs them to the gate, which checks it after the defaults."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = cuda_config(*opt_in)
-    assert not cfg.train.master_weights  # load_config leaves it to the gate's GPU defaults
-    applied = validate_run(cfg, 1)
-    assert applied["dtype"] == "bfloat16" and applied["master_weights"] is True
-    with pytest.raises(ConfigError, match=r"works on MasterAdamW's update: set train.master_weights = true"):
-        cuda_config(*opt_in, "--train.gpu_defaults=false")
+    assert not cfg.precision.master_weights  # load_config leaves it to the gate's GPU defaults
+    run, _ = validate_run(cfg, 1)
+    assert run.precision.dtype == "bfloat16" and run.precision.master_weights is True
+    with pytest.raises(ConfigError, match=r"works on MasterAdamW's update: set precision.master_weights = true"):
+        cuda_config(*opt_in, "--perf.gpu_defaults=false")
 
 
 def test_the_gate_refuses_a_key_whose_master_weights_the_defaults_could_not_set(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cfg = cuda_config("--train.step_graph=true", "--optim.clip=0", "--train.module_dtype.images=float32")
-    with pytest.raises(ConfigError, match=r"train.step_graph = true works on MasterAdamW's update: set "
-                                          r"train.master_weights = true"):
+    cfg = cuda_config("--perf.step_graph=true", "--optim.clip=0", "--precision.module_dtype.images=float32")
+    with pytest.raises(ConfigError, match=r"perf.step_graph = true works on MasterAdamW's update: set "
+                                          r"precision.master_weights = true"):
         validate_run(cfg, 1)  # an fp32 module keeps fp32 weights, so master_weights stays off
 
 
-HALF_ONLY_FP32 = [(["--train.attention_backend=cudnn", "--train.gpu_defaults=false"], "language"),
-                  (["--train.attention_backend=flash", "--train.module_dtype.images=float32"], "images")]
+HALF_ONLY_FP32 = [(["--perf.attention_backend=cudnn", "--perf.gpu_defaults=false"], "language"),
+                  (["--perf.attention_backend=flash", "--precision.module_dtype.images=float32"], "images")]
 
 
 @pytest.mark.parametrize("overrides, module", HALF_ONLY_FP32)
 def test_a_half_only_attention_backend_with_an_fp32_module_is_refused_at_load(overrides, module):
     """cuDNN and flash attention have no fp32 kernels: allowed alone, an fp32 module's first attention would
     find none (torch's "No available kernel") after the gate."""
-    with pytest.raises(ConfigError, match=rf"train.attention_backend = \"(cudnn|flash)\" has no float32 kernels, and "
+    with pytest.raises(ConfigError, match=rf"perf.attention_backend = \"(cudnn|flash)\" has no float32 kernels, and "
                                           rf"module '{module}' computes in float32"):
         cuda_config(*overrides)
 
 
 def test_cudnn_attention_with_train_dtype_unset_takes_the_gpu_default_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cfg = cuda_config("--train.attention_backend=cudnn")
-    assert validate_run(cfg, 1)["dtype"] == "bfloat16" and cfg.train.attention_backend == "cudnn"
+    cfg = cuda_config("--perf.attention_backend=cudnn")
+    run, notes = validate_run(cfg, 1)
+    assert run.precision.dtype == "bfloat16" and run.perf.attention_backend == "cudnn"
+    assert ("precision.dtype", "bfloat16", f"GPU default: {GPU_DEFAULTS[0][2]}") in notes
+    assert cfg.precision.dtype == "float32"  # the config as loaded is left alone

@@ -159,8 +159,8 @@ def test_sliding_window_and_softcap_configs_are_checked():
     err = layout_error(2, "--model.llm.kv_heads=2", "--model.llm.sliding_window=4",
                        "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
     assert "model.llm.sliding_window = 4 masks by row position" in err
-    err = layout_error(1, "--model.llm.logit_softcap=3.0", "--train.chunked_loss=true")
-    assert "model.llm.logit_softcap = 3.0 (Gemma 2) caps the logits, which train.chunked_loss never forms" in err
+    err = layout_error(1, "--model.llm.logit_softcap=3.0", "--perf.chunked_loss=true")
+    assert "model.llm.logit_softcap = 3.0 (Gemma 2) caps the logits, which perf.chunked_loss never forms" in err
 
 
 def test_gemma2_inside_llava_is_refused(tmp_path):

@@ -12,10 +12,10 @@ from tests.support.tiny_run import tiny_config
 def test_a_checkpoint_of_the_other_optimizer_kind_is_refused(tmp_path):
     Trainer(tiny_config(tmp_path / "master", *MASTER_SAVES)).train()
     plain = [a for a in MASTER_SAVES if "master_weights" not in a and "dtype" not in a]
-    with pytest.raises(ValueError, match=r"written with train.master_weights = true, this run has false"):
+    with pytest.raises(ValueError, match=r"written with precision.master_weights = true, this run has false"):
         Trainer(tiny_config(tmp_path / "plain", *plain,
-                            f"--train.resume={tmp_path / 'master' / STEP4}")).checkpointer.resume()
+                            f"--checkpoint.resume={tmp_path / 'master' / STEP4}")).checkpointer.resume()
     Trainer(tiny_config(tmp_path / "fp32", *plain)).train()
-    with pytest.raises(ValueError, match=r"written with train.master_weights = false, this run has true"):
+    with pytest.raises(ValueError, match=r"written with precision.master_weights = false, this run has true"):
         Trainer(tiny_config(tmp_path / "again", *MASTER_SAVES,
-                            f"--train.resume={tmp_path / 'fp32' / STEP4}")).checkpointer.resume()
+                            f"--checkpoint.resume={tmp_path / 'fp32' / STEP4}")).checkpointer.resume()

@@ -21,7 +21,7 @@ def rss_bytes() -> int:
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux)")
 def test_resident_memory_is_flat_over_2000_steps(tmp_path):
-    tr = Trainer(tiny_config(tmp_path, f"--train.steps={STEPS}", "--train.save_every=500", "--train.log_every=100",
+    tr = Trainer(tiny_config(tmp_path, f"--train.steps={STEPS}", "--checkpoint.save_every=500", "--train.log_every=100",
                              "--model.llm.hidden=16", "--model.modalities.images.vit.hidden=16",
                              "--data.global_batch=2"))
     samples: dict[int, int] = {}

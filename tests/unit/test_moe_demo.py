@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SMALL = ["--model.llm.hidden=32", "--model.llm.heads=4", "--model.llm.kv_heads=2", "--model.llm.moe_mlp=24",
          "--model.modalities.images.vit.hidden=32", "--model.modalities.images.vit.layers=1", "--train.steps=4",
          "--data.train_samples=64", "--data.eval_samples=2", "--data.global_batch=8", "--optim.warmup_steps=1",
-         "--run.progress=false", "--run.tensorboard=false", "--train.threads=1"]
+         "--metrics.progress=false", "--metrics.tensorboard=false", "--train.threads=1"]
 
 
 def test_the_moe_demo_exports_to_transformers_with_its_logits(tmp_path):

@@ -29,7 +29,7 @@ MOE = ["--model.llm.moe_experts=4", "--model.llm.moe_mlp=32", "--model.llm.moe_t
     ("--model.llm.moe_dense_layers=[0,1]", "no layer is a mixture of experts"),
     ("--model.llm.moe_dense_layers=[7]", "model.llm.moe_dense_layers"),
     ("--model.llm.moe_aux_loss_weight=-1", "model.llm.moe_aux_loss_weight"),
-    ("--train.loss_rows_only=true", "train.loss_rows_only"),
+    ("--perf.loss_rows_only=true", "perf.loss_rows_only"),
 ])
 def test_bad_moe_configs_are_refused_naming_the_field(tmp_path, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -101,8 +101,8 @@ def test_the_sigmoid_routers_bias_moves_toward_balance(tmp_path):
         assert torch.equal(moe.expert_bias, want) and want.abs().sum() > 0
 
 
-@pytest.mark.parametrize("fast_path", [['--train.activation_checkpointing=["language"]'],
-                                       ["--train.compile=true", "--train.compile_backend=aot_eager"]])
+@pytest.mark.parametrize("fast_path", [['--perf.activation_checkpointing=["language"]'],
+                                       ["--perf.compile=true", "--perf.compile_backend=aot_eager"]])
 def test_checkpointed_and_compiled_blocks_train_the_router_like_eager(tmp_path, fast_path):
     """A recompute in the backward records no second load, and the router losses' gradients survive both paths:
     the same losses and loads over steps whose weights depend on them."""
@@ -119,10 +119,10 @@ def test_a_resumed_sigmoid_router_continues_bit_for_bit(tmp_path):
     """The balancing bias is in the checkpoint: resumed from step 3 of 5 (a nonzero bias: an odd number of moves),
     the run logs what the uninterrupted one does."""
     moving = [*MOE, "--model.llm.moe_gating=sigmoid", "--model.llm.moe_bias_rate=0.05", "--train.steps=5"]
-    whole = Trainer(tiny_config(tmp_path / "whole", *moving, "--train.save_every=1", "--train.keep_checkpoints=9"))
+    whole = Trainer(tiny_config(tmp_path / "whole", *moving, "--checkpoint.save_every=1", "--checkpoint.keep=9"))
     whole.train()
     step3 = tmp_path / "whole" / "tiny" / "checkpoints" / "step_00000003"
-    Trainer(tiny_config(tmp_path / "resumed", *moving, f"--train.resume={step3}")).train()
+    Trainer(tiny_config(tmp_path / "resumed", *moving, f"--checkpoint.resume={step3}")).train()
     rows = [[(r["loss"], r["moe_load"]) for r in metrics(tmp_path / n) if "moe_load" in r and r["step"] >= 3]
             for n in ("whole", "resumed")]
     assert len(rows[0]) == 2 and rows[1] == rows[0]

@@ -1,4 +1,4 @@
-"""`train.compile` with `train.encoder_compile = "blocks"` compiles each block of the native-resolution tower (its
+"""`perf.compile` with `perf.encoder_compile = "blocks"` compiles each block of the native-resolution tower (its
 `blocks`, not `layers`); the compiled tower gives the eager tower's rows, and batches of new image sizes (new
 segment groupings) after the first two reuse the compiled graphs: segment attention and the host layout run outside
 them, so the whole tower compiles too without `.item()` breaks."""
@@ -9,7 +9,7 @@ from torch._dynamo.utils import counters
 from torch.distributed._composable import checkpoint
 
 from mimo.config.schema import Config
-from mimo.config.train_config import TrainConfig
+from mimo.config.train_config import PerfConfig
 from mimo.models.build import build_model
 from mimo.perf.apply import apply_fast_paths, transformer_blocks
 from tests.support.configs import tiny_native_vlm
@@ -22,8 +22,8 @@ GRIDS = [[[1, 10, 14], [3, 6, 4]], [[1, 4, 4], [1, 2, 6]], [[1, 8, 8], [1, 6, 10
 def test_blocks_compile_the_native_towers_blocks():
     torch.manual_seed(0)
     cfg = Config(model=tiny_native_vlm(layers=3, full_attention_layers=[1]),
-                 train=TrainConfig(compile=True, compile_backend="eager"))
-    assert cfg.train.encoder_compile == "blocks"
+                 perf=PerfConfig(compile=True, compile_backend="eager"))
+    assert cfg.perf.encoder_compile == "blocks"
     plain = build_model(cfg.model).eval()
     model = build_model(cfg.model).eval()
     model.load_state_dict(plain.state_dict())
@@ -51,7 +51,7 @@ def test_activation_checkpointing_of_images_checkpoints_the_native_tower():
     """The tower's blocks are checkpointed too: the same rows and pixel gradients as the plain tower."""
     torch.manual_seed(0)
     cfg = Config(model=tiny_native_vlm(layers=3, full_attention_layers=[1]),
-                 train=TrainConfig(activation_checkpointing=["images"]))
+                 perf=PerfConfig(activation_checkpointing=["images"]))
     plain, model = build_model(cfg.model), build_model(cfg.model)
     model.load_state_dict(plain.state_dict())
     apply_fast_paths(cfg, model)
@@ -72,7 +72,7 @@ def test_whole_tower_compiles_with_no_break_but_its_host_layout_and_attention():
     `.item()`, no data-dependent shape) and, after the second batch, new image sizes add no graphs."""
     torch.manual_seed(0)
     cfg = Config(model=tiny_native_vlm(layers=3, full_attention_layers=[1]),
-                 train=TrainConfig(compile=True, compile_backend="eager", encoder_compile="whole"))
+                 perf=PerfConfig(compile=True, compile_backend="eager", encoder_compile="whole"))
     plain, model = build_model(cfg.model).eval(), build_model(cfg.model).eval()
     model.load_state_dict(plain.state_dict())
     torch.compiler.reset()

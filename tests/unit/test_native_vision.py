@@ -8,7 +8,7 @@ import torch
 from mimo.config.load import load_config
 from mimo.config.model_rules import validate_model
 from mimo.config.schema import Config, ConfigError, DataConfig
-from mimo.config.validate import validate_data
+from mimo.config.validate import validate, validate_data
 from mimo.models.build import build_model
 from mimo.models.flops import modality_flops
 from mimo.models.mrope import mrope_positions
@@ -76,7 +76,7 @@ def test_text_only_batch_and_mrope_forward():
     ({"vision_start_token_id": 61, "vision_end_token_id": 61}, "native.vision_end_token_id .61. must differ")])
 def test_bad_native_configs_name_the_field(change, field):
     with pytest.raises(ConfigError, match=f"model.modalities.images.{field}"):
-        validate_model(Config(model=tiny_native_vlm(**change)))
+        validate(Config(model=tiny_native_vlm(**change)))  # family and act by their Literal types
 
 
 def test_native_vision_needs_mrope_and_a_fitting_section():

@@ -1,7 +1,7 @@
 """mimo.perf's pieces on the CPU against independent computations: the chunked head + loss against full
 logits, MasterAdamW against torch's AdamW (accumulated, hand-set and missing gradients; the early update
 inside backward; fp32 masters of bf16 weights), checkpointed blocks' gradients, a compile cache folder per
-SDPA backend, and a captured step's input buffers (train.step_graph) taking new batches in place."""
+SDPA backend, and a captured step's input buffers (perf.step_graph) taking new batches in place."""
 
 import os
 
@@ -44,7 +44,7 @@ def test_linear_cross_entropy_matches_full_logits():
 
 
 def test_linear_cross_entropy_of_no_rows_is_zero_with_zero_gradients():
-    """A context-parallel rank of train.loss_rows_only may hold no labelled row: 0 loss, 0 tokens, zero gradients."""
+    """A context-parallel rank of perf.loss_rows_only may hold no labelled row: 0 loss, 0 tokens, zero gradients."""
     hidden = torch.randn(0, 16, requires_grad=True)
     weight = torch.randn(50, 16, requires_grad=True)
     loss, count = linear_cross_entropy(hidden, weight, torch.zeros(0, dtype=torch.long))
@@ -161,7 +161,7 @@ def test_batches_copy_into_a_captured_steps_buffers_and_refuse_other_shapes():
     assert torch.equal(step.inputs[0]["modality_inputs"]["images"]["vit"]["pixel_values"],
                        second["modality_inputs"]["images"]["vit"]["pixel_values"])
     with pytest.raises(ValueError, match=r"batch entry input_ids is \(3, 6\) torch.int64, but the step was "
-                                         r"captured with \(2, 6\) torch.int64.*set train.step_graph = false"):
+                                         r"captured with \(2, 6\) torch.int64.*set perf.step_graph = false"):
         step.copy_in([batch(3, 2)])
     fewer_rows = {**batch(2, 3), "loss_rows": torch.arange(5)}  # only the last entry differs in shape
     with pytest.raises(ValueError, match=r"batch entry loss_rows is \(5,\)"):

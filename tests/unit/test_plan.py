@@ -67,7 +67,7 @@ def test_estimate_matches_hand_computation():
 
 
 def test_activation_checkpointing_keeps_each_layers_input_and_recomputes_one_layer():
-    ckpt = '--train.activation_checkpointing=["language"]'
+    ckpt = '--perf.activation_checkpointing=["language"]'
     # dp2, 64 tokens per lane: each of the 2 layers keeps its fp32 input, 64 x 32 x 4 B; the backward rebuilds
     # one layer's activations at a time, 64 x 32 x 34 B, once; the logits stay as they were.
     dp = usage_of(load_config(None, [*TINY, ckpt]), {"language": ModuleLayoutConfig()}, 2)
@@ -123,14 +123,14 @@ def test_7b_lm_does_not_fit_replicated():
 
 def test_a_plan_that_does_not_fit_suggests_checkpointing_which_lowers_the_estimate():
     """A 7B LM with long sequences on one 80 GiB GPU: nothing fits, and the warning names
-    train.activation_checkpointing; with it set, the best estimate drops and the header says so."""
+    perf.activation_checkpointing; with it set, the best estimate drops and the header says so."""
     cfg = load_config("configs/demo_vlm.toml", [*LLAMA_7B, "--data.seq_len=4096", "--data.global_batch=8"])
     plain = make_plan(cfg, 1, 80)
     assert not plain.rows[0].fits
     text = render(cfg, plain)
-    assert 'Checkpoint activations (train.activation_checkpointing = ["language", "images"])' in text
+    assert 'Checkpoint activations (perf.activation_checkpointing = ["language", "images"])' in text
     ckpt_cfg = load_config("configs/demo_vlm.toml", [*LLAMA_7B, "--data.seq_len=4096", "--data.global_batch=8",
-                                                     '--train.activation_checkpointing=["language", "images"]'])
+                                                     '--perf.activation_checkpointing=["language", "images"]'])
     ckpt = make_plan(ckpt_cfg, 1, 80)
     assert ckpt.rows[0].usage.activations < 0.2 * plain.rows[0].usage.activations
     text = render(ckpt_cfg, ckpt)

@@ -41,7 +41,7 @@ def test_expert_memory_splits_by_ep_by_hand():
     # FSDP over dp4: every state / 4, ep or not (ep2's experts are FSDP-sharded over their 2 edp ranks).
     assert usage_of(cfg, _lm(fsdp=True, ep=2), 4).states == usage_of(cfg, _lm(fsdp=True), 4).states == 16 * PARAMS / 4
     # master weights on dp4 ep2: dense 4 B + 12 B / 4 lanes; experts 4 B / 2 + 12 B / (2 edp x 2 ep).
-    master = load_config(None, [*MOE, "--train.master_weights=true"])
+    master = load_config(None, [*MOE, "--precision.master_weights=true"])
     assert usage_of(master, _lm(ep=2), 4).states == (PARAMS - EXPERTS) * (4 + 3) + EXPERTS * (2 + 3)
 
 

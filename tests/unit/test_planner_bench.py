@@ -6,7 +6,7 @@ import time
 
 from benchmarks.bench_planner import main
 from mimo.config.load import load_config
-from mimo.perf.gpu_defaults import apply_gpu_defaults
+from mimo.perf.gpu_defaults import resolve_gpu_defaults
 from mimo.planner.profile import shipped_profile
 
 TINY = "configs/demo_avlm.toml::data.global_batch=4,data.eval_samples=2"
@@ -46,6 +46,7 @@ def test_the_images_and_audio_config_stays_eager_under_the_gpu_defaults():
     """Its image and clip counts vary from batch to batch: compiled, its encoders and the LM's layers would
     recompile on the first steps (the GPU call that gave no row), so the file turns compile off itself."""
     cfg = load_config("benchmarks/planner/avlm_h200.toml", [])
-    applied = apply_gpu_defaults(cfg, None)
-    assert cfg.train.device == "cuda" and "compile" not in applied and cfg.train.compile is False
-    assert not cfg.train.step_graph and cfg.data.global_batch == 128
+    run, notes = resolve_gpu_defaults(cfg, None)
+    assert cfg.train.device == "cuda" and ("perf.compile", False, "set in the config") in notes
+    assert run.perf.compile is False
+    assert not cfg.perf.step_graph and cfg.data.global_batch == 128

@@ -1,4 +1,4 @@
-"""A captured step (train.step_graph) is predicted from the profile's CUDA-graph timed figures, an eager step
+"""A captured step (perf.step_graph) is predicted from the profile's CUDA-graph timed figures, an eager step
 from the eager ones: the selection (`Profile.under`), a decoder layer by hand each way, and what
 `mimo plan --calibrate` records (the captured figures only on CUDA)."""
 
@@ -29,12 +29,12 @@ PROFILE = Profile("test", matmul_tflops=100.0, matmul_fixed_s=0.0, attention_tfl
                   captured={"matmul_fixed_s": 1e-6, "layer_factor": {"decoder.eager": 0.5}})
 TINY = ["--model.llm.vocab=272", "--model.llm.hidden=32", "--model.llm.layers=2", "--model.llm.heads=4",
         "--model.llm.kv_heads=2", "--model.llm.mlp=64", "--data.global_batch=8", "--data.seq_len=16",
-        "--train.dtype=bfloat16", "--train.step_graph=false", "--train.compile=false"]
+        "--precision.dtype=bfloat16", "--perf.step_graph=false", "--perf.compile=false"]
 
 
 def _configs():
     eager = load_config("configs/demo_vlm.toml", TINY)
-    return eager, dataclasses.replace(eager, train=dataclasses.replace(eager.train, step_graph=True))
+    return eager, dataclasses.replace(eager, perf=dataclasses.replace(eager.perf, step_graph=True))
 
 
 def test_under_a_captured_step_the_graph_figures_replace_the_eager_ones_kind_by_kind():

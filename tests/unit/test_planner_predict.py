@@ -23,13 +23,13 @@ PROFILE = Profile("test", matmul_tflops=100.0, matmul_fixed_s=0.0, attention_tfl
                   attention_backward_ratio=2.0, memory_gbps=1000.0, kernel_s=1e-6, launch_s=0.0)
 TINY = ["--model.llm.vocab=272", "--model.llm.hidden=32", "--model.llm.layers=2", "--model.llm.heads=4",
         "--model.llm.kv_heads=2", "--model.llm.mlp=64", "--data.global_batch=8", "--data.seq_len=16",
-        "--train.dtype=bfloat16"]
+        "--precision.dtype=bfloat16"]
 
 
 def test_a_decoder_layer_by_hand():
     """hidden 32, 4 heads of 8, 2 kv heads, mlp 64, 4 sequences of 16 tokens (T = 64) on one GPU:
     products q 32x32, k and v 16x32 each, o 32x32, gate and up 64x32, down 32x64 -> 2 T (sum n k) FLOPs."""
-    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--train.step_graph=false"])
+    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--perf.step_graph=false"])
     piece = decoder_layer(cfg, PROFILE, Network(), Grid(), ModuleLayoutConfig(), samples=4, seq=16)
     tokens = 64
     nk = 32 * 32 + 2 * 16 * 32 + 32 * 32 + 2 * 64 * 32 + 32 * 64
@@ -59,7 +59,7 @@ def test_one_gpu_step_is_the_modules_work_and_the_update():
     p = predict(Setting(cfg, sizes, PROFILE, Network()), layout_of(cfg, modules, 1), modules)
     assert p.comm_s == p.reduce_s == p.bubble_s == 0.0
     assert p.step_s == pytest.approx(p.compute_s + p.optimizer_s)
-    assert p.mfu == pytest.approx(p.model_tflops_per_gpu / cfg.train.peak_tflops)
+    assert p.mfu == pytest.approx(p.model_tflops_per_gpu / cfg.metrics.peak_tflops)
 
 
 def test_plan_ranks_fitting_rows_by_predicted_time_and_json_lists_them(capsys, tmp_path):
@@ -122,7 +122,7 @@ def test_master_weights_keep_4_bytes_whole_and_shard_12_over_the_lanes():
     """The tiny LM's trainable states (16 B each without master weights) on 4 data lanes: 4 + 12/4 = 7 B."""
     modules = {"language": ModuleLayoutConfig(), "images": ModuleLayoutConfig()}
     plain = load_config("configs/demo_vlm.toml", TINY)
-    master = load_config("configs/demo_vlm.toml", [*TINY, "--train.master_weights=true"])
+    master = load_config("configs/demo_vlm.toml", [*TINY, "--precision.master_weights=true"])
     layout = layout_of(plain, modules, 4)
     ratio = estimate(master, layout, module_sizes(master), modules).states / \
         estimate(plain, layout, module_sizes(plain), modules).states

@@ -1,4 +1,4 @@
-"""`train.module_dtype`: one module computes in its own dtype beside the others (SPEC 3.5, per-module precision).
+"""`precision.module_dtype`: one module computes in its own dtype beside the others (SPEC 3.5, per-module precision).
 
 The oracle is the plain model: a modality in fp32 beside a bf16 language model gives exactly the rows the
 fp32 model gives without autocast, and one in bf16 beside an fp32 language model those of bf16 autocast.
@@ -27,9 +27,9 @@ def _pixels() -> dict:
 
 
 @pytest.mark.parametrize("overrides, lm, encoder", [
-    (["--train.dtype=bfloat16", "--train.module_dtype.images=float32"], "bfloat16", "float32"),
-    (["--train.dtype=float32", "--train.module_dtype.images=bfloat16"], "float32", "bfloat16"),
-    (["--train.dtype=bfloat16", "--train.module_dtype.language=float32"], "float32", "bfloat16"),
+    (["--precision.dtype=bfloat16", "--precision.module_dtype.images=float32"], "bfloat16", "float32"),
+    (["--precision.dtype=float32", "--precision.module_dtype.images=bfloat16"], "float32", "bfloat16"),
+    (["--precision.dtype=bfloat16", "--precision.module_dtype.language=float32"], "float32", "bfloat16"),
 ])
 def test_a_modality_computes_in_its_own_dtype_beside_the_language_model(tmp_path, overrides, lm, encoder):
     cfg = tiny_config(tmp_path, *overrides)
@@ -51,7 +51,7 @@ def test_a_modality_computes_in_its_own_dtype_beside_the_language_model(tmp_path
 
 
 def test_the_trainer_runs_each_module_in_its_dtype(tmp_path):
-    trainer = Trainer(tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.module_dtype.images=float32"))
+    trainer = Trainer(tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.module_dtype.images=float32"))
     seen = record_dtypes(trainer.model)
     rec = trainer.train_step(0)
     assert rec["stepped"] and torch.isfinite(torch.tensor(rec["loss"]))
@@ -60,10 +60,10 @@ def test_the_trainer_runs_each_module_in_its_dtype(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("--train.module_dtype.vision=float32", r"train.module_dtype.vision: 'vision' is no module of this model; "
+    ("--precision.module_dtype.vision=float32", r"precision.module_dtype.vision: 'vision' is no module of this model; "
                                             r"choose from \['language', 'images'\]"),
-    ("--train.module_dtype.images=float16",
-     r"train.module_dtype.images = 'float16'; choose float32, bfloat16 or float8"),
+    ("--precision.module_dtype.images=float16",
+     r"precision.module_dtype.images = 'float16'; choose one of 'float32', 'bfloat16', 'float8'"),
 ])
 def test_bad_module_dtypes_name_the_field(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
@@ -80,12 +80,12 @@ def test_the_memory_estimate_follows_each_modules_dtype(tmp_path):
         modules = {"language": ModuleLayoutConfig(), "images": ModuleLayoutConfig()}
         return estimate(cfg, layout_of(cfg, modules, 1), module_sizes(cfg), modules).activations
 
-    bf16 = activations("--train.dtype=bfloat16")
-    lm_fp32 = activations("--train.dtype=bfloat16", "--train.module_dtype.language=float32")
-    all_fp32 = activations("--train.dtype=float32")
-    encoder_fp32 = activations("--train.dtype=bfloat16", "--train.module_dtype.images=float32")
+    bf16 = activations("--precision.dtype=bfloat16")
+    lm_fp32 = activations("--precision.dtype=bfloat16", "--precision.module_dtype.language=float32")
+    all_fp32 = activations("--precision.dtype=float32")
+    encoder_fp32 = activations("--precision.dtype=bfloat16", "--precision.module_dtype.images=float32")
     # layers' activations double in fp32; the logits (fp32 either way) do not
     assert bf16 < encoder_fp32 < all_fp32 and bf16 < lm_fp32 < all_fp32
     assert (lm_fp32 - bf16) + (encoder_fp32 - bf16) == pytest.approx(all_fp32 - bf16)
-    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.module_dtype.images=float32")
+    cfg = tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.module_dtype.images=float32")
     assert "bfloat16 (images float32)" in render(cfg, make_plan(cfg, 1, 80)).splitlines()[0]

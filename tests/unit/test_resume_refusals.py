@@ -1,6 +1,6 @@
-"""An explicit train.resume that cannot be loaded stops the run naming the file and why, and leaves the run
+"""An explicit checkpoint.resume that cannot be loaded stops the run naming the file and why, and leaves the run
 folder exactly as it was (no metrics truncated, no checkpoint pruned, no config rewritten). A state.json whose
-step disagrees with its completion marker is damaged like any other (train.resume = true sets it aside and
+step disagrees with its completion marker is damaged like any other (checkpoint.resume = true sets it aside and
 continues from the one before); a checkpoint past train.steps is refused, the folder left as it was."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mimo.train.checkpoint.store import MARKER, crc32
 from mimo.train.trainer import Trainer
 from tests.support.tiny_run import DEMO, TINY, metrics, tiny_config
 
-SAVE = ["--train.steps=6", "--train.save_every=2"]
+SAVE = ["--train.steps=6", "--checkpoint.save_every=2"]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -42,7 +42,7 @@ def run(tmp_path) -> Path:
 
 def _refused(tmp_path: Path, ckpt: Path, match: str) -> None:
     before = _snapshot(ckpt.parents[1])
-    tr = Trainer(tiny_config(tmp_path, *SAVE, f"--train.resume={ckpt}"))
+    tr = Trainer(tiny_config(tmp_path, *SAVE, f"--checkpoint.resume={ckpt}"))
     with pytest.raises(ConfigError, match=match) as err:
         tr.train()
     assert "nothing in the run folder was changed" in str(err.value).lower()
@@ -111,8 +111,8 @@ def test_resume_sets_a_checkpoint_with_a_false_step_aside_and_continues_from_the
     ckpt = run / "checkpoints" / "step_00000006"
     _restep(ckpt, step)
     damaged = _snapshot(ckpt)
-    summary = Trainer(tiny_config(tmp_path, "--train.steps=8", "--train.save_every=2",
-                                  "--train.resume=true")).train()
+    summary = Trainer(tiny_config(tmp_path, "--train.steps=8", "--checkpoint.save_every=2",
+                                  "--checkpoint.resume=true")).train()
     err = capsys.readouterr().err
     assert f"ignoring '{ckpt}': '{ckpt / 'state.json'}' says next_step {step}" in err
     assert "resumed from" in err and "step_00000004' at step 4" in err
@@ -123,7 +123,7 @@ def test_resume_sets_a_checkpoint_with_a_false_step_aside_and_continues_from_the
 def test_a_checkpoint_past_train_steps_is_refused_and_the_run_folder_untouched(tmp_path, run):
     before = _snapshot(run)
     with pytest.raises(ConfigError, match=r"after step 6, past this run's train.steps = 4.*--train.steps=6"):
-        Trainer(tiny_config(tmp_path, "--train.steps=4", "--train.resume=true")).train()
+        Trainer(tiny_config(tmp_path, "--train.steps=4", "--checkpoint.resume=true")).train()
     assert _snapshot(run) == before
 
 
@@ -139,6 +139,6 @@ def test_cli_prints_one_error_line_and_exits_2(tmp_path, run, capsys):
     ckpt = run / "checkpoints" / "step_00000006"
     next(ckpt.glob("*.distcp")).unlink()
     with pytest.raises(SystemExit) as e:
-        main(["train", str(DEMO), *TINY, f"--run.out_dir={tmp_path}", *SAVE, f"--train.resume={ckpt}"])
+        main(["train", str(DEMO), *TINY, f"--run.out_dir={tmp_path}", *SAVE, f"--checkpoint.resume={ckpt}"])
     assert e.value.code == 2
-    assert capsys.readouterr().err.startswith("mimo: error: train.resume = ")
+    assert capsys.readouterr().err.startswith("mimo: error: checkpoint.resume = ")

@@ -18,7 +18,7 @@ from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.trainer import Trainer
 from tests.support.tiny_run import DEMO, TINY, metrics, tiny_config
 
-SAVE = ["--train.steps=6", "--train.save_every=2"]
+SAVE = ["--train.steps=6", "--checkpoint.save_every=2"]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -40,7 +40,7 @@ def _refused(tmp_path: Path, *overrides: str, match: str) -> None:
 
 def test_a_second_run_of_the_same_name_is_refused_and_changes_nothing(tmp_path, run):
     _refused(tmp_path, "--train.steps=2", match=r"holds another run \(config.toml, metrics.jsonl, summary.json.*"
-             r"--train.resume=true.*--run.overwrite=true")
+             r"--checkpoint.resume=true.*--run.overwrite=true")
 
 
 def test_overwrite_deletes_the_old_run_and_starts_over(tmp_path, run):
@@ -52,7 +52,7 @@ def test_overwrite_deletes_the_old_run_and_starts_over(tmp_path, run):
 def test_resume_with_nothing_to_load_does_not_start_over_on_another_run(tmp_path):
     Trainer(tiny_config(tmp_path, "--train.steps=2")).train()
     shutil.rmtree(tmp_path / "tiny" / "checkpoints")  # its final weights gone: nothing to load
-    _refused(tmp_path, "--train.steps=4", "--train.resume=true", match="no checkpoint to continue it from")
+    _refused(tmp_path, "--train.steps=4", "--checkpoint.resume=true", match="no checkpoint to continue it from")
 
 
 class Killed(Exception):
@@ -66,11 +66,11 @@ def test_resume_after_a_kill_before_the_first_checkpoint_says_what_to_do_in_one_
     with monkeypatch.context() as patch:
         patch.setattr(RunCheckpointer, "after_step", killed)
         with pytest.raises(Killed):
-            Trainer(tiny_config(tmp_path, "--train.steps=4", "--train.save_every=2")).train()
+            Trainer(tiny_config(tmp_path, "--train.steps=4", "--checkpoint.save_every=2")).train()
     assert not (tmp_path / "tiny" / "checkpoints").exists() and metrics(tmp_path)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["train", str(DEMO), *TINY, f"--run.out_dir={tmp_path}", "--train.steps=4", "--train.resume=true"])
+        main(["train", str(DEMO), *TINY, f"--run.out_dir={tmp_path}", "--train.steps=4", "--checkpoint.resume=true"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("mimo: error: run folder ") and err.count("\n") == 1, err
@@ -82,10 +82,10 @@ def test_a_live_run_holds_the_folder(tmp_path, run):
     fd = os.open(run, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        _refused(tmp_path, *SAVE, "--train.resume=true", match="in use by another running `mimo train`")
+        _refused(tmp_path, *SAVE, "--checkpoint.resume=true", match="in use by another running `mimo train`")
     finally:
         os.close(fd)
-    Trainer(tiny_config(tmp_path, "--train.steps=8", "--train.save_every=2", "--train.resume=true")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=8", "--checkpoint.save_every=2", "--checkpoint.resume=true")).train()
     fd = os.open(run, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released after the run
     os.close(fd)
@@ -97,18 +97,18 @@ def test_a_checkpoint_of_another_run_starts_a_new_folder_only(tmp_path, run):
     Trainer(tiny_config(other, *SAVE)).train()
     before = _snapshot(other / "tiny")
     with pytest.raises(ConfigError, match="is a checkpoint of another folder"):
-        Trainer(tiny_config(other, *SAVE, f"--train.resume={ckpt}")).train()
+        Trainer(tiny_config(other, *SAVE, f"--checkpoint.resume={ckpt}")).train()
     assert _snapshot(other / "tiny") == before
     fresh = tmp_path / "fresh"
-    Trainer(tiny_config(fresh, *SAVE, f"--train.resume={ckpt}")).train()
+    Trainer(tiny_config(fresh, *SAVE, f"--checkpoint.resume={ckpt}")).train()
     assert [r["step"] for r in metrics(fresh)] == [4, 5]
     assert (ckpt / "COMPLETE.json").is_file()
 
 
 def test_rewinding_needs_overwrite(tmp_path, run):
     ckpt = run / "checkpoints" / "step_00000004"
-    _refused(tmp_path, *SAVE, f"--train.resume={ckpt}", match=r"rewinds the run .*\['step_00000006'\]")
-    Trainer(tiny_config(tmp_path, *SAVE, f"--train.resume={ckpt}", "--run.overwrite=true")).train()
+    _refused(tmp_path, *SAVE, f"--checkpoint.resume={ckpt}", match=r"rewinds the run .*\['step_00000006'\]")
+    Trainer(tiny_config(tmp_path, *SAVE, f"--checkpoint.resume={ckpt}", "--run.overwrite=true")).train()
     assert [r["step"] for r in metrics(tmp_path)] == list(range(6))
 
 
@@ -119,7 +119,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_not_replaced(tmp_path, run):
     raw[len(raw) // 2] ^= 0xFF
     shard.write_bytes(bytes(raw))
     damaged = _snapshot(newest)
-    Trainer(tiny_config(tmp_path, *SAVE, "--train.resume=true")).train()
+    Trainer(tiny_config(tmp_path, *SAVE, "--checkpoint.resume=true")).train()
     assert [r["step"] for r in metrics(tmp_path)] == list(range(6))
     assert _snapshot(run / "checkpoints" / "step_00000006.damaged") == damaged
     assert json.loads((newest / "COMPLETE.json").read_text())["reason"] == "periodic"
@@ -146,7 +146,7 @@ def test_a_folder_that_cannot_be_locked_runs_with_a_warning(tmp_path, monkeypatc
 def test_resuming_a_run_saved_before_prompt_formats_keeps_its_format(tmp_path, run):
     saved = run / "config.toml"
     saved.write_text("\n".join(line for line in saved.read_text().splitlines() if not line.startswith("prompt_format")))
-    _refused(tmp_path, "--train.steps=8", "--train.resume=true",
+    _refused(tmp_path, "--train.steps=8", "--checkpoint.resume=true",
              match=r'trained with data.prompt_format = "plain"; continuing it with "chat".*--data.prompt_format=plain')
-    Trainer(tiny_config(tmp_path, "--train.steps=8", "--train.resume=true", "--data.prompt_format=plain")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=8", "--checkpoint.resume=true", "--data.prompt_format=plain")).train()
     assert [r["step"] for r in metrics(tmp_path)][-2:] == [6, 7]

@@ -13,7 +13,7 @@ from mimo.train.plot import plot_curve, run_curve, step_ticks
 from mimo.train.trainer import Trainer
 from tests.support.tiny_run import tiny_config
 
-RUN = ["--train.steps=6", "--train.save_every=3", "--train.eval_every=2"]
+RUN = ["--train.steps=6", "--checkpoint.save_every=3", "--train.eval_every=2"]
 
 
 def test_run_curve_joins_earlier_segments_and_eval_points(tmp_path):
@@ -44,7 +44,7 @@ def test_a_resumed_run_reports_the_whole_run(tmp_path, monkeypatch, capsys):
         real_plot(train, path, evals, resumed_at=resumed_at)
 
     monkeypatch.setattr(trainer_mod, "plot_curve", record)
-    Trainer(tiny_config(tmp_path, *RUN, f"--train.resume={ckpt}", "--run.overwrite=true")).train()
+    Trainer(tiny_config(tmp_path, *RUN, f"--checkpoint.resume={ckpt}", "--run.overwrite=true")).train()
     summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
     assert summary["resumed_at_step"] == 3
     assert 0 < summary["segment_wall_s"] < summary["wall_s"]

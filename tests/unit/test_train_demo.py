@@ -14,7 +14,7 @@ DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo_vlm.toml"
 
 def test_short_run_learns_and_writes_outputs(tmp_path):
     cfg = load_config(DEMO, ["--train.steps=80", "--data.train_samples=1200", "--data.eval_samples=30",
-                             f"--run.out_dir={tmp_path}", "--run.progress=false", "--train.log_every=5"])
+                             f"--run.out_dir={tmp_path}", "--metrics.progress=false", "--train.log_every=5"])
     summary = Trainer(cfg).train()
     run = tmp_path / "demo_vlm"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""`train.compile`, `train.chunked_loss`, `train.fuse_qkv` and `train.activation_checkpointing` (here on the CPU
+"""`perf.compile`, `perf.chunked_loss`, `perf.fuse_qkv` and `perf.activation_checkpointing` (here on the CPU
 in fp32) train like the plain trainer: per-step losses within 1e-5 (chunked, fused q/k/v; FSDP with fused q/k/v
 or checkpointing: tests/distributed/test_data_parallel.py), 1e-6 (checkpointed) or 1e-4 (compiled) relative,
 final weights within 1e-4 of their scale (every layout: tests/distributed/test_fast_path_layouts.py).
@@ -24,10 +24,10 @@ def run(tmp_path, name: str, *switches: str) -> tuple[list[float], dict]:
 
 
 @pytest.mark.parametrize("switches, rtol", [
-    (["--train.chunked_loss=true"], 1e-5),
-    (["--train.compile=true"], 1e-4),
-    (["--train.fuse_qkv=true"], 1e-5),
-    (['--train.activation_checkpointing=["language", "images"]'], 1e-6),
+    (["--perf.chunked_loss=true"], 1e-5),
+    (["--perf.compile=true"], 1e-4),
+    (["--perf.fuse_qkv=true"], 1e-5),
+    (['--perf.activation_checkpointing=["language", "images"]'], 1e-6),
 ])
 def test_fast_path_trains_like_the_plain_trainer(tmp_path, switches, rtol):
     plain_losses, plain = run(tmp_path, "plain")
@@ -62,7 +62,7 @@ def test_activation_checkpointing_keeps_less_for_the_backward(tmp_path):
     """Checkpointed decoder layers keep their inputs only: the forward saves a fraction of the plain bytes,
     and the backward (which recomputes them) gives the same input gradient."""
     plain_cfg = tiny_config(tmp_path, "--model.llm.layers=3")
-    ckpt_cfg = tiny_config(tmp_path, "--model.llm.layers=3", '--train.activation_checkpointing=["language"]')
+    ckpt_cfg = tiny_config(tmp_path, "--model.llm.layers=3", '--perf.activation_checkpointing=["language"]')
     torch.manual_seed(0)
     plain, ckpt = build_model(plain_cfg.model), build_model(plain_cfg.model)
     ckpt.load_state_dict(plain.state_dict())
@@ -76,12 +76,12 @@ def test_activation_checkpointing_keeps_less_for_the_backward(tmp_path):
 
 
 def test_activation_checkpointing_of_an_unknown_module_names_the_field(tmp_path):
-    with pytest.raises(ConfigError, match=r"train.activation_checkpointing names 'vision', which is no module of "
+    with pytest.raises(ConfigError, match=r"perf.activation_checkpointing names 'vision', which is no module of "
                                           r"this model; choose from \['language', 'images'\]"):
-        tiny_config(tmp_path, '--train.activation_checkpointing=["vision"]')
+        tiny_config(tmp_path, '--perf.activation_checkpointing=["vision"]')
 
 
 def test_an_unknown_compile_backend_names_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="train.compile_backend = 'cudagraphs'; choose one of inductor, aot_eager, "
-                                          "eager"):
-        tiny_config(tmp_path, "--train.compile_backend=cudagraphs")
+    with pytest.raises(ConfigError, match="perf.compile_backend = 'cudagraphs'; choose one of 'inductor', "
+                                          "'aot_eager', 'eager'"):
+        tiny_config(tmp_path, "--perf.compile_backend=cudagraphs")

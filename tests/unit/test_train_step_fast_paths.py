@@ -1,8 +1,8 @@
-"""The step's fast paths of `mimo train` on one CPU process against the plain fp32 trainer: `train.loss_rows_only`
-(with and without the chunked loss), `train.encoder_compile = "whole"` and `train.attention_backend` leave every
-loss within 1e-5 relative; `train.master_weights` (bf16 weights, fp32 master weights and moments) stays within the
+"""The step's fast paths of `mimo train` on one CPU process against the plain fp32 trainer: `perf.loss_rows_only`
+(with and without the chunked loss), `perf.encoder_compile = "whole"` and `perf.attention_backend` leave every
+loss within 1e-5 relative; `precision.master_weights` (bf16 weights, fp32 master weights and moments) stays within the
 loss check's bound (max(1%, 1.5 x the gap of bf16 autocast over fp32 weights), benchmarks/loss_check.py), and its
-early language-model update (`train.lm_update_early`, inside backward) changes nothing against it. Keys that
+early language-model update (`perf.lm_update_early`, inside backward) changes nothing against it. Keys that
 cannot work in a setting are refused naming the field. (The CUDA-only keys, `grad_table` and `step_graph`:
 tests/gpu/test_fast_paths_gpu.py.)"""
 
@@ -26,10 +26,10 @@ def worst_gap(curve: list[float], ref: list[float]) -> float:
 
 
 @pytest.mark.parametrize("switches", [
-    ["--train.loss_rows_only=true"],
-    ["--train.loss_rows_only=true", "--train.chunked_loss=true"],
-    ["--train.compile=true", "--train.compile_backend=aot_eager", "--train.encoder_compile=whole"],
-    ["--train.attention_backend=math"],
+    ["--perf.loss_rows_only=true"],
+    ["--perf.loss_rows_only=true", "--perf.chunked_loss=true"],
+    ["--perf.compile=true", "--perf.compile_backend=aot_eager", "--perf.encoder_compile=whole"],
+    ["--perf.attention_backend=math"],
 ])
 def test_numerics_neutral_switches_train_like_the_plain_trainer(tmp_path, switches):
     plain = losses(tmp_path, "plain")
@@ -41,27 +41,29 @@ def test_numerics_neutral_switches_train_like_the_plain_trainer(tmp_path, switch
 
 def test_master_weights_stay_within_the_loss_checks_bound_and_the_early_update_changes_nothing(tmp_path):
     fp32 = losses(tmp_path, "fp32")
-    autocast = losses(tmp_path, "autocast", "--train.dtype=bfloat16")
-    master = losses(tmp_path, "master", "--train.dtype=bfloat16", "--train.master_weights=true",
-                    "--train.loss_rows_only=true", "--train.chunked_loss=true")
-    early = losses(tmp_path, "early", "--train.dtype=bfloat16", "--train.master_weights=true",
-                   "--train.loss_rows_only=true", "--train.chunked_loss=true", "--train.lm_update_early=true")
+    autocast = losses(tmp_path, "autocast", "--precision.dtype=bfloat16")
+    master = losses(tmp_path, "master", "--precision.dtype=bfloat16", "--precision.master_weights=true",
+                    "--perf.loss_rows_only=true", "--perf.chunked_loss=true")
+    early = losses(tmp_path, "early", "--precision.dtype=bfloat16", "--precision.master_weights=true",
+                   "--perf.loss_rows_only=true", "--perf.chunked_loss=true", "--perf.lm_update_early=true")
     assert master != fp32  # the bf16 path really ran
     assert worst_gap(master, fp32) <= max(1e-2, 1.5 * worst_gap(autocast, fp32)), (master, autocast, fp32)
     assert worst_gap(early, master) <= 1e-5, (early, master)
 
 
 @pytest.mark.parametrize("switches, message", [
-    (["--train.master_weights=true"], r"train.master_weights = true turns the weights bf16, so it needs train.dtype"),
-    (["--train.grad_table=true"], r"train.grad_table = true works on MasterAdamW's update: set train.master_weights"),
-    (["--train.dtype=bfloat16", "--train.master_weights=true", "--train.step_graph=true"],
-     r"train.step_graph = true needs a GPU \(train.device = \"cuda\", got \"cpu\"\)"),
-    (["--train.dtype=bfloat16", "--train.master_weights=true", "--train.lm_update_early=true", "--optim.clip=1.0"],
-     r"train.lm_update_early = true updates the weights inside the step, .* set optim.clip = 0"),
-    (["--train.dtype=bfloat16", "--train.master_weights=true", "--train.lm_update_early=true", "--optim.clip=0",
+    (["--precision.master_weights=true"],
+     r"precision.master_weights = true turns the weights bf16, so it needs precision.dtype"),
+    (["--perf.grad_table=true"], r"perf.grad_table = true works on MasterAdamW's update: set precision.master_weights"),
+    (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.step_graph=true"],
+     r"perf.step_graph = true needs a GPU \(train.device = \"cuda\", got \"cpu\"\)"),
+    (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.lm_update_early=true",
+      "--optim.clip=1.0"],
+     r"perf.lm_update_early = true updates the weights inside the step, .* set optim.clip = 0"),
+    (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.lm_update_early=true", "--optim.clip=0",
       "--parallel.microbatches=2"], r"takes parallel.microbatches = 1 \(got 2\)"),
-    (["--train.encoder_compile=graphs"], r"train.encoder_compile = 'graphs'; choose one of blocks, whole"),
-    (["--train.attention_backend=fa4"], r"train.attention_backend = 'fa4'; choose one of default, cudnn"),
+    (["--perf.encoder_compile=graphs"], r"perf.encoder_compile = 'graphs'; choose one of 'blocks', 'whole'"),
+    (["--perf.attention_backend=fa4"], r"perf.attention_backend = 'fa4'; choose one of 'default', 'cudnn'"),
 ])
 def test_a_key_that_cannot_work_is_refused_naming_it(tmp_path, switches, message):
     with pytest.raises(ConfigError, match=message):
@@ -69,28 +71,28 @@ def test_a_key_that_cannot_work_is_refused_naming_it(tmp_path, switches, message
 
 
 def test_layouts_refuse_what_they_cannot_run(tmp_path):
-    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true")
+    cfg = tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.master_weights=true")
     check_fast_path_layout(cfg, Layout.from_config({}, cfg.model.module_names, 2))  # ZeRO-1 over 2 lanes
-    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true", "--train.lm_update_early=true",
-                      "--optim.clip=0")
-    with pytest.raises(ConfigError, match=r"train.lm_update_early = true runs on one process only"):
+    cfg = tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.master_weights=true",
+                      "--perf.lm_update_early=true", "--optim.clip=0")
+    with pytest.raises(ConfigError, match=r"perf.lm_update_early = true runs on one process only"):
         check_fast_path_layout(cfg, Layout.from_config({}, cfg.model.module_names, 2))
-    cfg = tiny_config(tmp_path, "--train.dtype=bfloat16", "--train.master_weights=true",
+    cfg = tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.master_weights=true",
                       "--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
                       "--parallel.modules.language.offset=1", "--parallel.modules.language.size=1")
     check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))  # per stage
-    cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--train.chunked_loss=true",
+    cfg = tiny_config(tmp_path, "--perf.loss_rows_only=true", "--perf.chunked_loss=true",
                       "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
     check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 2))  # shard rows
-    cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--train.chunked_loss=true",
+    cfg = tiny_config(tmp_path, "--perf.loss_rows_only=true", "--perf.chunked_loss=true",
                       "--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
                       "--parallel.modules.language.offset=1", "--parallel.modules.language.size=2",
                       "--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true")
     check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 3))  # shard rows
-    cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--train.chunked_loss=true",
+    cfg = tiny_config(tmp_path, "--perf.loss_rows_only=true", "--perf.chunked_loss=true",
                       "--parallel.modules.language.cp=2", "--parallel.modules.language.tp=2")
     check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 4))  # own rows
-    cfg = tiny_config(tmp_path, "--train.loss_rows_only=true", "--parallel.modules.images.offset=0",
+    cfg = tiny_config(tmp_path, "--perf.loss_rows_only=true", "--parallel.modules.images.offset=0",
                       "--parallel.modules.images.size=1", "--parallel.modules.language.offset=1",
                       "--parallel.modules.language.size=2", "--parallel.modules.language.cp=2")
     check_fast_path_layout(cfg, Layout.from_config(cfg.parallel.modules, cfg.model.module_names, 3))  # CP-cut rows

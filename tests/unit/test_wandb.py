@@ -1,4 +1,4 @@
-"""`run.wandb` mirrors what metrics.jsonl and summary.json hold to Weights & Biases, and a resumed run
+"""`metrics.wandb` mirrors what metrics.jsonl and summary.json hold to Weights & Biases, and a resumed run
 continues the same W&B run.
 
 W&B itself is not a test dependency: a stand-in `wandb` module records every call (init's arguments, each
@@ -43,7 +43,7 @@ def wandb_runs(monkeypatch) -> list[_Run]:
 
 
 def test_every_logged_step_and_the_summary_reach_wandb(tmp_path, wandb_runs):
-    Trainer(tiny_config(tmp_path, "--train.steps=4", "--run.wandb=true", "--run.wandb_project=vlm")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=4", "--metrics.wandb=true", "--metrics.wandb_project=vlm")).train()
     [run] = wandb_runs
     assert run.init["project"] == "vlm" and run.init["name"] == "tiny" and run.init["resume"] == "allow"
     assert run.init["dir"] == str(tmp_path / "tiny")
@@ -61,9 +61,9 @@ def test_every_logged_step_and_the_summary_reach_wandb(tmp_path, wandb_runs):
 
 
 def test_a_resumed_run_continues_its_wandb_run_and_a_fresh_one_starts_another(tmp_path, wandb_runs):
-    Trainer(tiny_config(tmp_path, "--train.steps=2", "--train.save_every=2", "--run.wandb=true")).train()
-    Trainer(tiny_config(tmp_path, "--train.steps=4", "--train.resume=true", "--run.wandb=true")).train()
-    Trainer(tiny_config(tmp_path, "--train.steps=2", "--run.wandb=true", "--run.overwrite=true")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=2", "--checkpoint.save_every=2", "--metrics.wandb=true")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=4", "--checkpoint.resume=true", "--metrics.wandb=true")).train()
+    Trainer(tiny_config(tmp_path, "--train.steps=2", "--metrics.wandb=true", "--run.overwrite=true")).train()
     first, resumed, fresh = wandb_runs
     assert resumed.init["id"] == first.init["id"]
     assert [step for step, _ in resumed.logged] == [2, 3]
@@ -73,5 +73,5 @@ def test_a_resumed_run_continues_its_wandb_run_and_a_fresh_one_starts_another(tm
 
 def test_wandb_without_the_package_names_the_field(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
-    with pytest.raises(ConfigError, match=r"run\.wandb = true needs the wandb package: pip install wandb"):
-        Trainer(tiny_config(tmp_path, "--run.wandb=true"))
+    with pytest.raises(ConfigError, match=r"metrics\.wandb = true needs the wandb package: pip install wandb"):
+        Trainer(tiny_config(tmp_path, "--metrics.wandb=true"))

@@ -350,7 +350,7 @@ class PipelinePlan:
                 text = lm_microbatches(batch, m, lane, dp)
                 if self.context is not None:
                     text = [self.context.shard_batch(mb) for mb in text]
-                if self.last and self.cfg.train.loss_rows_only:  # the labelled rows of this rank, on the host
+                if self.last and self.cfg.perf.loss_rows_only:  # the labelled rows of this rank, on the host
                     text = [with_loss_rows(mb) for mb in text]
                     module = self.cfg.parallel.modules.get(LANGUAGE)
                     if self.grid.tp > 1 and module is not None and module.sequence_parallel:  # of this TP shard

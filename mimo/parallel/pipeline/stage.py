@@ -142,7 +142,7 @@ class LMStage(_Stage):
         attention = self.model.document_attention(docs[0]) if docs else None
         lm = self.model.language_model
         mb = self.text[t] if self.last else {}
-        rows = mb.get("loss_rows")  # train.loss_rows_only: the last layer and the loss on the labelled rows
+        rows = mb.get("loss_rows")  # perf.loss_rows_only: the last layer and the loss on the labelled rows
         with self.autocast():
             out = lm(hidden, pos, mask=attention, output_rows=rows, shard_rows=mb.get("shard_loss_rows"),
                      layers=self.layers)

@@ -119,7 +119,7 @@ class RunCheckpointer:
                  guard: StepGuard, rank: int = 0, data: object = None, plan: Any = None):
         self.cfg, self.run_dir, self.modules, self.optimizer = cfg, Path(run_dir), modules, optimizer
         self.guard, self.rank, self.data = guard, rank, data
-        self.store = CheckpointStore(self.run_dir / "checkpoints", cfg.train.keep_checkpoints)
+        self.store = CheckpointStore(self.run_dir / "checkpoints", cfg.checkpoint.keep)
         self.tp_meshes = {}
         if plan is not None:
             sharded = set(plan.fsdp_modules())  # FSDP over TP chunks: each chunk sharded over dp
@@ -178,7 +178,7 @@ class RunCheckpointer:
 
     def save_final(self, steps: int) -> Path:
         """Collective: the run's final weights as a checkpoint like the others (sharded, never gathered);
-        the one `train.save_every` just wrote when it fell on the last step."""
+        the one `checkpoint.save_every` just wrote when it fell on the last step."""
         return self.store.path(steps) if self.last_saved == steps else self.save(steps, "final")
 
     def _state(self, next_step: int, reason: str) -> dict:
@@ -194,15 +194,15 @@ class RunCheckpointer:
             "bad_steps": {"consecutive": self.guard.consecutive_bad, "total": self.guard.total_bad},
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
             "parallel": to_dict(self.cfg)["parallel"],
-            "master_weights": self.cfg.train.master_weights,
+            "master_weights": self.cfg.precision.master_weights,
         }
 
     # Resuming --------------------------------------------------------------------------------------
     def _explicit(self) -> bool:
-        return not (self.cfg.train.resume is True or self.cfg.train.resume == "auto")
+        return not (self.cfg.checkpoint.resume is True or self.cfg.checkpoint.resume == "auto")
 
     def _candidates(self) -> list[Found]:
-        mode = self.cfg.train.resume
+        mode = self.cfg.checkpoint.resume
         if not self._explicit():
             good, bad = self.store.scan()
             for f in bad:
@@ -214,20 +214,20 @@ class RunCheckpointer:
         path = Path(str(mode))
         problem = validate(path) if path.is_dir() else "no such folder"
         if problem:
-            raise ConfigError(f"train.resume = '{mode}' is not a loadable checkpoint ({problem}); nothing in the run "
-                              "folder was changed. Pass a checkpoints/step_* folder of a run, or true for the newest "
-                              "complete one")
+            raise ConfigError(f"checkpoint.resume = '{mode}' is not a loadable checkpoint ({problem}); nothing in "
+                              "the run folder was changed. Pass a checkpoints/step_* folder of a run, or true for the "
+                              "newest complete one")
         # The step only orders candidates; `_load` reads (and checks) state.json itself.
         return [Found(path, folder_step(path.name))]
 
     def resume(self) -> int:
-        """Collective: load the newest usable checkpoint that train.resume allows; returns the step to
+        """Collective: load the newest usable checkpoint that checkpoint.resume allows; returns the step to
         start from (0 when there is none). Every rank reads its parts of a candidate first and the ranks
         agree (one small collective) whether all of them could, so all load the same one or skip it together.
         With resume = true corrupt checkpoints are reported and skipped; an explicit path that cannot be
         loaded raises ConfigError naming the file and why, before the run folder is touched. Says nothing when no
         checkpoint loads: the trainer then starts over, or refuses a folder that holds another run."""
-        mode = self.cfg.train.resume
+        mode = self.cfg.checkpoint.resume
         if mode is False or mode == "never":
             return 0
         candidates = self._candidates()
@@ -235,8 +235,8 @@ class RunCheckpointer:
         for found in candidates:
             problem, step = self._try_load(found.path)
             if problem and self._explicit():
-                raise ConfigError(f"train.resume = '{mode}' cannot be loaded: {problem}. Nothing in the run folder "
-                                  "was changed; name another checkpoint, or true for the newest complete one")
+                raise ConfigError(f"checkpoint.resume = '{mode}' cannot be loaded: {problem}. Nothing in the run "
+                                  "folder was changed; name another checkpoint, or true for the newest complete one")
             if problem:
                 self.ignored.append(f"{found.path}: {problem}")
                 self.damaged.append(found.path)
@@ -339,18 +339,18 @@ class RunCheckpointer:
 
     def _check_master_state(self, path: Path, state: dict) -> None:
         """A checkpoint's optimizer state must be of this run's kind: torch AdamW's per parameter, or
-        train.master_weights' fp32 shards, which load on the layout (world size and parallel.modules) they were
+        precision.master_weights' fp32 shards, which load on the layout (world size and parallel.modules) they were
         written with only (each rank's shard of each module's flat buffer)."""
-        mine = self.cfg.train.master_weights
+        mine = self.cfg.precision.master_weights
         if bool(state.get("master_weights", False)) != mine:
-            raise ValueError(f"checkpoint '{path}' was written with train.master_weights = "
+            raise ValueError(f"checkpoint '{path}' was written with precision.master_weights = "
                              f"{str(not mine).lower()}, this run has {str(mine).lower()}: its optimizer state is of "
                              "the other kind; resume with the same value")
         world = dist.get_world_size() if dist.is_initialized() else 1
         modules = to_dict(self.cfg)["parallel"]["modules"]
         if mine and (state.get("world_size") != world or state.get("parallel", {}).get("modules") != modules):
-            raise ValueError(f"checkpoint '{path}' holds train.master_weights' fp32 state sharded over the layout it "
-                             f"was written with ({state.get('world_size')} ranks, its parallel.modules), which "
+            raise ValueError(f"checkpoint '{path}' holds precision.master_weights' fp32 state sharded over the layout "
+                             f"it was written with ({state.get('world_size')} ranks, its parallel.modules), which "
                              f"this run ({world} ranks) does not match; resume on that layout")
 
     # The loop's hook ---------------------------------------------------------------------------------
@@ -363,12 +363,12 @@ class RunCheckpointer:
             raise RunAborted(f"stopped after step {step}: the last {self.guard.consecutive_bad} steps "
                              f"(train.max_bad_steps = {self.cfg.train.max_bad_steps}) had a non-finite loss or "
                              f"gradient norm and were skipped; saved '{path}'. Lower optim.lr, check the data, "
-                             "or raise train.max_bad_steps, then resume with --train.resume=true")
+                             "or raise train.max_bad_steps, then resume with --checkpoint.resume=true")
         if self.guard.stop_requested:
             path = self.save(done, "sigterm")
-            self.report(f"SIGTERM: saved '{path}' after step {step}; resume with --train.resume=true")
+            self.report(f"SIGTERM: saved '{path}' after step {step}; resume with --checkpoint.resume=true")
             return True
-        every = self.cfg.train.save_every
+        every = self.cfg.checkpoint.save_every
         if every and (done % every == 0 or done == self.cfg.train.steps):
             self.save(done, "periodic")
         return False

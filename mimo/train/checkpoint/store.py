@@ -98,7 +98,7 @@ class CheckpointStore:
 
     def __init__(self, root: Path, keep: int):
         if keep < 1:
-            raise ValueError(f"keep must be >= 1 (train.keep_checkpoints), got {keep}")
+            raise ValueError(f"keep must be >= 1 (checkpoint.keep), got {keep}")
         self.root = Path(root)
         self.keep = keep
 
