@@ -4,6 +4,9 @@ config the run trains with is a resolved copy, with each key's value and why."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,8 +14,11 @@ from mimo.config.load import load_config
 from mimo.config.schema import ConfigError
 from mimo.parallel.layout import Layout
 from mimo.perf.gpu_defaults import GPU_DEFAULTS, config_value, fast_paths_note, resolve_gpu_defaults
+from mimo.train import trainer as trainer_module
 from mimo.train.gate import validate_run
+from mimo.train.trainer import Trainer
 from tests.support.configs import CONFIGS, T2I
+from tests.support.tiny_run import tiny_config
 
 VLM = CONFIGS / "demo_vlm.toml"
 EVERY_KEY = {key: value for key, value, _ in GPU_DEFAULTS}
@@ -164,3 +170,21 @@ def test_cudnn_attention_with_train_dtype_unset_takes_the_gpu_default_bf16(monke
     assert run.precision.dtype == "bfloat16" and run.perf.attention_backend == "cudnn"
     assert ("precision.dtype", "bfloat16", f"GPU default: {GPU_DEFAULTS[0][2]}") in notes
     assert cfg.precision.dtype == "float32"  # the config as loaded is left alone
+
+
+def test_the_run_trains_with_prints_once_and_writes_the_resolved_config(tmp_path, monkeypatch, capsys):
+    """The trainer takes the config validate_run resolved (here a stand-in: the gate's own resolution needs a
+    GPU), prints its fast paths once, and writes that config, not the one loaded, to config.toml."""
+    cfg = tiny_config(tmp_path, "--train.steps=1")
+
+    def resolved(loaded, world):
+        run = copy.copy(loaded)
+        run.perf = dataclasses.replace(loaded.perf, fuse_qkv=True)
+        return run, [("perf.fuse_qkv", True, "GPU default: q, k and v from one matmul")]
+
+    monkeypatch.setattr(trainer_module, "validate_run", resolved)
+    Trainer(cfg).train()
+    assert not cfg.perf.fuse_qkv  # the loaded config is left alone
+    written = load_config(tmp_path / "tiny" / "config.toml")
+    assert written.perf.fuse_qkv and written.train == cfg.train
+    assert capsys.readouterr().err.count("  perf.fuse_qkv = true  (GPU default: q, k and v from one matmul)") == 1
