@@ -196,7 +196,7 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
                     "one of train.device, mimo/planner/profiles/)")
     pl.add_argument("--choose-microbatches", action="store_true", help="give each layout the parallel.microbatches "
                     "(a divisor of data.global_batch up to 64) it runs fastest at, instead of the config's")
-    pl.add_argument("--json", action="store_true", help="print every candidate as JSON (fields: README.md)")
+    pl.add_argument("--json", action="store_true", help="print every candidate as JSON (fields: docs/planner.md)")
     pl.add_argument("--calibrate", action="store_true", help="measure this machine's device (train.device) at the "
                     "config's shapes and write a profile to --out instead of planning")
     pl.add_argument("--out", default="profile.json", help="where --calibrate writes (default profile.json)")

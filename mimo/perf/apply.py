@@ -38,7 +38,7 @@ from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backe
 ONE_PROCESS_ONLY = ("grad_table", "lm_update_early", "step_graph")
 """Keys of the step's fast paths that run on one process only: the gradient table and the early update read
 gradients before the data-parallel reduction sums them, and NCCL collectives in a captured step are not wired
-up (README, "Fast paths"). precision.master_weights runs on every layout: each module's (each pipeline stage's)
+up (docs/performance.md). precision.master_weights runs on every layout: each module's (each pipeline stage's)
 fp32 state sharded over its data lanes, FSDP2's over its shards."""
 
 

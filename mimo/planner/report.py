@@ -1,5 +1,5 @@
 """What `mimo plan` prints: the winner's TOML and a table of every candidate, or (`--json`) every candidate's
-figures as one JSON object (the fields are listed in README.md, "Planning a layout")."""
+figures as one JSON object (the fields are listed in docs/planner.md, "--json")."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def render(cfg: Config, plan: Plan) -> str:
 
 
 def row_json(rank: int, row: Row) -> dict:
-    """One candidate's fields (README.md lists them)."""
+    """One candidate's fields (docs/planner.md lists them)."""
     p = row.prediction
     grids = {n: {"offset": g.offset, "size": g.size, "tp": g.tp, "cp": g.cp, "pp": g.pp, "dp": g.dp}
              for n, g in row.layout.grids.items()}
