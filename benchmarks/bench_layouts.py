@@ -69,7 +69,7 @@ from mimo.config.schema import (
 from mimo.config.validate import validate
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import batch_multiple
-from mimo.parallel.runtime import leave_distributed, torchrun_cmd
+from mimo.parallel.runtime import torchrun_cmd
 from mimo.planner.candidates import label
 from mimo.train.gate import check_layout
 from mimo.train.trainer import Trainer
@@ -223,20 +223,19 @@ def worker(args: argparse.Namespace) -> dict | None:
     layout = parse_layout(args.layout[0], world, args.microbatches, args.pipe_microbatches)
     global_batch = args.global_batch or default_global_batch([layout], world)
     cfg = bench_config(args, layout, global_batch)
-    trainer = Trainer(cfg)
-    trainer.write_run_config(start=0)
-    times, rec = [], {}
-    for step in range(args.warmup + args.steps):
-        fence(trainer.device)
-        t0 = time.perf_counter()
-        rec = trainer.train_step(step)
-        fence(trainer.device)
-        times.append(time.perf_counter() - t0)
-    if not (math.isfinite(rec["loss"]) and rec["stepped"]):
-        raise RuntimeError(f"step {rec['step']} was not a clean step: loss {rec['loss']}, stepped {rec['stepped']}")
-    split = profile_step(trainer, args.warmup + args.steps) if args.profile else None
-    peak = peak_memory_gib(trainer.device)
-    leave_distributed()
+    with Trainer(cfg) as trainer:  # leaves the process group at the end of the block
+        trainer.write_run_config(start=0)
+        times, rec = [], {}
+        for step in range(args.warmup + args.steps):
+            fence(trainer.device)
+            t0 = time.perf_counter()
+            rec = trainer.train_step(step)
+            fence(trainer.device)
+            times.append(time.perf_counter() - t0)
+        if not (math.isfinite(rec["loss"]) and rec["stepped"]):
+            raise RuntimeError(f"step {rec['step']} was not a clean step: loss {rec['loss']}, stepped {rec['stepped']}")
+        split = profile_step(trainer, args.warmup + args.steps) if args.profile else None
+        peak = peak_memory_gib(trainer.device)
     if trainer.rank != 0:
         return None
     step_s = statistics.median(times[args.warmup:])

@@ -40,7 +40,7 @@ from benchmarks.launch import run_row
 from benchmarks.workload import BASELINE_SCRIPT, load_preset, train_flops_per_sample
 from mimo.config.load import load_config
 from mimo.config.schema import Config, MetricsConfig
-from mimo.parallel.runtime import leave_distributed, torchrun_cmd
+from mimo.parallel.runtime import torchrun_cmd
 from mimo.perf.apply import ONE_PROCESS_ONLY
 from mimo.train.trainer import Trainer
 
@@ -165,16 +165,17 @@ def worker(args: argparse.Namespace) -> dict | None:
     elsewhere None (one row per run)."""
     p = load_preset(args.preset)
     out = Path(args.out) / "runs"
-    trainer = build_trainer(args.preset, args.options, out, args.warmup + args.steps + 1, args.data_parallel)
-    ranks, device = trainer.world, trainer.device
-    timing = timed_steps(trainer, args.warmup, args.steps)
-    if args.profile:  # every rank profiles (the step is collective); each writes its own trace
-        name = "".join(c if c.isalnum() or c == "=" else "_" for c in args.options) or "default"
-        trace = Path(args.trace_dir) / f"{args.preset}_{name}_rank{trainer.rank}.json"
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        text = profile_step(trainer, args.warmup + args.steps, trace)
-        if trainer.is_main:
-            print(f"profile of mimo [{args.options}] (trace: {trace})\n{text}", file=sys.stderr, flush=True)
+    with build_trainer(args.preset, args.options, out, args.warmup + args.steps + 1, args.data_parallel) as trainer:
+        # the block leaves the process group it joined (under torchrun) when it ends
+        ranks, device = trainer.world, trainer.device
+        timing = timed_steps(trainer, args.warmup, args.steps)
+        if args.profile:  # every rank profiles (the step is collective); each writes its own trace
+            name = "".join(c if c.isalnum() or c == "=" else "_" for c in args.options) or "default"
+            trace = Path(args.trace_dir) / f"{args.preset}_{name}_rank{trainer.rank}.json"
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            text = profile_step(trainer, args.warmup + args.steps, trace)
+            if trainer.is_main:
+                print(f"profile of mimo [{args.options}] (trace: {trace})\n{text}", file=sys.stderr, flush=True)
     tflops = train_flops_per_sample(p) * p["micro_batch"] / timing["step_s_median"] / 1e12
     tokens_per_gpu = p["micro_batch"] * p["seq_len"] / timing["step_s_median"]
     result = {
@@ -196,7 +197,6 @@ def worker(args: argparse.Namespace) -> dict | None:
     }
     if not math.isfinite(result["final_loss"]):
         raise RuntimeError(f"loss is not finite: {result['final_loss']}")
-    leave_distributed()
     return result if trainer.is_main else None
 
 

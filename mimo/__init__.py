@@ -1,18 +1,29 @@
 """mimo: train multimodal in/out models with a parallel layout per module.
 
-The public API (Config, load_config, MimoModel, ModalitySubmodules, build_model) is imported on first use
-(PEP 562), so `import mimo.cli` - every `mimo` command's start-up - does not pay for torch before argparse
-has read the command line."""
+The public API is imported on first use (PEP 562), so `import mimo.cli` - every `mimo` command's start-up - does
+not pay for torch before argparse has read the command line:
+- configs and models: Config, load_config, build_model, MimoModel, ModalitySubmodules;
+- training: Trainer (`Trainer(cfg).train()`, or `with Trainer(cfg) as trainer:` to drive its steps; either way
+  it leaves the process group it joined);
+- Hugging Face in: import_llm, import_vision, import_audio_encoder, import_llava, import_llava_next,
+  import_llava_onevision, import_qwen2_vl (needs only safetensors);
+- Hugging Face out: export_run (`mimo export`), export_llava, export_llava_next, export_qwen2_vl,
+  export_causal_lm, export_vision_tower (need the `hf` extra)."""
 
 import importlib
 
-__all__ = ["Config", "MimoModel", "ModalitySubmodules", "build_model", "load_config"]
-__version__ = "0.1.0"
-
+_HF_IN = ("import_audio_encoder", "import_llava", "import_llava_next", "import_llava_onevision", "import_llm",
+          "import_qwen2_vl", "import_vision")
+_HF_OUT = ("export_causal_lm", "export_llava", "export_llava_next", "export_qwen2_vl", "export_run",
+           "export_vision_tower")
 
 _PUBLIC = {"Config": "mimo.config.schema", "load_config": "mimo.config.load", "build_model": "mimo.hf.build",
-           "MimoModel": "mimo.models.multimodal", "ModalitySubmodules": "mimo.models.multimodal"}
-"""Public name -> the module that defines it."""
+           "MimoModel": "mimo.models.multimodal", "ModalitySubmodules": "mimo.models.multimodal",
+           "Trainer": "mimo.train.trainer", **dict.fromkeys(_HF_IN, "mimo.hf"), **dict.fromkeys(_HF_OUT, "mimo.export")}
+"""Public name -> the module that defines (or re-exports) it."""
+
+__all__ = sorted(_PUBLIC)
+__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

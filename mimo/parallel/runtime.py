@@ -66,6 +66,14 @@ def leave_distributed() -> None:
     """
     if dist.is_initialized():
         dist.destroy_process_group()
+    _timeout.clear()
+
+
+def leave_if_joined() -> None:
+    """leave_distributed, but only when init_distributed created the default group: a group the caller (a test
+    harness, a script) joined itself is the caller's to leave. Not collective (destroying a group is local)."""
+    if _timeout:
+        leave_distributed()
 
 
 def torchrun_cmd(nproc: int) -> list[str]:

@@ -31,7 +31,7 @@ from mimo.models.sample_rows import fed_modalities
 from mimo.models.step_hints import forward_args
 from mimo.parallel.decoding import whole_sequences
 from mimo.parallel.plan import ParallelPlan
-from mimo.parallel.runtime import init_distributed
+from mimo.parallel.runtime import init_distributed, leave_if_joined
 from mimo.parallel.tensor import sequence_parallel_rows
 from mimo.perf.apply import apply_fast_paths
 from mimo.perf.gpu_defaults import fast_paths_note
@@ -57,7 +57,11 @@ from mimo.train.wandb_mirror import require_wandb
 
 class Trainer:
     """The training loop. On one process it is plain PyTorch; under torchrun a ParallelPlan lays each
-    module out on its own grid and supplies the few collectives the loop needs."""
+    module out on its own grid and supplies the few collectives the loop needs.
+
+    The process group it joins (under torchrun) it also leaves: at the end of `train()`, or on leaving a
+    `with Trainer(cfg) as trainer:` block for a script that drives `train_step` itself. A group its caller
+    joined first is left to the caller."""
 
     def __init__(self, cfg: Config, run_dir: Path | None = None):
         self.cfg, fast_paths = validate_run(cfg, launch_world_size())
@@ -307,10 +311,22 @@ class Trainer:
         return {"step": step, "loss": loss, "lr": self.optimizer.lr(step), "grad_norm": grad_norm, "stepped": True,
                 "bad_steps": 0}
 
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Leave the process group this trainer joined (none joined, or the caller's: nothing to do). Its
+        parallel steps cannot run after it; not collective."""
+        leave_if_joined()
+
     def train(self) -> dict:
         """Collective: claim the run folder (refused when it holds another run or a live one), resume or start
-        over, train, evaluate and write the outputs; the summary."""
-        with self.run_folder.claim():
+        over, train, evaluate and write the outputs; the summary. Leaves the process group it joined when it
+        ends, however it ends (`close`)."""
+        with self, self.run_folder.claim():
             start = self.checkpointer.resume()
             if start == 0:
                 self.run_folder.start_over()
