@@ -3,7 +3,7 @@ on a busy machine.
 
 torch's own default (one thread per core) spins its OpenMP workers at every barrier; on a machine whose
 cores other processes already hold, each barrier waits for a descheduled worker and a step slows 10-20x
-(BENCHMARKS.md, 2026-12-01). The automatic count takes the cores this process may run on
+(benchmarks/reports/2026-12-01-cpu-threads.md). The automatic count takes the cores this process may run on
 (`os.sched_getaffinity`), shares them among the node's processes (LOCAL_WORLD_SIZE, as torchrun sets it),
 leaves out the cores the 1-minute load average says are busy, and caps the result at MAX_AUTO_THREADS."""
 
