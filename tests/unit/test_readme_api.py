@@ -72,3 +72,21 @@ def test_the_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     assert (Path("hf_demo_vlm") / "config.json").is_file()
     imported = hf_scope["model"]
     assert sorted(imported.modality_submodules) == ["images"] and not dist.is_initialized()
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    heads = [line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "BENCHMARKS.md"], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_resolves(page):
+    for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if link.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        assert target.exists(), f"{page.name} links to {link}, which does not exist"
+        if anchor and target.suffix == ".md":
+            assert anchor in heading_anchors(target), f"{page.name} links to {link}: no such heading"
