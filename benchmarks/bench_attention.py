@@ -95,8 +95,20 @@ def measure(kernel: str, s: Shape, device: torch.device, dtype: torch.dtype, ite
     ref_in = [t.to(device).requires_grad_() for t in base]
     ref_out = attention_fn("math", s, device)(*ref_in)
     ref_out.backward(grad_out)
+    timed = time_kernel(attention_fn(kernel, s, device), base, grad_out, ref_in, ref_out, dtype, iters, warmup)
+    fwd, bwd = timed["forward_ms"], timed["backward_ms"]
+    return {"kernel": kernel, "shape": s.name, **timed, "forward_tflops": s.forward_flops() / fwd / 1e9,
+            "backward_tflops": 2.5 * s.forward_flops() / bwd / 1e9}
+
+
+def time_kernel(fn: Callable[..., torch.Tensor], base: list[torch.Tensor], grad_out: torch.Tensor,
+                ref_in: list[torch.Tensor], ref_out: torch.Tensor, dtype: torch.dtype, iters: int, warmup: int) -> dict:
+    """`fn(q, k, v)` on `base` (host q, k, v) in `dtype` on `grad_out`'s device: median forward and backward ms, and
+    its errors against the reference run (`ref_in` with their gradients, `ref_out`): output max abs, gradients
+    max abs over max |reference|."""
+    device = grad_out.device
     q, k, v = (t.to(device, dtype).requires_grad_() for t in base)
-    fn, dout = attention_fn(kernel, s, device), grad_out.to(dtype)
+    dout = grad_out.to(dtype)
 
     def forward_backward():
         q.grad = k.grad = v.grad = None
@@ -109,10 +121,7 @@ def measure(kernel: str, s: Shape, device: torch.device, dtype: torch.dtype, ite
     with torch.no_grad():
         out_err = float((fn(q, k, v).float() - ref_out).abs().max())
     grad_err = max(float((t.grad.float() - r.grad).abs().max() / r.grad.abs().max()) for t, r in zip((q, k, v), ref_in))
-    bwd = both - fwd
-    return {"kernel": kernel, "shape": s.name, "forward_ms": fwd, "backward_ms": bwd,
-            "forward_tflops": s.forward_flops() / fwd / 1e9, "backward_tflops": 2.5 * s.forward_flops() / bwd / 1e9,
-            "out_err": out_err, "grad_err": grad_err}
+    return {"forward_ms": fwd, "backward_ms": both - fwd, "out_err": out_err, "grad_err": grad_err}
 
 
 def table(rows: list[dict]) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.bench_attention import _median_ms
+from benchmarks.bench_attention import _median_ms, time_kernel
 from benchmarks.workload import load_preset, model_config
 from mimo.models.layers import DocumentRows, attention, document_mask
 
@@ -94,25 +94,12 @@ def measure(kernel: str, p: dict, device: torch.device, dtype: torch.dtype, iter
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         ref_out = ref_fn(*ref_in)
         ref_out.backward(grad_out)
-    q, k, v = (t.to(device, dtype).requires_grad_() for t in base)
-    fn, dout = kernel_fn(kernel, lengths, h, kvh, device), grad_out.to(dtype)
-
-    def forward_backward():
-        q.grad = k.grad = v.grad = None
-        fn(q, k, v).backward(dout)
-
-    with torch.no_grad():
-        fwd = _median_ms(lambda: fn(q, k, v), device, iters, warmup)
-    both = _median_ms(forward_backward, device, iters, warmup)
-    forward_backward()
-    with torch.no_grad():
-        out_err = float((fn(q, k, v).float() - ref_out).abs().max())
-    grad_err = max(float((t.grad.float() - r.grad).abs().max() / r.grad.abs().max()) for t, r in zip((q, k, v), ref_in))
+    timed = time_kernel(kernel_fn(kernel, lengths, h, kvh, device), base, grad_out, ref_in, ref_out, dtype, iters,
+                        warmup)
     ids = document_ids(lengths).to(device)
     setup = (lambda: DocumentRows.of(ids)) if kernel == "flex" else (lambda: kernel_fn(kernel, lengths, h, kvh, device))
     mask_ms = _median_ms(setup, device, iters, warmup)
-    return {"kernel": kernel, "docs": sum(len(r) for r in lengths), "mask_ms": mask_ms, "forward_ms": fwd,
-            "backward_ms": both - fwd, "out_err": out_err, "grad_err": grad_err}
+    return {"kernel": kernel, "docs": sum(len(r) for r in lengths), "mask_ms": mask_ms, **timed}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
