@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mimo.train.trainer import Trainer
 from tests.support.anyres_data import jsonl
 from tests.support.dist import run_distributed
-from tests.support.parity import assert_trains_like, trainer_steps
-from tests.support.tiny_run import tiny_config
+from tests.support.parity import assert_trains_like, tiny_trainer_steps
 
 RTOL = 1e-5
 STEPS = 2
@@ -24,9 +22,7 @@ LAYOUTS = {"dp2": [], "dp2_fsdp": [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"], "fa
 
 
 def _train(out: Path, data: list[str], *overrides: str) -> tuple[list[float], list[dict]]:
-    trainer = Trainer(tiny_config(out, *data, *COMMON, *overrides))
-    losses, grads = trainer_steps(trainer, STEPS)
-    return losses, [{n: g.numpy() for n, g in step.items()} for step in grads]
+    return tiny_trainer_steps(out, STEPS, *data, *COMMON, *overrides)
 
 
 def _rank(rank: int, world: int, out: str, data: list[str], layout: list[str]) -> tuple[list[float], list[dict]]:

@@ -15,7 +15,7 @@ import pytest
 from mimo.data.batching import COUNTS
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
-from tests.support.parity import assert_trains_like, trainer_steps
+from tests.support.parity import assert_trains_like, tiny_trainer_steps
 from tests.support.text_only_data import data_overrides, mixed_manifest
 from tests.support.tiny_run import tiny_config
 
@@ -31,9 +31,7 @@ LAYOUTS = {"dp2": [], "dp2_fsdp": [f"{LANG}.fsdp=true", f"{IMG}.fsdp=true"], "fa
 
 
 def _train(out: Path, data: list[str], *overrides: str) -> tuple[list[float], list[dict]]:
-    trainer = Trainer(tiny_config(out, *data, *COMMON, *overrides))
-    losses, grads = trainer_steps(trainer, STEPS)
-    return losses, [{n: g.numpy() for n, g in step.items()} for step in grads]
+    return tiny_trainer_steps(out, STEPS, *data, *COMMON, *overrides)
 
 
 def _rank(rank: int, world: int, out: str, data: list[str], layout: list[str]) -> tuple[list[float], list[dict]]:

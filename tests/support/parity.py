@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -14,6 +15,7 @@ from mimo.models.multimodal import modules_by_name
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import Trainer
+from tests.support.tiny_run import tiny_config
 
 
 def freeze_key_biases(model: torch.nn.Module) -> None:
@@ -104,6 +106,13 @@ def trainer_steps(trainer: Trainer, steps: int) -> tuple[list[float], list[dict[
     trainer.update = capture
     return [trainer.train_step(step)["loss"] for step in range(steps)], grads
 
+
+
+def tiny_trainer_steps(out: Path, steps: int, *overrides: str) -> tuple[list[float], list[dict]]:
+    """`tiny_config(out, *overrides)`'s Trainer run for `steps` steps (`trainer_steps`, collective under a layout):
+    the losses, and the gradients as numpy arrays, which pickle out of a rank."""
+    losses, grads = trainer_steps(Trainer(tiny_config(out, *overrides)), steps)
+    return losses, [{n: g.numpy() for n, g in step.items()} for step in grads]
 
 def assert_trains_like(what: str, run: tuple[list[float], list[dict]], reference: tuple[list[float], list[dict]],
                        rtol: float) -> None:
