@@ -145,8 +145,12 @@ class Grid:
         """Create this grid's process groups for every dim set in BUILT_DIMS.
 
         Collective: every rank of the world calls it (members or not), for every grid, in the same
-        order. Dim sets that enumerate the same rank groups share one process group.
+        order. Dim sets that enumerate the same rank groups share one process group. A grid of one rank in a
+        process without torch.distributed (one process) has none to create: each of its groups is None and of
+        size 1, and every collective over a group of size 1 is skipped by its caller.
         """
+        if self.size == 1 and not dist.is_initialized():
+            return GridGroups(self, self.offset, dict.fromkeys(BUILT_DIMS))
         if not dist.is_initialized():
             raise RuntimeError("Grid.build needs torch.distributed; call dist.init_process_group first")
         world = dist.get_world_size()
@@ -194,7 +198,8 @@ class GridGroups:
         return key
 
     def group(self, dims: Dims = DIMS) -> ProcessGroup | None:
-        """The group over `dims` holding this rank; None where this rank is not in the grid."""
+        """The group over `dims` holding this rank; None where this rank is not in the grid, or where the grid
+        has no process groups (one process, see `Grid.build`)."""
         return self.groups[self._key(dims)] if self.member else None
 
     def size_of(self, dims: Dims = DIMS) -> int:

@@ -1,7 +1,8 @@
 """A rank's parallel plan: the layout, its process groups, and what the trainer asks of it. The layout rules
 the validation gate runs before any of this is built are `mimo.parallel.layout_rules`.
 
-Built identically on every rank, from a config the gate has passed.
+Built identically on every rank, from a config the gate has passed. One process has a plan too: every module
+whole on its one rank, no process group, and every service below the identity (no collective).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from mimo.config.schema import LANGUAGE, Config
 from mimo.data.batching import split_microbatches
-from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize
+from mimo.models.init import INIT_SPECS, LocalView, is_on_meta, materialize, whole
 from mimo.models.multimodal import MimoModel, modules_by_name, out_key
 from mimo.models.runtime import ModelRuntime
 from mimo.parallel.bridge.colocated import ColocatedBridge
@@ -60,9 +61,12 @@ from mimo.parallel.tensor import (
 
 
 class ParallelPlan:
-    """Grids and groups of every module, and the per-step services the trainer needs."""
+    """Grids and groups of every module, and the per-step services the trainer needs. On one process (`world`
+    1) each module's grid is one rank, parallel.modules unread (as the gate reads it only over several ranks)."""
 
-    def __init__(self, cfg: Config, rank: int, world: int):
+    def __init__(self, cfg: Config, rank: int = 0, world: int = 1):
+        if world == 1:
+            cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, modules={}))
         self.cfg, self.rank, self.world = cfg, rank, world
         names = cfg.model.module_names
         self.layout = Layout.from_config(cfg.parallel.modules, names, world)
@@ -79,7 +83,8 @@ class ParallelPlan:
             n: ColocatedBridge(self.layout.grids[n], self.layout.grids[LANGUAGE]) for n in cfg.model.modalities}
         self.reducers: dict[str, GradReducer] = {}
         self.row_tokens: dict[str, dict[str, int]] = {}
-        self.norm_sq_reduce = norm_sq_reducer(names)
+        # One process: None, the optimizer's own sum of its modules' squared norms.
+        self.norm_sq_reduce = norm_sq_reducer(names) if world > 1 else None
         lm = self.layout.grids[LANGUAGE]
         sp_tp = lm.tp if self._flag(LANGUAGE, "sequence_parallel") else 1
         held = lm.cp > 1 and self.holds(LANGUAGE)
@@ -158,7 +163,10 @@ class ParallelPlan:
         return (self.groups[name].rank_in("tp"), self.layout.grids[name].tp) if self.holds(name) else (0, 1)
 
     def local_view(self, model: MimoModel) -> LocalView:
-        """Where each of this rank's parameters sits in the full tensor (mimo.parallel.materialize)."""
+        """Where each of this rank's parameters sits in the full tensor (mimo.parallel.materialize); `whole` on
+        one process."""
+        if self.world == 1:
+            return whole
         specs = getattr(model, INIT_SPECS)
         return local_view(model, {k: s.shape for k, s in specs.items()}, self.tp_rank)
 
@@ -354,6 +362,11 @@ class ParallelPlan:
         """How the ranks that read data agree on a batch's per-row verdicts (elementwise maximum): among the
         readers on a pipelined layout; None (the data set's all-reduce over the world) where every rank reads."""
         return self.pipeline.agree_among_readers if self.pipeline is not None else None
+
+    def barrier(self) -> None:
+        """Collective: every rank waits here for the others; nothing to wait for on one process."""
+        if self.world > 1:
+            dist.barrier()
 
     def all_reduce_lm_lanes(self, t: torch.Tensor) -> torch.Tensor:
         """Collective over the LM's data lanes only: sums a per-lane quantity every TP and CP rank of a lane
