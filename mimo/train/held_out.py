@@ -22,6 +22,7 @@ from mimo.data.samples import BatchFailed
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel
 from mimo.models.step_hints import forward_args
+from mimo.parallel.plan import ParallelPlan
 from mimo.train.precision import step_autocast
 
 
@@ -37,12 +38,11 @@ def read_batch(read: Callable[[], dict], reads: bool) -> tuple[dict | None, str 
         return None, str(e)
 
 
-def evaluate_held_out(cfg: Config, model: MimoModel, data: Any, plan: Any, device: torch.device,
-                      microbatches: Callable[[dict], list[dict]]) -> dict:
+def evaluate_held_out(cfg: Config, model: MimoModel, data: Any, plan: ParallelPlan, device: torch.device) -> dict:
     """{"loss": per-token loss, "tokens": loss tokens} of the whole held-out split. Collective: every rank
-    calls it at the same step (on pipelined layouts only the ranks that read data build the batches).
-    `microbatches` is the trainer's global batch -> this rank's microbatches."""
-    pipe = plan.pipeline if plan is not None else None
+    calls it at the same step (on pipelined layouts only the ranks that read data build the batches); on one
+    process `plan`'s sum is the identity."""
+    pipe = plan.pipeline
     reads = pipe is None or pipe.needs_data
     total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, loss tokens
     was_training = model.training
@@ -57,9 +57,9 @@ def evaluate_held_out(cfg: Config, model: MimoModel, data: Any, plan: Any, devic
                 total += torch.tensor([result.loss * result.loss_tokens, result.loss_tokens], device=device)
             else:
                 batch = data.held_out_batch(index, cfg.data.global_batch)
-                total += _colocated_sums(cfg, model, batch, device, microbatches)
+                total += _colocated_sums(cfg, model, batch, device, plan.microbatches)
     model.train(was_training)
-    if pipe is None and plan is not None:
+    if pipe is None:
         plan.all_reduce_lm_data(total)
     loss_sum, tokens = total.tolist()
     return {"loss": loss_sum / max(tokens, 1.0), "tokens": int(tokens)}

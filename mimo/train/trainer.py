@@ -3,7 +3,6 @@ per-token loss -> one gradient finalisation -> optimizer -> metrics -> checkpoin
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
@@ -16,13 +15,12 @@ from torch.distributed import ProcessGroup
 
 from mimo.config.load import dump_toml, to_dict
 from mimo.config.schema import Config
-from mimo.data.batching import pinned, split_microbatches, to_device, with_precomputed_rows
+from mimo.data.batching import pinned, to_device, with_precomputed_rows
 from mimo.data.checks import check_batch
 from mimo.data.lanes import LANE_KEYS, LaneBalancer
 from mimo.data.packing import PackedBatches
 from mimo.hf.build import build_model, load_hf_weights_into
 from mimo.models.flops import train_step_flops
-from mimo.models.init import INIT_SPECS, materialize, whole
 from mimo.models.loss import loss_weights
 from mimo.models.multimodal import MimoModel, modules_by_name
 from mimo.models.out_loss import OutPathLoss
@@ -56,8 +54,9 @@ from mimo.train.wandb_mirror import require_wandb
 
 
 class Trainer:
-    """The training loop. On one process it is plain PyTorch; under torchrun a ParallelPlan lays each
-    module out on its own grid and supplies the few collectives the loop needs.
+    """The training loop. Its ParallelPlan lays each module out on its own grid and supplies the few collectives
+    the loop needs; on one process the plan holds every module whole and each of those services is the identity
+    (no process group).
 
     The process group it joins (under torchrun) it also leaves: at the end of `train()`, or on leaving a
     `with Trainer(cfg) as trainer:` block for a script that drives `train_step` itself. A group its caller
@@ -83,19 +82,18 @@ class Trainer:
             # float32 means float32: cuDNN would otherwise run the ViT's patch conv in TF32 (matmuls already don't)
             torch.backends.cudnn.allow_tf32 = all(cfg.precision.dtype_of(m) != "float32"
                                                   for m in cfg.model.module_names)
-        self.plan = ParallelPlan(cfg, self.rank, self.world) if self.world > 1 else None
+        self.plan = ParallelPlan(cfg, self.rank, self.world)
         torch.manual_seed(cfg.train.seed)
         self.model = self.build_model()
         self.data = build_demo_data(cfg, self.model)
         if cfg.data.packing:
-            rows = self.plan.batch_multiple() if self.plan is not None else cfg.parallel.microbatches
-            self.data = PackedBatches(self.data, cfg.data.pack_length, rows)
+            self.data = PackedBatches(self.data, cfg.data.pack_length, self.plan.batch_multiple())
         self.shares = BatchShares(self.data, cfg.model)
-        self.balancer = LaneBalancer(cfg.model, self.plan.data_lanes() if self.plan is not None else 1,
+        self.balancer = LaneBalancer(cfg.model, self.plan.data_lanes(),
                                      cfg.parallel.microbatches) if cfg.data.balance_lanes else None
         if hasattr(self.data, "shard_for"):  # balanced lanes reorder rows by the whole batch: every rank decodes it
-            self.data.shard_for(self.local_microbatches if self.balancer is None else lambda batch: [batch],
-                                cfg.data.global_batch, self.plan.agree_on_data() if self.plan is not None else None)
+            self.data.shard_for(self.plan.microbatches if self.balancer is None else lambda batch: [batch],
+                                cfg.data.global_batch, self.plan.agree_on_data())
         self.optimizer = self.build_optimizer()
         self.captured = CapturedStep(self.device_step, self.device) if cfg.perf.step_graph else None
         self.prefetched: tuple[int, tuple[list[dict], int, int, dict, frozenset[str]]] | None = None
@@ -105,9 +103,9 @@ class Trainer:
         self.run_dir = run_dir or Path(cfg.run.out_dir) / cfg.run.name
         self.run_folder = RunFolder(cfg, self.run_dir, self.rank)
         self.checkpointer = RunCheckpointer(cfg, self.run_dir, modules_by_name(self.model), self.optimizer, self.guard,
-                                            self.rank, self.data, self.plan)
+                                            self.plan, self.data)
 
-    # Hooks the parallel runtime overrides -------------------------------------------------------
+    # Building: the model laid out by the plan, its optimizer --------------------------------------
     def build_model(self) -> MimoModel:
         """The model built on the meta device, laid out by the plan with the fast paths in their place (after
         TP, CP and the pipeline split, before data parallelism), then materialised: each rank allocates and
@@ -115,16 +113,10 @@ class Trainer:
         only its pieces of the hf_path weights."""
         with torch.device("meta"):
             model = build_model(self.cfg.model, load_weights=False)
-        if self.plan is not None:
-            lm_tp = self.plan.lm_tensor_parallel()
-            self.plan.parallelize(model, compute_paths=lambda m, runtime: self.compute_paths(m, runtime, lm_tp),
-                                  device=self.device)
-            view = self.plan.local_view(model)
-        else:
-            materialize(model, getattr(model, INIT_SPECS), self.device)
-            model.set_runtime(self.compute_paths(model, ModelRuntime()))
-            view = whole
-        load_hf_weights_into(model, self.cfg.model, view)
+        lm_tp = self.plan.lm_tensor_parallel()
+        self.plan.parallelize(model, compute_paths=lambda m, runtime: self.compute_paths(m, runtime, lm_tp),
+                              device=self.device)
+        load_hf_weights_into(model, self.cfg.model, self.plan.local_view(model))
         return model
 
     def compute_paths(self, model: MimoModel, runtime: ModelRuntime,
@@ -138,29 +130,13 @@ class Trainer:
         f = self.cfg.perf
         if self.cfg.precision.master_weights:
             modules = modules_by_name(self.model)
-            sharded = {} if self.plan is None else {n: self.plan.master_state_groups(n) for n in modules}
+            sharded = {n: self.plan.master_state_groups(n) for n in modules}
             return MasterOptimizer(modules, self.cfg.optim, self.cfg.train.steps, early=f.lm_update_early,
                                    grad_table=f.grad_table, compile=f.compile and self.device.type == "cuda",
-                                   groups=sharded, norm_sq_reduce=self.plan.norm_sq_reduce if self.plan else None,
-                                   fsdp=self.plan.fsdp_modules() if self.plan else ())
+                                   groups=sharded, norm_sq_reduce=self.plan.norm_sq_reduce,
+                                   fsdp=self.plan.fsdp_modules())
         return MimoOptimizer(modules_by_name(self.model), self.cfg.optim, self.cfg.train.steps,
-                             fused=self.device.type == "cuda",
-                             norm_sq_reduce=self.plan.norm_sq_reduce if self.plan is not None else None)
-
-    def local_microbatches(self, batch: dict) -> list[dict]:
-        """This rank's share of the global batch, split into microbatches."""
-        if self.plan is not None:
-            return self.plan.microbatches(batch)
-        return split_microbatches(batch, self.cfg.parallel.microbatches)
-
-    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum over the LM's data lanes (identity on one process)."""
-        return self.plan.all_reduce_lm_data(t) if self.plan is not None else t
-
-    def all_reduce_lanes(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum over the LM's data lanes only, not its CP ranks (identity on one process): for the Out path's
-        counts and losses, which every CP rank of a lane holds whole."""
-        return self.plan.all_reduce_lm_lanes(t) if self.plan is not None else t
+                             fused=self.device.type == "cuda", norm_sq_reduce=self.plan.norm_sq_reduce)
 
     # The step ----------------------------------------------------------------------------------
     def host_batch(self, step: int) -> tuple[list[dict], int, int, dict, frozenset[str]]:
@@ -174,11 +150,11 @@ class Trainer:
         check_batch(self.model, batch)
         self.shares.count(batch)
         batch, lanes = self.balance(batch)
-        micro = self.local_microbatches(batch)
+        micro = self.plan.microbatches(batch)
         t = self.cfg.perf
         if t.step_graph or t.loss_rows_only:
             micro = [with_precomputed_rows(mb, self.model.special_token_ids, t.loss_rows_only) for mb in micro]
-        lm_tp = self.plan.lm_tensor_parallel() if self.plan is not None and t.loss_rows_only else None
+        lm_tp = self.plan.lm_tensor_parallel() if t.loss_rows_only else None
         if lm_tp is not None and lm_tp[1]:  # sequence parallel: each TP rank's rows of its own shard
             group = lm_tp[0]
             micro = [sequence_parallel_rows(mb, dist.get_world_size(group), dist.get_rank(group)) for mb in micro]
@@ -202,10 +178,10 @@ class Trainer:
         """Every microbatch's forward and backward, the gradients finalised: (loss sum, global loss tokens),
         on the device (no host sync unless the model's alignment needs one)."""
         local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro)
-        n_global = self.all_reduce_sum(local_tokens.detach().clone())
+        n_global = self.plan.all_reduce_lm_data(local_tokens.detach().clone())
         scale = 1.0 / n_global.clamp_min(1.0)
         loss_total = torch.zeros((), device=self.device)
-        self.out_loss.begin(micro, self.all_reduce_lanes, self.device)
+        self.out_loss.begin(micro, self.plan.all_reduce_lm_lanes, self.device)
         self.router_losses.begin()
         autocast = step_autocast(self.cfg, self.device)
         for mb in micro:
@@ -213,9 +189,8 @@ class Trainer:
                 out = self.model(**forward_args(mb))
             (out.loss_sum * scale + self.out_loss.term(out)).backward()
             loss_total += out.loss_sum.detach()
-        if self.plan is not None:
-            self.plan.finalize_grads(self.model)
-        return self.all_reduce_sum(loss_total), n_global
+        self.plan.finalize_grads(self.model)
+        return self.plan.all_reduce_lm_data(loss_total), n_global
 
     def fed_by(self, batch: dict) -> frozenset[str]:
         """The modalities the global `batch` feeds (`fed_modalities`). A reader that decodes only this rank's rows
@@ -241,7 +216,7 @@ class Trainer:
         return loss_total, n_global, self.optimizer.update_in_step()
 
     def train_step(self, step: int) -> dict:
-        if self.plan is not None and self.plan.pipeline is not None:
+        if self.plan.pipeline is not None:
             return self.pipeline_step(step)
         host, tokens, flops, lanes, fed = self.host_batch(step)
         micro = [to_device(mb, self.device) for mb in host]
@@ -254,8 +229,8 @@ class Trainer:
                     "loss_tokens": int(n_global), "flops": flops, **lanes}
         loss_total, n_global = self.forward_backward(micro)
         self.leave_unfed(fed)
-        out_objective, out_losses = self.out_loss.end(self.all_reduce_lanes)
-        router_objective, router_log = self.router_losses.end(self.all_reduce_sum)
+        out_objective, out_losses = self.out_loss.end(self.plan.all_reduce_lm_lanes)
+        router_objective, router_log = self.router_losses.end(self.plan.all_reduce_lm_data)
         loss = float(loss_total / n_global.clamp_min(1.0)) + out_objective + router_objective
         rec = self.update(step, loss)
         self.router_losses.after_update(rec["stepped"])
@@ -365,8 +340,7 @@ class Trainer:
                 logger.progress(1, loss=rec["loss"], **throughput.running(), **self.shares.postfix())
                 if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                     began = time.perf_counter()
-                    held_out = evaluate_held_out(cfg, self.model, self.data, self.plan, self.device,
-                                                 self.local_microbatches)
+                    held_out = evaluate_held_out(cfg, self.model, self.data, self.plan, self.device)
                     logger.log_eval(step, held_out)
                     throughput.exclude(time.perf_counter() - began)
                     logger.note(f"mimo: step {step}: held-out loss {held_out['loss']:.4f} "
@@ -405,8 +379,7 @@ class Trainer:
         logger.close()
         if self.is_main:
             print(to_json({"run": str(self.run_dir), **summary}, indent=2))
-        if self.plan is not None:
-            dist.barrier()
+        self.plan.barrier()
         return summary
 
     def write_run_config(self, start: int) -> None:
@@ -425,10 +398,9 @@ class Trainer:
         each block's weights; LM sequence and context parallelism off, see mimo.parallel.decoding) where that
         layout can decode (no pipeline, equal data lanes); elsewhere it is left to `mimo eval --run`. Rank 0
         returns the result."""
-        if self.plan is not None and not self.plan.decodes_in_place():
+        if not self.plan.decodes_in_place():
             return {"skipped": "this layout does not decode in place; run `mimo eval --run` on the run folder"}
-        unsplit = whole_sequences(self.plan, self.model) if self.plan is not None else contextlib.nullcontext()
         # Greedy decoding changes shapes every token: compiled blocks would recompile, so evaluate eagerly.
-        with torch.compiler.set_stance("force_eager"), unsplit:
+        with torch.compiler.set_stance("force_eager"), whole_sequences(self.plan, self.model):
             evaluation = evaluate_demo(self.cfg, self.model, self.data, self.device)
         return evaluation if self.is_main else {}

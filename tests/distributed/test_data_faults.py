@@ -59,7 +59,7 @@ def _epoch(rank: int, world: int, out: str, data: str, *overrides: str, pipeline
     """An epoch's losses, the data report and the held-out loss after it (held-out data where overrides name it)."""
     tr = _trainer(Path(out), Path(data), *overrides, pipeline8=pipeline8)
     losses = [tr.train_step(s)["loss"] for s in range(STEPS)]
-    held_out = evaluate_held_out(tr.cfg, tr.model, tr.data, tr.plan, tr.device, tr.local_microbatches)
+    held_out = evaluate_held_out(tr.cfg, tr.model, tr.data, tr.plan, tr.device)
     return losses, tr.data.report(), held_out
 
 

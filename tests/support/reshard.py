@@ -16,10 +16,10 @@ EVAL_STEP = 1000
 def eval_loss(tr: Trainer) -> float:
     """Collective: the per-token loss of one held-out global batch under the trainer's layout."""
     batch = tr.data.global_batch(EVAL_STEP, tr.cfg.data.global_batch, tr.cfg.data.seed)
-    micro = [to_device(mb, tr.device) for mb in tr.local_microbatches(batch)]
+    micro = [to_device(mb, tr.device) for mb in tr.plan.microbatches(batch)]
     loss = sum(tr.model(**forward_args(mb)).loss_sum for mb in micro)
     tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro).float()
-    return float(tr.all_reduce_sum(loss) / tr.all_reduce_sum(tokens))
+    return float(tr.plan.all_reduce_lm_data(loss) / tr.plan.all_reduce_lm_data(tokens))
 
 
 def continue_run(tr: Trainer, start: int) -> tuple[float, float, float]:

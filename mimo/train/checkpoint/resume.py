@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mimo.config.load import to_dict
 from mimo.config.schema import Config, ConfigError
+from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.verdict import first_problem
 from mimo.train.checkpoint.reshard import full_shapes, globalize
 from mimo.train.checkpoint.safe_dcp import CorruptCheckpointError
@@ -112,21 +113,19 @@ def trim_metrics(path: Path, next_step: int) -> None:
 
 class RunCheckpointer:
     """Saves and restores one trainer's state. `data` may offer `state_dict()`/`load_state_dict()`
-    (JSON-able counters of a real-data reader); `plan` a ParallelPlan, whose TP meshes let
-    tensor-parallel chunks be saved and resharded."""
+    (JSON-able counters of a real-data reader); `plan` the run's ParallelPlan, whose TP meshes let
+    tensor-parallel chunks be saved and resharded (none on one process: every tensor saved whole)."""
 
     def __init__(self, cfg: Config, run_dir: Path, modules: dict[str, nn.Module], optimizer: MimoOptimizer,
-                 guard: StepGuard, rank: int = 0, data: object = None, plan: Any = None):
+                 guard: StepGuard, plan: ParallelPlan, data: object = None):
         self.cfg, self.run_dir, self.modules, self.optimizer = cfg, Path(run_dir), modules, optimizer
-        self.guard, self.rank, self.data = guard, rank, data
+        self.guard, self.rank, self.data = guard, plan.rank, data
         self.store = CheckpointStore(self.run_dir / "checkpoints", cfg.checkpoint.keep)
-        self.tp_meshes = {}
-        if plan is not None:
-            sharded = set(plan.fsdp_modules())  # FSDP over TP chunks: each chunk sharded over dp
-            self.tp_meshes = {n: plan.groups[n].plane_mesh("tp", "dp") if n in sharded else
-                              plan.groups[n].device_mesh("tp") for n in modules
-                              if plan.layout.grids[n].tp > 1 and plan.groups[n].member}
-        self.expert_mesh = plan.expert_mesh() if plan is not None else None
+        sharded = set(plan.fsdp_modules())  # FSDP over TP chunks: each chunk sharded over dp
+        self.tp_meshes = {n: plan.groups[n].plane_mesh("tp", "dp") if n in sharded else
+                          plan.groups[n].device_mesh("tp") for n in modules
+                          if plan.layout.grids[n].tp > 1 and plan.groups[n].member}
+        self.expert_mesh = plan.expert_mesh()
         self.shapes = full_shapes(cfg.model) if self.tp_meshes or self.expert_mesh else {}
         self.resumed_from: str | None = None
         self.wall_before = 0.0
