@@ -32,8 +32,7 @@ LAYOUTS = {"dp2": ([], []), "dp2_mb2": ([], ["--parallel.microbatches=2"]), "fan
 def _train(out: Path, data: list[str], *overrides: str) -> tuple:
     trainer = Trainer(tiny_config(out, *data, *COMMON, *overrides))
     losses, grads = trainer_steps(trainer, STEPS)
-    weights = (trainer.plan.gather_full(trainer.model) if trainer.plan is not None
-               else {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+    weights = trainer.plan.gather_full(trainer.model)
     seen = trainer.balancer.seen if trainer.balancer is not None else []
     return (losses, [{n: g.numpy() for n, g in step.items()} for step in grads],
             {n: w.numpy() for n, w in weights.items()}, seen)

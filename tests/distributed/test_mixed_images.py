@@ -39,8 +39,7 @@ def _train(out: Path, *overrides: str) -> tuple[list[float], list[dict], dict]:
     """Each step's loss and gradients, then the weights after the last step (unsharded; on rank 0 under a layout)."""
     trainer = Trainer(tiny_config(out, *MIXED_IMAGES, *overrides))
     losses, grads = trainer_steps(trainer, STEPS)
-    weights = (trainer.plan.gather_full(trainer.model) if trainer.plan is not None
-               else {n: p.detach() for n, p in trainer.model.named_parameters()})
+    weights = trainer.plan.gather_full(trainer.model)
     grads = [{n: g.numpy() for n, g in step.items()} for step in grads]
     return losses, grads, {n: w.numpy() for n, w in weights.items()}
 

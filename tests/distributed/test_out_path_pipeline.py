@@ -63,10 +63,7 @@ def _capture(trainer: Trainer) -> list[dict]:
     update = trainer.update
 
     def capture(step: int, loss: float) -> dict:
-        plan = trainer.plan
-        grads.append(plan.gather_full(trainer.model, grads=True) if plan is not None else
-                     {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone()
-                      for n, p in trainer.model.named_parameters()})
+        grads.append(trainer.plan.gather_full(trainer.model, grads=True))
         return update(step, loss)
 
     trainer.update = capture
@@ -74,9 +71,7 @@ def _capture(trainer: Trainer) -> list[dict]:
 
 
 def _result(trainer: Trainer, records: list[dict], grads: list[dict], summary: dict | None) -> dict:
-    plan = trainer.plan
-    params = plan.gather_full(trainer.model) if plan is not None else {
-        n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    params = trainer.plan.gather_full(trainer.model)
     return {"records": records, "grads": [{n: g.numpy() for n, g in s.items()} for s in grads],
             "params": {n: p.numpy() for n, p in params.items()}, "summary": summary}
 

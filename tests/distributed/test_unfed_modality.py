@@ -47,9 +47,7 @@ UNFED = (".encoders.", ".input_projections.")
 def _train(out: Path, *layout: str) -> tuple[list[float], dict]:
     trainer = Trainer(load_config(T2I, [*OUT_PATH, f"--run.out_dir={out}", *layout]))
     losses = [trainer.train_step(step)["loss"] for step in range(STEPS)]
-    plan = trainer.plan
-    params = plan.gather_full(trainer.model) if plan is not None else {
-        n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    params = trainer.plan.gather_full(trainer.model)
     return losses, {n: p.numpy() for n, p in params.items()}
 
 

@@ -31,8 +31,6 @@ def full_master_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
         for p in opt.params:
             off = p.data.storage_offset()
             p.data = flat[off:off + p.numel()].view_as(p).clone()
-    if trainer.plan is None:
-        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     return trainer.plan.gather_full(trainer.model)
 
 
@@ -40,7 +38,7 @@ def train_with_masters(out: Path, *overrides: str) -> dict:
     """Losses of STEPS steps; with master_weights the master weights and each part's shard fraction."""
     trainer = Trainer(tiny_config(out, *MODEL, *overrides))
     initial = {n: p.detach().float().numpy().copy() for n, p in trainer.model.named_parameters()} \
-        if trainer.plan is None else {}
+        if trainer.world == 1 else {}
     losses = [trainer.train_step(step)["loss"] for step in range(STEPS)]
     if not trainer.cfg.precision.master_weights:
         return {"losses": losses}

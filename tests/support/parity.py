@@ -96,11 +96,7 @@ def trainer_steps(trainer: Trainer, steps: int) -> tuple[list[float], list[dict[
     update = trainer.update
 
     def capture(step: int, loss: float) -> dict:
-        if trainer.plan is not None:
-            grads.append(trainer.plan.gather_full(trainer.model, grads=True))
-        else:
-            grads.append({n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone()
-                          for n, p in trainer.model.named_parameters()})
+        grads.append(trainer.plan.gather_full(trainer.model, grads=True))
         return update(step, loss)
 
     trainer.update = capture
