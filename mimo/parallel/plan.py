@@ -368,6 +368,12 @@ class ParallelPlan:
         if self.world > 1:
             dist.barrier()
 
+    def sum_lm_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """Collective: a per-rank statistic of the LM's rows (the MoE routers') summed over the ranks that hold
+        different rows, each TP group counted once: over the LM's data lanes and CP ranks, on a pipelined layout
+        over the world (`PipelinePlan.sum_per_lm_lane`); `t` itself on one process."""
+        return self.pipeline.sum_per_lm_lane(t) if self.pipeline is not None else self.all_reduce_lm_data(t)
+
     def all_reduce_lm_lanes(self, t: torch.Tensor) -> torch.Tensor:
         """Collective over the LM's data lanes only: sums a per-lane quantity every TP and CP rank of a lane
         holds whole (the Out path's counts and decoder losses: rows decoded from the whole sequence)."""

@@ -50,10 +50,9 @@ class RouterLosses:
             m.step_stats = {}
 
     def end(self, reduce: Reduce) -> tuple[float, dict]:
-        """Collective (`reduce`: the sum over the LM's data lanes, or `sum_per_lm_lane` of a pipelined layout,
-        which every rank joins) for an MoE LM: (the step's weighted router objective, the log: `moe_aux_loss` and
-        `moe_z_loss` (unweighted, per row, averaged over the layers) and `moe_load` {layer: each expert's share
-        of the token copies routed})."""
+        """Collective (`reduce`: `ParallelPlan.sum_lm_rows`, which every rank joins) for an MoE LM: (the step's
+        weighted router objective, the log: `moe_aux_loss` and `moe_z_loss` (unweighted, per row, averaged over the
+        layers) and `moe_load` {layer: each expert's share of the token copies routed})."""
         self.loads = None
         if not self.names:
             return 0.0, {}

@@ -28,6 +28,7 @@ from mimo.models.runtime import ModelRuntime
 from mimo.models.sample_rows import fed_modalities
 from mimo.models.step_hints import forward_args
 from mimo.parallel.decoding import whole_sequences
+from mimo.parallel.pipeline.plan import StepResult
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed, leave_if_joined
 from mimo.parallel.tensor import sequence_parallel_rows
@@ -139,6 +140,34 @@ class Trainer:
                              fused=self.device.type == "cuda", norm_sq_reduce=self.plan.norm_sq_reduce)
 
     # The step ----------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict:
+        """One step on every layout: this rank's share of the global batch forward and backward (its microbatches,
+        `colocated_pass`, or the 1F1B schedule, `pipeline_pass`), the gradients finalised once across modules and
+        none left for what the batch does not feed, then the optimizer's update, or a skip every rank agrees on;
+        the step's record. Collective."""
+        if self.captured is not None:
+            return self.captured_step(step)
+        self.optimizer.begin(step)  # MasterOptimizer's learning rates, on the device
+        self.router_losses.begin()
+        result, fed, lanes = (self.pipeline_pass if self.plan.pipeline is not None else self.colocated_pass)(step)
+        self.plan.finalize_grads(self.model)
+        self.leave_unfed(fed)
+        router_objective, router_log = self.router_losses.end(self.plan.sum_lm_rows)
+        rec = self.update(step, result.loss + result.out_objective + router_objective)
+        self.router_losses.after_update(rec["stepped"])
+        return {**rec, "tokens": result.tokens, "loss_tokens": result.loss_tokens, "flops": result.flops, **lanes,
+                **result.out_losses, **router_log}
+
+    def colocated_pass(self, step: int) -> tuple[StepResult, frozenset[str], dict]:
+        """Forward and backward of this rank's microbatches of `step` (one process, or modules on the same ranks):
+        the step's numbers (the Out path's objective and losses summed over the LM's data lanes), the modalities
+        its batch feeds, the lane imbalance figures. Collective where the layout is."""
+        host, tokens, flops, lanes, fed = self.host_batch(step)
+        loss_total, n_global = self.forward_backward([to_device(mb, self.device) for mb in host])
+        out_objective, out_losses = self.out_loss.end(self.plan.all_reduce_lm_lanes)
+        loss = float(loss_total / n_global.clamp_min(1.0))
+        return StepResult(loss, int(n_global), tokens, flops, out_objective, out_losses), fed, lanes
+
     def host_batch(self, step: int) -> tuple[list[dict], int, int, dict, frozenset[str]]:
         """This rank's microbatches of `step` on the host (checked, rows balanced between lanes under
         data.balance_lanes, with their precomputed positions under perf.step_graph or loss_rows_only), the
@@ -168,29 +197,37 @@ class Trainer:
         (mimo.data.lanes) under data.balance_lanes; else the batch itself and no figures. Not collective."""
         return self.balancer(batch) if self.balancer is not None else (batch, {})
 
-    def prefetch(self, step: int) -> None:
-        """Under perf.step_graph, while the device runs the step before: make `step`'s host batch, where the
-        data set is a pure function of the step (no reader state that a checkpoint would record)."""
-        if self.captured is not None and step < self.cfg.train.steps and not hasattr(self.data, "state_dict"):
-            self.prefetched = (step, self.host_batch(step))
-
     def forward_backward(self, micro: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every microbatch's forward and backward, the gradients finalised: (loss sum, global loss tokens),
-        on the device (no host sync unless the model's alignment needs one)."""
+        """Every microbatch's forward and backward: (loss sum, global loss tokens), summed over the LM's data
+        lanes, on the device (no host sync unless the model's alignment needs one); the gradients are this rank's,
+        not yet finalised."""
         local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro)
         n_global = self.plan.all_reduce_lm_data(local_tokens.detach().clone())
         scale = 1.0 / n_global.clamp_min(1.0)
         loss_total = torch.zeros((), device=self.device)
         self.out_loss.begin(micro, self.plan.all_reduce_lm_lanes, self.device)
-        self.router_losses.begin()
         autocast = step_autocast(self.cfg, self.device)
         for mb in micro:
             with autocast:
                 out = self.model(**forward_args(mb))
             (out.loss_sum * scale + self.out_loss.term(out)).backward()
             loss_total += out.loss_sum.detach()
-        self.plan.finalize_grads(self.model)
         return self.plan.all_reduce_lm_data(loss_total), n_global
+
+    def pipeline_pass(self, step: int) -> tuple[StepResult, frozenset[str] | None, dict]:
+        """Forward and backward of every microbatch of `step` through this rank's stages, by the 1F1B schedule
+        (mimo.parallel.pipeline.plan): the step's numbers, which every rank gets (rank 0 logs them even where it
+        holds no LM stage); the modalities the batch feeds where this rank reads it (a first or last stage, or
+        every rank of an FSDP2-sharded encoder with pp = 1), else None; the lane imbalance figures. Collective."""
+        pipe = self.plan.pipeline
+        d = self.cfg.data
+        batch, problem = read_batch(lambda: self.data.global_batch(step, d.global_batch, d.seed), pipe.needs_data)
+        if batch is not None:
+            self.shares.count(batch)
+        batch, lanes = self.balance(batch) if batch is not None else (batch, {})
+        result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device),
+                                 problem=problem)
+        return result, self.fed_by(batch) if batch is not None else None, lanes
 
     def fed_by(self, batch: dict) -> frozenset[str]:
         """The modalities the global `batch` feeds (`fed_modalities`). A reader that decodes only this rank's rows
@@ -203,62 +240,15 @@ class Trainer:
         flags = self.data.agree(torch.tensor([float(name in fed) for name in names]))
         return frozenset(name for name, flag in zip(names, flags.tolist()) if flag > 0)
 
-    def leave_unfed(self, fed: frozenset[str]) -> None:
+    def leave_unfed(self, fed: frozenset[str] | None) -> None:
         """After the step's gradients are final: none for what its global batch, feeding only the modalities `fed`,
         does not train (`MimoModel.unfed_parameters`), so that every layout's optimizer skips those parameters as
-        one process does. Not collective (`fed_by` agreed `fed` where ranks read different rows)."""
+        one process does; `fed` None (a pipeline stage that read no batch): the gradients as they are. Not
+        collective (`fed_by` agreed `fed` where ranks read different rows)."""
+        if fed is None:
+            return
         for p in self.model.unfed_parameters(fed):
             p.grad = None
-
-    def device_step(self, micro: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The step a CapturedStep records: forward, backward and the update; (loss sum, loss tokens, norm)."""
-        loss_total, n_global = self.forward_backward(micro)
-        return loss_total, n_global, self.optimizer.update_in_step()
-
-    def train_step(self, step: int) -> dict:
-        if self.plan.pipeline is not None:
-            return self.pipeline_step(step)
-        host, tokens, flops, lanes, fed = self.host_batch(step)
-        micro = [to_device(mb, self.device) for mb in host]
-        self.optimizer.begin(step)
-        if self.captured is not None:
-            loss_total, n_global, norm = self.captured(micro)
-            self.prefetch(step + 1)
-            loss = float(loss_total / n_global.clamp_min(1.0))
-            return {**self.after_update_in_step(step, loss, float(norm)), "tokens": tokens,
-                    "loss_tokens": int(n_global), "flops": flops, **lanes}
-        loss_total, n_global = self.forward_backward(micro)
-        self.leave_unfed(fed)
-        out_objective, out_losses = self.out_loss.end(self.plan.all_reduce_lm_lanes)
-        router_objective, router_log = self.router_losses.end(self.plan.all_reduce_lm_data)
-        loss = float(loss_total / n_global.clamp_min(1.0)) + out_objective + router_objective
-        rec = self.update(step, loss)
-        self.router_losses.after_update(rec["stepped"])
-        return {**rec, "tokens": tokens, "loss_tokens": int(n_global), "flops": flops, **out_losses, **router_log,
-                **lanes}
-
-    def pipeline_step(self, step: int) -> dict:
-        """A step on a pipelined layout: the 1F1B schedule (mimo.parallel.pipeline.plan) runs every microbatch's
-        forward and backward. Only ranks holding a first or last stage build the batch; every rank gets
-        the loss, so rank 0 logs it even where it holds no LM stage."""
-        pipe = self.plan.pipeline
-        d = self.cfg.data
-        batch, problem = read_batch(lambda: self.data.global_batch(step, d.global_batch, d.seed), pipe.needs_data)
-        if batch is not None:
-            self.shares.count(batch)
-        batch, lanes = self.balance(batch) if batch is not None else (batch, {})
-        self.optimizer.begin(step)  # MasterOptimizer's learning rates, on the device
-        self.router_losses.begin()
-        result = pipe.train_step(self.model, batch, self.device, lambda: step_autocast(self.cfg, self.device),
-                                 problem=problem)
-        self.plan.finalize_grads(self.model)
-        if batch is not None:  # read where a stage needs it: by every rank of an FSDP2-sharded encoder (pp = 1)
-            self.leave_unfed(self.fed_by(batch))
-        router_objective, router_log = self.router_losses.end(pipe.sum_per_lm_lane)
-        rec = self.update(step, result.loss + result.out_objective + router_objective)
-        self.router_losses.after_update(rec["stepped"])
-        return {**rec, "tokens": result.tokens, "loss_tokens": result.loss_tokens, "flops": result.flops, **lanes,
-                **result.out_losses, **router_log}
 
     def update(self, step: int, loss: float) -> dict:
         """The optimizer step after finalised gradients, or a skip that every rank agrees on when the loss
@@ -274,6 +264,31 @@ class Trainer:
         self.guard.record(stepped)
         return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
                 "bad_steps": self.guard.consecutive_bad}
+
+    # perf.step_graph's step, one process only: forward, backward and update captured in one CUDA graph ----
+    def captured_step(self, step: int) -> dict:
+        """The step replayed from its CUDA graph (`CapturedStep`), the next step's host batch made meanwhile."""
+        host, tokens, flops, lanes, _ = self.host_batch(step)
+        micro = [to_device(mb, self.device) for mb in host]
+        self.optimizer.begin(step)
+        loss_total, n_global, norm = self.captured(micro)
+        self.prefetch(step + 1)
+        loss = float(loss_total / n_global.clamp_min(1.0))
+        return {**self.after_update_in_step(step, loss, float(norm)), "tokens": tokens,
+                "loss_tokens": int(n_global), "flops": flops, **lanes}
+
+    def device_step(self, micro: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step a CapturedStep records: forward, backward and the update; (loss sum, loss tokens, norm)."""
+        self.router_losses.begin()
+        loss_total, n_global = self.forward_backward(micro)
+        self.plan.finalize_grads(self.model)
+        return loss_total, n_global, self.optimizer.update_in_step()
+
+    def prefetch(self, step: int) -> None:
+        """Under perf.step_graph, while the device runs the step before: make `step`'s host batch, where the
+        data set is a pure function of the step (no reader state that a checkpoint would record)."""
+        if self.captured is not None and step < self.cfg.train.steps and not hasattr(self.data, "state_dict"):
+            self.prefetched = (step, self.host_batch(step))
 
     def after_update_in_step(self, step: int, loss: float, grad_norm: float) -> dict:
         """The record of a step whose update ran inside it (perf.step_graph): it cannot be skipped, so a
