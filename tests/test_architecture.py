@@ -348,3 +348,35 @@ def test_the_patch_rule_sees_patches():
             "lm.head = types.MethodType(f, lm)\n")
     lines = sorted(int(p.split(":")[1].split()[0]) for p in model_patches(code, "sample.py"))
     assert lines == [1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16], lines
+
+
+def plan_tests(source: str, where: str) -> list[str]:
+    """Where code tests a plan (`plan`, `x.plan`) for None or for truth: `plan is None`, `plan is not None`,
+    `if plan`, `a if plan else b`, `plan and ...`."""
+    def is_plan(node: ast.expr) -> bool:
+        return isinstance(node, ast.Name) and node.id == "plan" or isinstance(node, ast.Attribute) and \
+            node.attr == "plan"
+
+    found = []
+    for node in ast.walk(ast.parse(source, filename=where)):
+        if isinstance(node, ast.Compare) and is_plan(node.left) and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            found.append(node)
+        elif isinstance(node, (ast.If, ast.IfExp, ast.While)) and is_plan(node.test):
+            found.append(node)
+        elif isinstance(node, ast.BoolOp) and any(is_plan(v) for v in node.values):
+            found.append(node)
+    return [f"{where}:{n.lineno} tests a plan for None; one process has a ParallelPlan too (its services are "
+            "identities): ask it" for n in found]
+
+
+def test_the_trainer_asks_its_plan_at_every_world_size():
+    found = [p for path in sorted((ROOT / "train").rglob("*.py"))
+             for p in plan_tests(path.read_text(), str(path.relative_to(ROOT.parent)))]
+    assert not found, "\n".join(found)
+
+
+def test_the_plan_rule_sees_tests_for_none():
+    code = ("if self.plan is None:\n    pass\nx = plan is not None\ny = a if self.plan else b\nz = plan and plan.x\n"
+            "if plan:\n    pass\nw = self.plan.pipeline is None\n")
+    lines = sorted(int(p.split(":")[1].split()[0]) for p in plan_tests(code, "sample.py"))
+    assert lines == [1, 3, 4, 5, 6], lines
