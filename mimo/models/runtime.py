@@ -3,8 +3,8 @@
 The model's parameters and modules are its own; how its forward crosses between module layouts, splits the
 sequence, takes its loss and runs a modality in its own precision is this object's. The defaults are one
 process: no crossing, the whole sequence, the LM's own head and loss. A model is given its runtime once, by
-`MimoModel.set_runtime` (mimo.parallel.plan's `ParallelPlan.parallelize` on a layout, the trainer on one
-process); generation in the training layout swaps it for a derived one (`MimoModel.running`).
+`MimoModel.set_runtime` (mimo.parallel.plan's `ParallelPlan.parallelize`, on every layout and on one process);
+generation in the training layout swaps it for a derived one (`MimoModel.running`).
 """
 
 from __future__ import annotations
