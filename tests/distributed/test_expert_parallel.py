@@ -18,7 +18,6 @@ import torch
 from mimo.config.schema import Config
 from mimo.data.batching import COUNTS
 from mimo.models.build import build_model
-from mimo.models.loss import loss_weights
 from mimo.models.multimodal import modules_by_name
 from mimo.models.step_hints import forward_args
 from mimo.parallel.layout import Layout
@@ -27,7 +26,7 @@ from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from tests.support.dist import run_distributed
 from tests.support.expert_case import moe_batch, moe_config, moe_prepare
-from tests.support.parity import close, grads_then_step, step_matches_reference
+from tests.support.parity import close, colocated_step, grads_then_step, step_matches_reference
 
 RTOL = 1e-5
 
@@ -65,16 +64,9 @@ def _run_case(rank: int, world: int, lm: dict, router: str, micro: int) -> float
         assert meshes == {"router.weight": world, "w_gate": world // lm["ep"], "w_up": world // lm["ep"],
                           "w_down": world // lm["ep"]}, f"{what}: {meshes}"
     opt = MimoOptimizer(modules_by_name(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
-    micro_batches = plan.microbatches(batch)
-    tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro_batches)
-    n_global = plan.all_reduce_lm_data(tokens.clone())
-    assert n_global == ref["tokens"], what
-    loss = torch.zeros(())
-    for mb in micro_batches:
-        out = par(**forward_args(mb))
-        (out.loss_sum / n_global).backward()
-        loss += out.loss_sum.detach()
-    worst = close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"], RTOL)
+    loss, tokens = colocated_step(plan, par, batch)
+    assert tokens == ref["tokens"], what
+    worst = close(f"{what} loss", loss, ref["loss"], RTOL)
     worst = max(worst, step_matches_reference(what, rank, plan, par, opt, ref, RTOL))
     return worst
 

@@ -12,7 +12,6 @@ import copy
 import torch
 
 from mimo.models.build import build_model
-from mimo.models.loss import loss_weights
 from mimo.models.multimodal import modules_by_name
 from mimo.models.step_hints import forward_args
 from mimo.parallel.plan import ParallelPlan
@@ -20,7 +19,7 @@ from mimo.train.optim import MimoOptimizer
 from mimo.train.router_loss import RouterLosses
 from tests.support.dist import run_distributed
 from tests.support.expert_case import N, moe_batch, moe_config, moe_prepare
-from tests.support.parity import close, grads_then_step, step_matches_reference
+from tests.support.parity import close, colocated_step, grads_then_step, step_matches_reference
 
 RTOL = 1e-5
 
@@ -54,15 +53,8 @@ def _run_case(rank: int, world: int, lm: dict, micro: int) -> float:
     router.begin()
     par.train()
     opt = MimoOptimizer(modules_by_name(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
-    micro_batches = plan.microbatches(batch)
-    tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro_batches)
-    n_global = plan.all_reduce_lm_data(tokens.clone())
-    loss = torch.zeros(())
-    for mb in micro_batches:
-        out = par(**forward_args(mb))
-        (out.loss_sum / n_global).backward()
-        loss += out.loss_sum.detach()
-    worst = close(f"{what} loss", plan.all_reduce_lm_data(loss) / n_global, ref["loss"], RTOL)
+    loss, _ = colocated_step(plan, par, batch)
+    worst = close(f"{what} loss", loss, ref["loss"], RTOL)
     _, log = router.end(plan.all_reduce_lm_data)
     for key in ("moe_aux_loss", "moe_z_loss"):
         worst = max(worst, close(f"{what} {key}", torch.tensor(log[key]), torch.tensor(ref["log"][key]), RTOL))

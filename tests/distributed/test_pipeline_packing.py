@@ -12,15 +12,15 @@ clipping, max |diff| <= 1e-5 x max |ref| (fp32).
 import contextlib
 
 import pytest
-import torch
 
 from mimo.config.schema import Config, ModuleLayoutConfig
 from mimo.data.packing import pack_batch
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import batch_multiple, validate_plan
-from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
+from tests.support.configs import tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
-from tests.support.parity import grads_then_step, reference_and_parallel_copy, step_matches_reference
+from tests.support.documents import padded_samples
+from tests.support.parity import reference_and_parallel_copy, reference_step, step_matches_reference
 from tests.support.tiny_run import metrics, train_losses, train_rank
 
 RTOL = 1e-5
@@ -36,36 +36,15 @@ def _config(pp: int, dp: int, chunks: int, cp: int) -> Config:
                     {"images": ModuleLayoutConfig(offset=0, size=1), "language": lm}, MICRO, len(IMAGES_PER_SAMPLE))
 
 
-def _padded_batch() -> dict:
-    """Sample s: its images' placeholders after the first token, then text up to 3 + 4 x images + (5s mod 6)
-    tokens, then padding."""
-    counts = torch.tensor(IMAGES_PER_SAMPLE)
-    batch = image_text_batch(counts, S, IMG, torch.Generator().manual_seed(7))
-    for s, k in enumerate(IMAGES_PER_SAMPLE):
-        length = 3 + 4 * k + (5 * s) % 6
-        batch["input_ids"][s, length:] = PAD
-        batch["labels"][s, length - 1:] = -100
-    return batch
-
-
-def _reference(cfg: Config, batch: dict, model) -> dict:
-    out = model(batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
-                modality_inputs=batch["modality_inputs"])
-    loss = out.loss_sum / out.num_tokens
-    loss.backward()
-    grads, params = grads_then_step(cfg, model)
-    return {"loss": loss.item(), "grads": grads, "params": params}
-
-
 def _run_case(rank: int, world: int, pp: int, dp: int, chunks: int, cp: int) -> float:
     """One layout; returns (on rank 0) the worst relative difference of loss, gradients and weights."""
     what = f"LM pp {pp} dp {dp} virtual stages {chunks} cp {cp}"
     cfg = _config(pp, dp, chunks, cp)
-    batch = _padded_batch()
+    batch = padded_samples(IMAGES_PER_SAMPLE, S, IMG, PAD)
     rows = batch_multiple(Layout.from_config(cfg.parallel.modules, ["language", "images"], world), MICRO)
     packed, _ = pack_batch(batch, PAD, S, rows)
     assert "document_ids" in packed and packed["input_ids"].shape[0] < batch["input_ids"].shape[0], what
-    ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda model: _reference(cfg, batch, model))
+    ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda model: reference_step(cfg, batch, model))
     pipe = plan.pipeline
     result = pipe.train_step(par, packed if pipe.needs_data else None, rank_device(), contextlib.nullcontext)
     worst = abs(result.loss - ref["loss"]) / abs(ref["loss"])

@@ -11,7 +11,9 @@ import torch
 
 from mimo.config.schema import Config
 from mimo.models.build import build_model
+from mimo.models.loss import loss_weights
 from mimo.models.multimodal import modules_by_name
+from mimo.models.step_hints import forward_args
 from mimo.parallel.plan import ParallelPlan
 from mimo.train.optim import MimoOptimizer
 from mimo.train.trainer import Trainer
@@ -35,6 +37,31 @@ def grads_then_step(cfg: Config, model: torch.nn.Module) -> tuple[dict, dict]:
     return grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def reference_step(cfg: Config, batch: dict, model: torch.nn.Module) -> dict:
+    """One process on the whole (unpacked) `batch`: the mean loss's backward, then `grads_then_step`; returns
+    {"loss", "grads", "params"} as `step_matches_reference` reads them."""
+    out = model(batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
+                modality_inputs=batch["modality_inputs"])
+    loss = out.loss_sum / out.num_tokens
+    loss.backward()
+    grads, params = grads_then_step(cfg, model)
+    return {"loss": loss.item(), "grads": grads, "params": params}
+
+
+def colocated_step(plan: ParallelPlan, par: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward of this rank's microbatches of the global `batch` on a colocated layout, each loss sum
+    divided by the global loss-token count (collective): (the global mean loss, that count)."""
+    micro_batches = plan.microbatches(batch)
+    tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in micro_batches)
+    n_global = plan.all_reduce_lm_data(tokens.clone())
+    loss = torch.zeros(())
+    for mb in micro_batches:
+        out = par(**forward_args(mb))
+        (out.loss_sum / n_global).backward()
+        loss += out.loss_sum.detach()
+    return plan.all_reduce_lm_data(loss) / n_global, n_global
+
+
 def _diff_and_scale(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     if not ref.numel():
         return 0.0, 0.0
@@ -54,17 +81,19 @@ def close(what: str, got: torch.Tensor, ref: torch.Tensor, rtol: float) -> float
     return diff / scale if scale else 0.0
 
 
-def reference_and_parallel_copy(cfg: Config, rank: int, world: int, reference: Callable[[torch.nn.Module], dict]
+def reference_and_parallel_copy(cfg: Config, rank: int, world: int, reference: Callable[[torch.nn.Module], dict],
+                                compute_paths: Callable | None = None,
                                 ) -> tuple[dict, ParallelPlan, torch.nn.Module, MimoOptimizer]:
     """The model cfg builds under seed 0 (key biases frozen): `reference(model)` run on it in this process, and a
-    copy taken before, parallelized under cfg's layout as `rank` of `world` (collective), with its optimizer."""
+    copy taken before, parallelized under cfg's layout as `rank` of `world` (collective; `compute_paths` as
+    `ParallelPlan.parallelize` takes it), with its optimizer."""
     torch.manual_seed(0)
     model = build_model(cfg.model)
     freeze_key_biases(model)
     par = copy.deepcopy(model)
     ref = reference(model)
     plan = ParallelPlan(cfg, rank, world)
-    plan.parallelize(par)
+    plan.parallelize(par, compute_paths)
     return ref, plan, par, MimoOptimizer(modules_by_name(par), cfg.optim, 10, norm_sq_reduce=plan.norm_sq_reduce)
 
 
