@@ -128,6 +128,12 @@ def validate_data(cfg: Config) -> None:
     if d.packing and d.pack_length < 1:
         raise ConfigError(f"data.packing = true needs data.pack_length (tokens per packed row) >= 1, got "
                           f"{d.pack_length}; set it to at least the longest sample, e.g. 2-4x its length")
+    for key in ("moe_aux_loss_weight", "moe_z_loss_weight"):
+        if d.packing and getattr(cfg.model.llm, key):
+            raise ConfigError(f"model.llm.{key} = {getattr(cfg.model.llm, key)} with data.packing = true: the MoE "
+                              "router losses are per row of the LM's input, and a packed row holds several samples "
+                              f"(without their padding), so packing would change the objective; set "
+                              f"model.llm.{key} = 0 or data.packing = false")
 
 
 def validate(cfg: Config) -> None:
