@@ -116,7 +116,7 @@ class KVCache:
 
 def document_mask(query_docs: torch.Tensor, query_pos: torch.Tensor, key_docs: torch.Tensor | None = None,
                   key_pos: torch.Tensor | None = None) -> torch.Tensor:
-    """`[B, Sq]` document ids and positions of the queries (keys: the same unless given, `[B, Sk]`) ->
+    """`[B, Sq]` document ids and `[B, Sq]` or `[Sq]` positions of the queries (keys: the same unless given) ->
     `[B, 1, Sq, Sk]` bool: a query sees the keys of its own document at or before its position.
 
     Positions are indices into the row, so the mask is causal whatever order the queries and keys come in
@@ -140,48 +140,78 @@ def _flex_kernels() -> tuple:
     return torch.compile(flex_attention, dynamic=False), torch.compile(create_block_mask, dynamic=False)
 
 
+def _pad_to_block(t: torch.Tensor, value: int) -> torch.Tensor:
+    """The last dim padded with `value` to a whole number of FlexAttention blocks."""
+    return F.pad(t, (0, -t.shape[-1] % _FLEX_BLOCK), value=value)
+
+
+def _pad_rows(t: torch.Tensor) -> torch.Tensor:
+    """`[B, heads, S, D]` padded with zeros along S to whole FlexAttention blocks (itself when already whole)."""
+    tail = -t.shape[2] % _FLEX_BLOCK
+    return F.pad(t, (0, 0, 0, tail)) if tail else t
+
+
+def block_mask(ids: torch.Tensor, queries: torch.Tensor | None = None, keys: torch.Tensor | None = None) -> object:
+    """FlexAttention's block mask of `DocumentRows(ids, queries, keys)`, on `ids`' device, for q and k padded to
+    whole 128-position blocks (as `DocumentRows.attend` pads them)."""
+    if queries is None and keys is None:  # the whole row: its padded tail is a document (-1) no real query sees
+        padded = _pad_to_block(ids, -1)
+
+        def mask_mod(b, h, q, kv):
+            return (padded[b, q] == padded[b, kv]) & (kv <= q)
+
+        return _flex_kernels()[1](mask_mod, ids.shape[0], None, padded.shape[1], padded.shape[1], device=ids.device)
+    row = torch.arange(ids.shape[1], device=ids.device)
+    queries, keys = row if queries is None else queries, row if keys is None else keys
+    # Padding keys are a document (-2) no query sees; padding queries (-1) see key 0 alone, so no row is empty.
+    q_docs, k_docs = _pad_to_block(ids[:, queries], -1), _pad_to_block(ids[:, keys], -2)
+    q_pos, k_pos = _pad_to_block(queries, 0), _pad_to_block(keys, 0)
+
+    def positions_mask_mod(b, h, q, kv):
+        own = (q_docs[b, q] == k_docs[b, kv]) & (k_pos[kv] <= q_pos[q])
+        return own | ((q_docs[b, q] == -1) & (kv == 0))
+
+    return _flex_kernels()[1](positions_mask_mod, ids.shape[0], None, q_docs.shape[1], k_docs.shape[1],
+                              device=ids.device)
+
+
 @dataclass(frozen=True)
 class DocumentRows:
     """Rows packed with documents (mimo.data.packing) as an attention mask that a GPU step never builds densely.
 
-    `ids` `[B, S]`: each position's document id in its row; a query sees its own document's keys at or before
-    it. `of(ids)` on CUDA adds `block`, FlexAttention's block-sparse form of that mask (built on the device once
-    per forward and shared by every layer; blocks of other documents are skipped, nothing `[S, S]` is made), and
-    `attend` runs FlexAttention over it; elsewhere `attend` is SDPA with the `dense` mask, the reference the
-    tests compare against. FlexAttention was measured faster than variable-length flash attention on the
+    `ids` `[B, S]`: each position's document id in its row, the whole rows; a query sees its own document's keys at
+    or before it. `queries` `[Sq]` and `keys` `[Sk]`: the row positions of the queries `attend` gets and of its keys,
+    in their order (context parallel: this rank's zigzag queries against the all-gathered keys); None: the whole
+    row in order. `of(...)` on CUDA adds `block`, FlexAttention's block-sparse form of that mask (built on the
+    device once per forward and shared by every layer; blocks of other documents are skipped, nothing `[Sq, Sk]` is
+    made), and `attend` runs FlexAttention over it; elsewhere `attend` is SDPA with the `dense` mask, the reference
+    the tests compare against. FlexAttention was measured faster than variable-length flash attention on the
     presets' LM shapes (benchmarks/bench_packed_attention.py), and it reads grouped KV heads as they are."""
 
     ids: torch.Tensor
+    queries: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
     block: object | None = None
 
     @staticmethod
-    def of(ids: torch.Tensor) -> DocumentRows:
-        if not ids.is_cuda:
-            return DocumentRows(ids)
-        # The kernel takes rows of whole 128-position blocks: a shorter row's tail is a document of its own (-1)
-        # that no real query sees, and `attend` pads q, k and v to match.
-        padded = F.pad(ids, (0, -ids.shape[1] % _FLEX_BLOCK), value=-1)
-
-        def same_document_causal(b, h, q, kv):
-            return (padded[b, q] == padded[b, kv]) & (kv <= q)
-
-        b, s = padded.shape
-        return DocumentRows(ids, _flex_kernels()[1](same_document_causal, b, None, s, s, device=ids.device))
+    def of(ids: torch.Tensor, queries: torch.Tensor | None = None, keys: torch.Tensor | None = None) -> DocumentRows:
+        return DocumentRows(ids, queries, keys, block_mask(ids, queries, keys) if ids.is_cuda else None)
 
     def dense(self) -> torch.Tensor:
-        """`[B, 1, S, S]` bool (`document_mask` of the rows in order)."""
-        positions = torch.arange(self.ids.shape[1], device=self.ids.device).expand_as(self.ids)
-        return document_mask(self.ids, positions)
+        """`[B, 1, Sq, Sk]` bool (`document_mask` of the queries' and keys' positions)."""
+        row = torch.arange(self.ids.shape[1], device=self.ids.device)
+        queries = row if self.queries is None else self.queries
+        keys = row if self.keys is None else self.keys
+        return document_mask(self.ids[:, queries], queries, self.ids[:, keys], keys)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention within each document of `[B, heads, S, D]` q, k, v (k, v may have fewer heads)."""
+        """Causal attention within each document: `[B, heads, Sq, D]` q against `[B, kv_heads, Sk, D]` k and v."""
         if self.block is None:
             return attention(q, k, v, causal=True, mask=self.dense())
-        s, tail = q.shape[2], -q.shape[2] % _FLEX_BLOCK
-        if tail:
-            q, k, v = (F.pad(t, (0, 0, 0, tail)) for t in (q, k, v))
+        s = q.shape[2]
+        q, k, v = (_pad_rows(t) for t in (q, k, v))
         out = _flex_kernels()[0](q, k, v, block_mask=self.block, enable_gqa=q.shape[1] != k.shape[1])
-        return out[:, :, :s] if tail else out
+        return out[:, :, :s] if out.shape[2] != s else out
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mimo.config.schema import LANGUAGE
-from mimo.models.layers import DocumentRows, document_mask, padding_causal_mask
+from mimo.models.layers import DocumentRows, padding_causal_mask
 from mimo.models.llm import DecoderLM
 from mimo.models.runtime import ModelRuntime
 from mimo.models.sample_rows import leading_rows, run_encoder
@@ -339,7 +339,7 @@ class MimoModel(nn.Module):
     def attention_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                        document_ids: torch.Tensor | None) -> torch.Tensor | DocumentRows | None:
         """The LM's mask for this rank's rows (`row_positions`): block-diagonal causal from packed rows'
-        `document_ids` `[B, S]` on their device (`DocumentRows`: block-sparse on CUDA, where the rows are whole),
+        `document_ids` `[B, S]` on their device (`DocumentRows`: block-sparse on CUDA),
         causal over a `[B, S]` padding mask, or a given `[B, 1, S, S]` mask as it is."""
         if document_ids is not None:
             if attention_mask is not None:
@@ -353,14 +353,13 @@ class MimoModel(nn.Module):
             return padding_causal_mask(attention_mask.index_select(1, keys), queries, keys)
         return attention_mask
 
-    def document_attention(self, document_ids: torch.Tensor) -> torch.Tensor | DocumentRows:
+    def document_attention(self, document_ids: torch.Tensor) -> DocumentRows:
         """The LM's mask for this rank's queries over packed rows' whole `document_ids` `[B, S]`: `DocumentRows`
-        (block-sparse on CUDA), or under context parallel the dense mask of this rank's `row_positions`. Also
+        (block-sparse on CUDA) of the whole rows, or under context parallel of this rank's `row_positions`. Also
         what every pipeline stage builds from the ids that travel with its microbatch."""
         if self.runtime.mask_positions is None:
             return DocumentRows.of(document_ids)
-        queries, keys = self.row_positions(document_ids.shape[1], document_ids.device)
-        return document_mask(document_ids.index_select(1, queries), queries, document_ids.index_select(1, keys), keys)
+        return DocumentRows.of(document_ids, *self.row_positions(document_ids.shape[1], document_ids.device))
 
     def row_positions(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Row positions of this rank's queries and keys for masks built from per-token values: the whole

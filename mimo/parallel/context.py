@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from mimo.models.layers import attention
+from mimo.models.layers import DocumentRows, attention
 from mimo.models.multimodal import MimoModel
 from mimo.models.runtime import Crossing, ModelRuntime
 from mimo.parallel.comm import copy_to_tp, gather_from_sp, gather_from_tp
@@ -100,8 +100,8 @@ class ContextParallel:
         `input_ids` (and precomputed modality indices) stay whole: alignment needs the full sequence.
         Labels, loss mask and position ids (`arange` when absent) keep this rank's positions; an
         attention mask `[..., S, S]` keeps this rank's query rows and orders its key columns as the
-        all-gathered keys; packed rows' `document_ids` stay whole (the model builds this rank's mask from
-        them, `ModelRuntime.mask_positions`). Raises ValueError on a sequence length CP cannot split.
+        all-gathered keys; packed rows' `document_ids` stay whole (the model builds this rank's `DocumentRows`
+        from them, `ModelRuntime.mask_positions`). Raises ValueError on a sequence length CP cannot split.
         """
         ids = batch["input_ids"]
         seq = ids.shape[SEQ_DIM]
@@ -157,15 +157,18 @@ class ContextParallel:
         return self._masks[key]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+               mask: torch.Tensor | DocumentRows | None = None) -> torch.Tensor:
         """Drop-in for `layers.attention`: local queries against the CP group's gathered keys and values.
 
         Collective over the CP group. A given `mask` must be cut by `shard_batch` (local query rows,
-        gathered key order); without one, causal attention is masked by true sequence position.
+        gathered key order), or be packed rows' `DocumentRows` of this rank's `positions` (FlexAttention on
+        CUDA); without one, causal attention is masked by true sequence position.
         """
         seq = q.shape[HEAD_SEQ_DIM] * self.cp
         k = gather_from_sp(k, self.group, HEAD_SEQ_DIM)
         v = gather_from_sp(v, self.group, HEAD_SEQ_DIM)
+        if isinstance(mask, DocumentRows):
+            return mask.attend(q, k, v)
         if mask is None and causal:
             mask = self.causal_mask(seq, q.device)
         elif mask is not None and mask.shape[-2:] != (q.shape[HEAD_SEQ_DIM], seq):
