@@ -261,11 +261,18 @@ class MimoModel(nn.Module):
             bridge = self.runtime.bridges.get(name)
             if inputs is None:
                 continue
-            r = sub(inputs)
+            r = self.timed(name, sub, inputs)
             if bridge is not None:
                 r = bridge(r, (input_ids == self.special_token_ids[name]).sum(1), (microbatch_rows or {}).get(name))
             rows[name] = r
         return rows
+
+    def timed(self, name: str, sub: ModalitySubmodules, inputs: dict) -> torch.Tensor:
+        """Modality `name`'s rows, its encoders and projections stamped by the runtime's `module_clock` if any."""
+        clock = self.runtime.module_clock
+        token = clock.start(name) if clock is not None else None
+        rows = sub(inputs)
+        return rows if token is None else clock.end(name, rows, token)
 
     def unfed_parameters(self, fed: Collection[str]) -> list[nn.Parameter]:
         """What a training step whose global batch feeds only the modalities `fed` (`fed_modalities`) does not train:
@@ -318,6 +325,8 @@ class MimoModel(nn.Module):
                                           hints.microbatch_rows)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        clock = self.runtime.module_clock
+        token = clock.start(LANGUAGE) if clock is not None and labels is not None else None
         if self.runtime.shard_sequence is not None:
             embeds = self.runtime.shard_sequence(embeds)
         loss_rows = hints.loss_rows
@@ -330,6 +339,7 @@ class MimoModel(nn.Module):
             out = MimoOutput(hidden=hidden, logits=self.runtime.logits_fn(hidden, self.language_model))
         else:
             loss_sum, num_tokens = self.runtime.loss_fn(hidden, self.language_model, labels, loss_mask)
+            loss_sum = loss_sum if token is None else clock.end(LANGUAGE, loss_sum, token)
             out = MimoOutput(hidden=hidden, loss_sum=loss_sum, num_tokens=num_tokens)
         if hints.modality_targets:
             out.modality_loss_sums, out.modality_num_tokens = self.output_losses(

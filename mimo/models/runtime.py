@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -22,6 +23,17 @@ Crossing = Callable[..., torch.Tensor]
 
 LossFn = Callable[[torch.Tensor, DecoderLM, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 """`(hidden, lm, labels, loss_mask) -> (loss sum, token count)`."""
+
+
+class ModuleClock(Protocol):
+    """Stamps a module's forward and backward (mimo.train.module_time): `start(name)` right before module `name`
+    computes gives a token (None: not timing this call), `end(name, out, token)` right after gives its output
+    `out` back, tied to the token in the autograd graph so that backward stamps where the module's backward
+    begins and ends."""
+
+    def start(self, name: str) -> torch.Tensor | None: ...
+
+    def end(self, name: str, out: torch.Tensor, token: torch.Tensor | None) -> torch.Tensor: ...
 
 
 def lm_loss(hidden: torch.Tensor, lm: DecoderLM, labels: torch.Tensor,
@@ -54,6 +66,8 @@ class ModelRuntime:
     - `loss_fn`, `logits_fn`: the LM's loss (`LossFn`) and logits `(hidden, lm) -> [.., V]`.
     - `modality_autocast[m]` = (device type, bf16): modality m's encoders, projections and decoders run in an
       autocast context of their own (mimo.train.precision); absent: the caller's.
+    - `module_clock`: times each modality's encoders and projections and the LM (from its input embeddings to its
+      loss), forward and backward (`ModuleClock`); None: no stamps.
     """
 
     bridges: Mapping[str, Crossing] = field(default_factory=dict)
@@ -65,3 +79,4 @@ class ModelRuntime:
     loss_fn: LossFn = lm_loss
     logits_fn: Callable[[torch.Tensor, DecoderLM], torch.Tensor] = lm_logits
     modality_autocast: Mapping[str, tuple[str, bool]] = field(default_factory=dict)
+    module_clock: ModuleClock | None = None

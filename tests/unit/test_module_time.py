@@ -1,0 +1,53 @@
+"""summary.json's `time_share` (mimo.train.module_time): the stamps bracket each module's forward and its whole
+backward (checked against the moment each of its parameters' gradients lands)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mimo.models.build import build_model
+from mimo.models.runtime import ModelRuntime
+from mimo.train.module_time import ModuleTime
+from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
+
+IMAGES = [1, 0, 2, 1]
+
+
+def test_the_stamps_bracket_each_modules_forward_and_whole_backward():
+    cfg = tiny_vlm(tiny_llm(), tiny_vit(layers=2), 60, {}, 1, len(IMAGES))
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    clock = ModuleTime(torch.device("cpu"), every=2, warmup=1)
+    model.set_runtime(ModelRuntime(module_clock=clock))
+    landed: dict[str, float] = {}
+
+    def land(name: str) -> None:
+        landed[name] = time.perf_counter()
+
+    for name, p in model.named_parameters():
+        if "embed_tokens" not in name:  # the text embedding runs outside both modules
+            p.register_post_accumulate_grad_hook(lambda p, name=name: land(name))
+    batch = image_text_batch(torch.tensor(IMAGES), 16, 60, torch.Generator().manual_seed(0))
+    args = {k: batch[k] for k in ("input_ids", "labels", "position_ids", "modality_inputs")}
+    assert [clock.sample() for _ in range(4)] == [False, True, False, True]
+    model(**args).loss_sum.backward()
+    spans = {name: {kind: stamps[0] for kind, stamps in kinds.items()} for name, kinds in clock.stamps.items()}
+    assert all(len(stamps) == 1 for kinds in clock.stamps.values() for stamps in kinds.values())
+    assert set(spans) == {"images", "language"}
+    for s in spans.values():
+        assert s["forward_start"] < s["forward_end"] <= s["backward_start"] < s["backward_end"]
+    assert spans["images"]["forward_end"] < spans["language"]["forward_start"]
+    assert spans["language"]["backward_end"] <= spans["images"]["backward_start"]
+    module_of = {"modality_submodules.images.": "images", "language_model.": "language"}
+    for name, at in landed.items():
+        s = spans[next(m for prefix, m in module_of.items() if name.startswith(prefix))]
+        assert s["backward_start"] < at < s["backward_end"], name
+    assert landed.keys() == {n for n, _ in model.named_parameters() if "embed_tokens" not in n}
+    shares = clock.shares()
+    assert shares.keys() == {"images", "language"} and abs(sum(shares.values()) - 1) < 1e-3
+    assert clock.stamps == {}
+    with torch.no_grad():  # an evaluation inside a timed step is not stamped
+        model(**args)
+    assert clock.stamps == {}
