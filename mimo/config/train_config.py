@@ -108,3 +108,5 @@ class MetricsConfig:
                                     "bf16; A100: 312).")
     throughput_warmup: int = doc(3, "Steps at the start left out of the steady-state rates (compilation, "
                                     "autotuning, capture).")
+    time_share_every: int = doc(10, "Every N-th step after the warm-up times each module's forward and backward "
+                                    "for summary.json's time_share (0 = never).")

@@ -35,7 +35,7 @@ def validate_train(cfg: Config) -> None:
     require_at_least("train", t, ("steps", "log_every"), 1)
     require_at_least("train", t, ("max_bad_steps", "eval_every"), 0, " (0 turns it off)")
     require_at_least("checkpoint", cfg.checkpoint, ("save_every",), 0, " (0 turns it off)")
-    require_at_least("metrics", cfg.metrics, ("throughput_warmup",), 0)
+    require_at_least("metrics", cfg.metrics, ("throughput_warmup", "time_share_every"), 0)
     require_at_least("train", t, ("threads",), 0, " (0 = automatic, mimo/train/threads.py)")
     if not 0 <= t.host_mmap_threshold_mb <= 32:
         raise ConfigError(f"train.host_mmap_threshold_mb = {t.host_mmap_threshold_mb}: glibc takes 0 to 32 MiB; "

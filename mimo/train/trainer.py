@@ -3,6 +3,7 @@ per-token loss -> one gradient finalisation -> optimizer -> metrics -> checkpoin
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -44,6 +45,7 @@ from mimo.train.held_out import evaluate_held_out, read_batch
 from mimo.train.host_memory import set_mmap_threshold
 from mimo.train.master_optim import MasterOptimizer, UpdatedInStep
 from mimo.train.metrics import MetricsLogger, to_json
+from mimo.train.module_time import ModuleTime
 from mimo.train.optim import MimoOptimizer
 from mimo.train.plot import plot_curve, run_curve
 from mimo.train.precision import step_autocast, with_module_precision
@@ -85,6 +87,8 @@ class Trainer:
                                                   for m in cfg.model.module_names)
         self.plan = ParallelPlan(cfg, self.rank, self.world)
         torch.manual_seed(cfg.train.seed)
+        self.module_time = ModuleTime(self.device, 0 if cfg.perf.step_graph else cfg.metrics.time_share_every,
+                                      cfg.metrics.throughput_warmup)
         self.model = self.build_model()
         self.data = build_demo_data(cfg, self.model)
         if cfg.data.packing:
@@ -123,8 +127,9 @@ class Trainer:
     def compute_paths(self, model: MimoModel, runtime: ModelRuntime,
                       lm_tp: tuple[ProcessGroup, bool] | None = None) -> ModelRuntime:
         """The fast paths installed on `model` and the runtime it computes with: `runtime` (the layout's) with
-        the chunked loss and each modality's own precision where the config asks for them."""
-        return with_module_precision(self.cfg, model, apply_fast_paths(self.cfg, model, runtime, lm_tp))
+        the chunked loss and each modality's own precision where the config asks for them, and the module clock."""
+        runtime = with_module_precision(self.cfg, model, apply_fast_paths(self.cfg, model, runtime, lm_tp))
+        return dataclasses.replace(runtime, module_clock=self.module_time)
 
     def build_optimizer(self) -> MimoOptimizer | MasterOptimizer:
         """MimoOptimizer (fp32 weights), or MasterOptimizer under precision.master_weights (turns them bf16)."""
@@ -149,6 +154,7 @@ class Trainer:
             return self.captured_step(step)
         self.optimizer.begin(step)  # MasterOptimizer's learning rates, on the device
         self.router_losses.begin()
+        self.module_time.sample()
         result, fed, lanes = (self.pipeline_pass if self.plan.pipeline is not None else self.colocated_pass)(step)
         self.plan.finalize_grads(self.model)
         self.leave_unfed(fed)
@@ -369,6 +375,7 @@ class Trainer:
         summary = {"steps": steps, "final_loss": rec.get("loss"), "skipped_steps": skipped,
                    "wall_s": round(self.checkpointer.run_wall_s(), 2), **throughput.summary(wall),
                    "padding_share": self.shares.padding(), "flops_share": self.shares.flops(),
+                   "time_share": self.module_time.shares(),
                    "world_size": self.world, "checkpoint": str(final)}
         if self.balancer is not None:
             summary["lane_imbalance"] = self.balancer.summary()

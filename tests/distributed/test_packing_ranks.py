@@ -1,5 +1,6 @@
 """Through the trainer, the tiny demo packed (one process, and LM cp2 x tp2 with sequence parallel on 4
-ranks) has the unpacked run's per-step losses, with less padding."""
+ranks, every step's module times stamped for summary.json's time_share) has the unpacked run's per-step losses,
+with less padding."""
 
 from mimo.train.trainer import Trainer
 from tests.support.dist import run_distributed
@@ -19,7 +20,9 @@ def test_trainer_packed_and_context_parallel_reproduce_the_unpacked_losses(tmp_p
         runs[name] = [m["loss"] for m in metrics(out)]
     assert summary["padding"]["padding_after"] < summary["padding"]["padding_before"]
     out = tmp_path / "cp2_tp2_packed"
-    run_distributed(train_rank, 4, str(out), [*LAYOUT, *PACKED, *CP_TP], timeout=300)
+    timed = ["--metrics.time_share_every=1", "--metrics.throughput_warmup=0"]  # stamping changes no number
+    shares = run_distributed(train_rank, 4, str(out), [*LAYOUT, *PACKED, *CP_TP, *timed], timeout=300)[0]["time_share"]
+    assert shares.keys() == {"images", "language"} and abs(sum(shares.values()) - 1) < 1e-3
     runs["cp2_tp2_packed"] = [m["loss"] for m in metrics(out)]
     ref = runs["padded"]
     assert len(ref) == 3

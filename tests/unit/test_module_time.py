@@ -1,8 +1,10 @@
 """summary.json's `time_share` (mimo.train.module_time): the stamps bracket each module's forward and its whole
-backward (checked against the moment each of its parameters' gradients lands)."""
+backward (checked against the moment each of its parameters' gradients lands), and a run's shares sum to 1 and
+move to the encoder when its work grows."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -10,7 +12,9 @@ import torch
 from mimo.models.build import build_model
 from mimo.models.runtime import ModelRuntime
 from mimo.train.module_time import ModuleTime
+from mimo.train.trainer import Trainer
 from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
+from tests.support.tiny_run import tiny_config
 
 IMAGES = [1, 0, 2, 1]
 
@@ -51,3 +55,18 @@ def test_the_stamps_bracket_each_modules_forward_and_whole_backward():
     with torch.no_grad():  # an evaluation inside a timed step is not stamped
         model(**args)
     assert clock.stamps == {}
+
+
+def _time_share(out, *overrides: str) -> dict[str, float]:
+    Trainer(tiny_config(out, "--train.steps=6", "--metrics.throughput_warmup=1", "--metrics.time_share_every=1",
+                        *overrides)).train()
+    return json.loads((out / "tiny" / "summary.json").read_text())["time_share"]
+
+
+def test_a_runs_time_shares_sum_to_one_and_follow_the_encoders_work(tmp_path):
+    small = _time_share(tmp_path / "small")
+    large = _time_share(tmp_path / "large", "--model.modalities.images.vit.layers=8",
+                        "--model.modalities.images.vit.mlp=1024", "--model.modalities.images.vit.hidden=128")
+    for shares in (small, large):
+        assert shares.keys() == {"images", "language"} and abs(sum(shares.values()) - 1) < 1e-3
+    assert large["images"] > small["images"] + 0.1, (small, large)
