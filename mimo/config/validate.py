@@ -116,9 +116,6 @@ def validate_data(cfg: Config) -> None:
         raise ConfigError("data.packing = true with data.name = 'synthetic': synthetic rows are full, with no padding "
                           "to pack away; set data.packing = false")
     native = [n for n, m in cfg.model.modalities.items() if m.kind == "native_vision"]
-    if d.packing and native:
-        raise ConfigError(f"data.packing = true with the native_vision modality '{native[0]}': packed rows restart "
-                          "one-axis positions, not M-RoPE's; set data.packing = false")
     if native and (len(cfg.model.modalities) != 1 or d.name not in ("jsonl", "webdataset")):
         raise ConfigError(f"model.modalities.{native[0]}.kind = 'native_vision' trains on data.name = 'jsonl' or "
                           "'webdataset' as the model's only modality; set data.name (and data.path) to one of them")

@@ -3,8 +3,9 @@
 A padded batch spends most of its tokens on padding when samples are much shorter than the row.
 Packing moves each sample's real tokens (its prefix up to the last non-pad token or label) into rows
 of `pack_length` tokens by greedy first fit, in batch order. Inside a row every sample is one
-*document*: positions restart at 0 (RoPE sees the same positions as unpacked), and a block-diagonal
-causal attention mask keeps documents apart, so each sample's hidden states, loss and loss-token count
+*document*: it keeps its unpacked positions, which restart at 0 (RoPE sees the same positions as unpacked;
+M-RoPE's `[B, S, 3]` ones keep their three axes, its images' and videos' grid positions included), and a
+block-diagonal causal attention mask keeps documents apart, so each sample's hidden states, loss and loss-token count
 equal those of the unpacked batch. The batch carries only each token's `document_ids` `[R, L]`; the
 model builds the `[R, 1, L, L]` mask from them where its tensors live (on a GPU, not on the host, and
 never copied: at L = 4096 a row's mask is 16 MiB). Labels are shifted inside each sample by the
@@ -85,6 +86,11 @@ def _reorder_inputs(inputs: Any, index: torch.Tensor) -> Any:
     return inputs.index_select(0, index.to(inputs.device))
 
 
+def _ramp(n: int, axes: tuple[int, ...]) -> torch.Tensor:
+    """Positions 0..n-1, the same on every axis: `[n, *axes]`."""
+    return torch.arange(n).reshape(n, *[1] * len(axes)).expand(n, *axes)
+
+
 def pack_batch(batch: dict, pad_id: int, pack_length: int, row_multiple: int = 1) -> tuple[dict, PackStats]:
     """A padded batch (MimoModel.forward keyword arguments plus `modality_counts`) -> a packed batch.
 
@@ -102,11 +108,13 @@ def pack_batch(batch: dict, pad_id: int, pack_length: int, row_multiple: int = 1
     rows = first_fit(lengths, pack_length)
     rows += [[] for _ in range(-len(rows) % row_multiple)]
     shape = (len(rows), pack_length)
+    positions = batch.get("position_ids")
+    axes = () if positions is None else tuple(positions.shape[2:])  # M-RoPE's `[B, S, 3]`: three axes
     out = {"input_ids": torch.full(shape, pad_id, dtype=ids.dtype),
            "labels": torch.full(shape, IGNORE_INDEX, dtype=torch.long),
-           "position_ids": torch.zeros(shape, dtype=torch.long)}
+           "position_ids": torch.zeros(*shape, *axes, dtype=torch.long)}
     docs = torch.zeros(shape, dtype=torch.long)
-    per_token = {"input_ids": ids, "position_ids": batch.get("position_ids")}
+    per_token = {"input_ids": ids, "position_ids": positions}
     if labels is not None:
         per_token["labels"] = labels
     if batch.get("loss_mask") is not None:
@@ -117,11 +125,11 @@ def pack_batch(batch: dict, pad_id: int, pack_length: int, row_multiple: int = 1
         for d, i in enumerate(members):
             k = lengths[i]
             for key, src in per_token.items():
-                out[key][r, at:at + k] = src[i, :k] if src is not None else torch.arange(k)
+                out[key][r, at:at + k] = src[i, :k] if src is not None else _ramp(k, axes)
             docs[r, at:at + k] = d
             at += k
         docs[r, at:] = len(members)
-        out["position_ids"][r, at:] = torch.arange(pack_length - at)
+        out["position_ids"][r, at:] = _ramp(pack_length - at, axes)
     out["document_ids"] = docs
     order = [i for members in rows for i in members]
     out["modality_inputs"], out[COUNTS] = {}, {}

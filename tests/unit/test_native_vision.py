@@ -89,12 +89,11 @@ def test_native_vision_needs_mrope_and_a_fitting_section():
         validate_model(Config(model=model))
 
 
-def test_native_data_needs_a_real_data_set_and_no_packing():
+def test_native_data_needs_a_real_data_set_and_packs():
     with pytest.raises(ConfigError, match="kind = 'native_vision' trains on data.name = 'jsonl' or 'webdataset'"):
         validate_data(Config(model=tiny_native_vlm(), data=DataConfig(name="shapes")))
-    with pytest.raises(ConfigError, match="data.packing = true with the native_vision modality 'images'"):
-        validate_data(Config(model=tiny_native_vlm(), data=DataConfig(name="jsonl", path="m.jsonl", packing=True,
-                                                                         pack_length=64)))
+    validate_data(Config(model=tiny_native_vlm(), data=DataConfig(name="jsonl", path="m.jsonl", packing=True,
+                                                                  pack_length=64)))
 
 
 def test_native_flops_by_hand():
