@@ -8,7 +8,7 @@ The reading, sharding and agreed skips are the native-resolution reader's (mimo.
 sample with a video is skipped and counted. A batch holds plain `position_ids` `[B, S]`, each usable row's images as
 `pixel_values` `[images, most tiles, C, S, S]` (zero-padded; zeros where this rank does not encode an image) with
 their `image_sizes` `[images, 2]` (and, under OneVision, whether each is `tiled`, `[images]`), and
-`modality_counts` (a usable row's images, 0 per skipped row and per row this rank reads nothing of), so
+`modality_counts` (a usable row's images, 0 per skipped row and per row past a held-out batch's last sample), so
 microbatches split by samples as for any modality.
 """
 
@@ -47,7 +47,7 @@ class AnyResSpec:
     kind: str = "vision"
     encoder: str = "vit"
     key: str = "pixel_values"
-    empty: tuple = ()  # the images of a usable row this rank reads nothing of
+    empty: tuple = ()  # the images of a row past a held-out batch's last sample
     markers: tuple = ()  # the ids that open and close an image's placeholders: none
 
     @property

@@ -3,16 +3,17 @@ samples with images of any size (JSONL `"image": [...]`: several, or none; WebDa
 or one video's frames (JSONL `"video"`), each resized within the tower's [min_pixels, max_pixels]
 (mimo.data.native_images), so every sample has its own number of placeholders.
 
-The rest is `ImageTextData`'s (order, sharding, agreed skips): a rank that reads a row's text reads only its
-images' headers for the grids (the placeholders and M-RoPE positions follow from them); a rank that encodes them
-decodes the pixels. A row is BOS, each item's placeholders in order (one run after another; each between
-`native.vision_start_token_id` and `vision_end_token_id` when they are set, as transformers' Qwen2-VL processor
-lays them out), then the text; placeholders and markers are inputs, never targets. A batch holds `position_ids`
-`[B, S, 3]` (mimo.models.mrope: markers count as text, as in transformers' get_rope_index), each usable row's items
-as `pixel_values` `[items, most patches, C*T*P*P]` (padded; the tower keeps each item's `grid_thw` patches) and
-`modality_counts` (a usable row's items, 0 per skipped one; one empty stand-in for a usable row this rank reads
-nothing of), so microbatches split by samples as for any modality. A row whose items a rank encodes without
-reading its text holds their placeholders (and markers) alone, so that the batch's checks see every item's rows.
+The rest is `ImageTextData`'s (order, sharding, agreed skips), except that every rank reads every row's items'
+headers for their grids (the placeholders and M-RoPE positions follow from them), so that all ranks hold every
+row's placeholders whichever rows they read; a rank that encodes the items decodes the pixels. A row is BOS, each
+item's placeholders in order (one run after another; each between `native.vision_start_token_id` and
+`vision_end_token_id` when they are set, as transformers' Qwen2-VL processor lays them out), then the text;
+placeholders and markers are inputs, never targets. A batch holds `position_ids` `[B, S, 3]` (mimo.models.mrope:
+markers count as text, as in transformers' get_rope_index), each usable row's items as `pixel_values`
+`[items, most patches, C*T*P*P]` (padded; the tower keeps each item's `grid_thw` patches) and `modality_counts` (a
+usable row's items, 0 per skipped one; one empty stand-in for a row past a held-out batch's last sample), so
+microbatches split by samples as for any modality. A row whose text a rank does not read holds its items'
+placeholders (and markers) alone, so that the batch's checks see every item's rows.
 The per-item reader (`ItemSamples`, `ItemImageTextData._rows`) serves any modality whose items give their own
 placeholder counts: an anyres one too (mimo.data.anyres_data).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +47,7 @@ from mimo.models.mrope import mrope_positions
 from mimo.models.multimodal import MimoModel
 
 EMPTY_GRID = (1, 0, 0)
-"""The grid of a usable row this rank reads nothing of: no patches (its microbatches never hold it)."""
+"""The grid of a row past a held-out batch's last sample: no patches."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class NativeSpec:
     kind: str = "native_vision"
     encoder: str = "visual"
     key: str = "pixel_values"
-    empty: tuple = (EMPTY_GRID,)  # the items of a usable row this rank reads nothing of
+    empty: tuple = (EMPTY_GRID,)  # the items of a row past a held-out batch's last sample
 
     @property
     def tokens(self) -> int:
@@ -140,6 +142,16 @@ class ItemImageTextData(ImageTextData):
 
     reader = ItemSamples
 
+    def requests(self, indices: Any) -> list[tuple[int, int, bool, frozenset[str]]]:
+        """(row, sample index, want text, modalities to decode) for every row of `indices`: a row whose text this
+        rank does not read and whose items it does not encode still gives their shapes (headers only), so that
+        every rank holds every row's placeholders as the readers do (the colocated bridges' `microbatch_rows`, the
+        step's FLOPs), whichever rows its data lanes hold."""
+        text, inputs, name = self.text_rows, self.input_rows, self.media[0].name
+        return [(row, int(i), text is None or row in text,
+                 frozenset({name}) if inputs is None or row in inputs[name] else frozenset())
+                for row, i in enumerate(indices)]
+
     def _rows(self, items: list[Item], n: int, bad: torch.Tensor) -> tuple:
         """(ids, labels, counts, shapes, pixels, texts) of the batch: every item's shape and pixels (None where
         this rank does not encode it) in order, and each row whose text this rank reads -> (its shapes, fps)."""
@@ -156,7 +168,7 @@ class ItemImageTextData(ImageTextData):
             counts[row] = len(row_shapes)
             shapes += row_shapes
             pixels += [None] * len(row_shapes) if item is None or item[0] is None else item[0]
-            if row_ids is None and item is not None:  # items this rank encodes but whose text it does not read
+            if row_ids is None and item is not None:  # items whose text this rank does not read
                 alone = spec.ids(row_shapes)
                 ids[row, : len(alone)] = torch.tensor(alone)
             if row_ids is not None:

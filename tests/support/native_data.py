@@ -5,6 +5,9 @@ import json
 import numpy as np
 from PIL import Image
 
+from mimo.data.batching import COUNTS
+from mimo.models.flops import module_step_flops
+
 SIZES = [(40, 72), (100, 30), (33, 33), (200, 150)]  # (height, width)
 TINY = ["--model.llm.hidden=32", "--model.llm.layers=1", "--model.llm.heads=2", "--model.llm.kv_heads=1",
         "--model.llm.mlp=64", "--model.modalities.images.native.hidden=16", "--model.modalities.images.native.heads=2",
@@ -33,3 +36,14 @@ def manifest(tmp_path, several: bool = False) -> str:
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return str(path)
+
+
+def batch_facts(trainer) -> tuple[list[int], list[int], dict[str, int]]:
+    """What every rank's first global batch must agree on with the single process's, whichever rows the rank reads
+    (the colocated bridges' `microbatch_rows`, the step's FLOPs): each row's placeholders and inputs of the model's
+    one modality, and the batch's model FLOPs by module. Collective among the ranks that read data."""
+    cfg = trainer.cfg
+    batch = trainer.data.global_batch(0, cfg.data.global_batch, cfg.data.seed)
+    (name, m), = cfg.model.modalities.items()
+    return ((batch["input_ids"] == m.token_id).sum(1).tolist(), batch[COUNTS][name].tolist(),
+            module_step_flops(cfg.model, batch))
