@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +101,11 @@ def measure(kernel: str, s: Shape, device: torch.device, dtype: torch.dtype, ite
             "backward_tflops": 2.5 * s.forward_flops() / bwd / 1e9}
 
 
+FIGURES = [("forward ms", "{forward_ms:.3f}"), ("backward ms", "{backward_ms:.3f}"), ("out err", "{out_err:.1e}"),
+           ("grad err", "{grad_err:.1e}")]
+"""`time_kernel`'s figures as `markdown` columns."""
+
+
 def time_kernel(fn: Callable[..., torch.Tensor], base: list[torch.Tensor], grad_out: torch.Tensor,
                 ref_in: list[torch.Tensor], ref_out: torch.Tensor, dtype: torch.dtype, iters: int, warmup: int) -> dict:
     """`fn(q, k, v)` on `base` (host q, k, v) in `dtype` on `grad_out`'s device: median forward and backward ms, and
@@ -124,40 +129,61 @@ def time_kernel(fn: Callable[..., torch.Tensor], base: list[torch.Tensor], grad_
     return {"forward_ms": fwd, "backward_ms": both - fwd, "out_err": out_err, "grad_err": grad_err}
 
 
-def table(rows: list[dict]) -> str:
-    """Markdown, one row per kernel and shape; a kernel that failed shows why."""
-    lines = ["| shape | kernel | forward ms | TFLOP/s | backward ms | TFLOP/s | out err | grad err |",
-             "|---|---|---|---|---|---|---|---|"]
+def kernel_parser(doc: str, kernels: Sequence[str], default: str = "default: all") -> argparse.ArgumentParser:
+    """An attention benchmark's arguments: --device, --kernel (repeatable, `default` says what without it), --iters
+    and --warmup; the first line of `doc` describes it."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--kernel", action="append", choices=kernels, help=f"kernel to time (repeatable); {default}")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    return ap
+
+
+def device_dtype(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
+    """The device `--device` names and the dtype timed there: bf16 on CUDA, fp32 elsewhere."""
+    device = torch.device(args.device)
+    return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def kernel_row(labels: dict, measure: Callable[..., dict], *args: object) -> dict:
+    """`labels` and `measure(*args)`'s figures; where it raises (a kernel this build, device or shape lacks),
+    `labels` and the first line of the error, so that the table shows why."""
+    try:
+        return {**labels, **measure(*args)}
+    except Exception as e:
+        return {**labels, "error": (str(e).splitlines() or [type(e).__name__])[0][:160]}
+
+
+def markdown(rows: list[dict], labels: list[str], columns: list[tuple[str, str]]) -> str:
+    """`rows` as a Markdown table: each row's `labels` keys, then `columns` ((header, format of the row's keys)
+    each); a row with an "error" shows it in place of its figures."""
+    heads = [*labels, *(head for head, _ in columns)]
+    lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
     for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['shape']} | {r['kernel']} | {r['error']} | | | | | |")
-        else:
-            lines.append(f"| {r['shape']} | {r['kernel']} | {r['forward_ms']:.3f} | {r['forward_tflops']:.3g} | "
-                         f"{r['backward_ms']:.3f} | {r['backward_tflops']:.3g} | {r['out_err']:.1e} | "
-                         f"{r['grad_err']:.1e} |")
+        figures = [r["error"], *[""] * (len(columns) - 1)] if "error" in r else [f.format(**r) for _, f in columns]
+        lines.append("| " + " | ".join([*(str(r[k]) for k in labels), *figures]) + " |")
     return "\n".join(lines)
 
 
+def table(rows: list[dict]) -> str:
+    """Markdown, one row per kernel and shape; a kernel that failed shows why."""
+    return markdown(rows, ["shape", "kernel"], [
+        ("forward ms", "{forward_ms:.3f}"), ("TFLOP/s", "{forward_tflops:.3g}"), ("backward ms", "{backward_ms:.3f}"),
+        ("TFLOP/s", "{backward_tflops:.3g}"), ("out err", "{out_err:.1e}"), ("grad err", "{grad_err:.1e}")])
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = kernel_parser(__doc__, KERNELS, "default: all on CUDA, flash and math on CPU")
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--kernel", action="append", choices=KERNELS,
-                    help="kernel to time (repeatable); default: all on CUDA, flash and math on CPU")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args(argv)
-    device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device, dtype = device_dtype(args)
     kernels = args.kernel or (list(KERNELS) if device.type == "cuda" else ["flash", "math"])
     rows = []
     for s in preset_shapes(load_preset(args.preset)):
         for kernel in kernels:
-            try:
-                rows.append(measure(kernel, s, device, dtype, args.iters, args.warmup))
-            except Exception as e:  # a kernel that cannot take this shape (or has no backward here) is a row
-                why = (str(e).splitlines() or [type(e).__name__])[0][:120]
-                rows.append({"kernel": kernel, "shape": s.name, "error": why})
+            rows.append(kernel_row({"kernel": kernel, "shape": s.name}, measure, kernel, s, device, dtype, args.iters,
+                                   args.warmup))
     print(f"preset `{args.preset}`, {device.type}, {dtype}, median of {args.iters} calls\n\n{table(rows)}")
     return rows
 

@@ -15,14 +15,21 @@ ms" is what a forward spends once, for all its layers, on the kernel's mask (for
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import random
 from collections.abc import Callable
 
 import torch
 
-from benchmarks.bench_attention import _median_ms, time_kernel
+from benchmarks.bench_attention import (
+    FIGURES,
+    _median_ms,
+    device_dtype,
+    kernel_parser,
+    kernel_row,
+    markdown,
+    time_kernel,
+)
 from benchmarks.workload import load_preset, model_config
 from mimo.models.layers import DocumentRows, attention, document_mask
 
@@ -103,30 +110,14 @@ def measure(kernel: str, p: dict, device: torch.device, dtype: torch.dtype, iter
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = kernel_parser(__doc__, KERNELS)
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--kernel", action="append", choices=KERNELS)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args(argv)
-    device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    rows = []
-    for kernel in args.kernel or KERNELS:
-        try:
-            rows.append(measure(kernel, load_preset(args.preset), device, dtype, args.iters, args.warmup))
-        except Exception as e:  # a kernel missing on this build or device is a row, not a stop
-            rows.append({"kernel": kernel, "error": (str(e).splitlines() or [type(e).__name__])[0][:160]})
+    device, dtype = device_dtype(args)
+    rows = [kernel_row({"kernel": kernel}, measure, kernel, load_preset(args.preset), device, dtype, args.iters,
+                       args.warmup) for kernel in args.kernel or KERNELS]
     print(f"preset `{args.preset}`, {device.type}, {dtype}, torch {torch.__version__}, median of {args.iters}")
-    print("| kernel | docs | mask ms (once a forward) | forward ms | backward ms | out err | grad err |\n"
-          "|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "error" in r:
-            print(f"| {r['kernel']} | {r['error']} | | | | | |")
-        else:
-            print(f"| {r['kernel']} | {r['docs']} | {r['mask_ms']:.3f} | {r['forward_ms']:.3f} | "
-                  f"{r['backward_ms']:.3f} | {r['out_err']:.1e} | {r['grad_err']:.1e} |")
+    print(markdown(rows, ["kernel"], [("docs", "{docs}"), ("mask ms (once a forward)", "{mask_ms:.3f}"), *FIGURES]))
     return rows
 
 
