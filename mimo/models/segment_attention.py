@@ -67,7 +67,7 @@ def segments(ids: torch.Tensor) -> Segments:
 
 
 @functools.cache
-def _varlen_kernel() -> Callable | None:
+def varlen_kernel() -> Callable | None:
     """PyTorch's variable-length flash attention, or None where this PyTorch has none."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -88,10 +88,15 @@ def varlen_segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 @torch._disable_dynamo
 def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segs: Segments) -> torch.Tensor:
     """Softmax attention of `[N, heads, D]` q, k, v within each segment of `segs` (scale 1/sqrt(D)), `[N, heads, D]`
-    in packed order: what SDPA over the whole sequence with a same-segment mask gives. On CUDA in fp16 or bf16:
-    `varlen_segment_attention` with PyTorch's `varlen_attn`, where it has one."""
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _varlen_kernel() is not None:
-        return varlen_segment_attention(q, k, v, segs, _varlen_kernel())
+    in packed order: what SDPA over the whole sequence with a same-segment mask gives. On CUDA in fp16 or bf16
+    `varlen_segment_attention` with PyTorch's `varlen_attn`, where it has one; else `grouped_segment_attention`."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and varlen_kernel() is not None:
+        return varlen_segment_attention(q, k, v, segs, varlen_kernel())
+    return grouped_segment_attention(q, k, v, segs)
+
+
+def grouped_segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segs: Segments) -> torch.Tensor:
+    """`segment_attention` as one unmasked SDPA per group of equal-length segments: the reference path."""
     heads, dim = q.shape[1:]
     sizes = [g * n for g, n in segs.groups]
     parts = [t[segs.perm].split(sizes) for t in (q, k, v)]

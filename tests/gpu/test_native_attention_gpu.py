@@ -12,7 +12,7 @@ from mimo.models.native_vit import NativeVisionTower, block_segments, patch_coor
 from tests.support.configs import tiny_native
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-              pytest.mark.skipif(seg._varlen_kernel() is None, reason="this PyTorch has no varlen_attn")]
+              pytest.mark.skipif(seg.varlen_kernel() is None, reason="this PyTorch has no varlen_attn")]
 
 GRIDS = torch.tensor([[1, 36, 52], [1, 20, 12], [4, 16, 24]])  # two image sizes, a video of 8 frames (t = 4)
 WINDOW = 8  # patches: Qwen2.5-VL's 112-pixel windows of 14-pixel patches
