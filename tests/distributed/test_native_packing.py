@@ -3,7 +3,8 @@
 One global batch holds images of four sizes, a sample of two images of different sizes, a 3-frame video, a
 text-only sample and a skipped one (tests.support.native_data); packed by first fit into rows of 160 tokens, seven
 samples share a row, each keeping its own M-RoPE positions (three axes, restarting at 0) and its items. Two Trainer
-steps on two data lanes and on the tower on rank 0 feeding an LM pipeline of two stages (the document ids and the
+steps on two data lanes, under the LM's cp2 (each rank's zigzag of the rows, the document mask of its positions) and
+tp2 with sequence parallel, and on the tower on rank 0 feeding an LM pipeline of two stages (the document ids and the
 `[B, S, 3]` positions travel with the activations) give the single process's unpacked losses and gradients within
 1e-5 relative (fp32)."""
 
@@ -24,6 +25,8 @@ STEPS = 2
 PACKED = ["--data.packing=true", "--data.pack_length=160"]
 LAYOUTS = {  # name -> (world, overrides)
     "dp2": (2, []),
+    "lm_cp2": (2, ["--parallel.modules.language.cp=2"]),
+    "lm_tp2_sp": (2, ["--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true"]),
     "tower_then_lm_pp2": (3, ["--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
                               "--parallel.modules.language.offset=1", "--parallel.modules.language.size=2",
                               "--parallel.modules.language.pp=2", "--parallel.microbatches=2"]),
