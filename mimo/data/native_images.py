@@ -55,8 +55,19 @@ def item_ids(rows: int, token_id: int, cfg: NativeViTConfig) -> list[int]:
     return [cfg.vision_start_token_id, *run, cfg.vision_end_token_id] if cfg.marked else run
 
 
+HEADER_BYTES = 1 << 16
+"""What `header_size` reads first: enough for a PNG's or a JPEG's header unless large metadata comes before it."""
+
+
 def header_size(ref: ImageRef) -> tuple[int, int]:
-    """(height, width) of an encoded image from its header (nothing decoded). Raises BadSample."""
+    """(height, width) of an encoded image from its header (nothing decoded), read from the image's first
+    HEADER_BYTES, or from all of it where the header does not open from them (the verdict is the whole image's).
+    Raises BadSample."""
+    try:
+        with Image.open(io.BytesIO(ref.read(HEADER_BYTES))) as img:
+            return img.height, img.width
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        pass
     try:
         with Image.open(io.BytesIO(ref.read())) as img:
             return img.height, img.width

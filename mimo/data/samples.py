@@ -41,16 +41,18 @@ class ImageRef:
     offset: int = -1
     size: int = -1
 
-    def read(self) -> bytes:
+    def read(self, limit: int = -1) -> bytes:
+        """The encoded bytes; with `limit` >= 0 at most that many of them, from the start. Raises BadSample."""
         try:
             with open(self.path, "rb") as f:
                 if self.offset < 0:
-                    return f.read()
+                    return f.read(limit)
                 f.seek(self.offset)
-                data = f.read(self.size)
+                want = self.size if limit < 0 else min(limit, self.size)
+                data = f.read(want)
         except OSError as e:
             raise BadSample(f"image '{self.path}' is unreadable ({e.strerror or e})") from e
-        if len(data) != self.size:
+        if len(data) != want:
             raise BadSample(f"image at byte {self.offset} of '{self.path}' is cut short")
         return data
 

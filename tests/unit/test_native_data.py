@@ -13,7 +13,7 @@ from PIL import Image
 from mimo.cli import main
 from mimo.config.load import load_config
 from mimo.config.schema import NativeViTConfig
-from mimo.data.native_images import grid_of, load_item, smart_resize
+from mimo.data.native_images import HEADER_BYTES, grid_of, header_size, load_item, smart_resize
 from mimo.data.samples import ImageRef
 from mimo.data.tokenizer import ByteTokenizer
 from mimo.hf.build import build_model as build_hf_model
@@ -179,3 +179,22 @@ def test_training_from_a_qwen_vl_checkpoint_named_by_hf_path(tmp_path):
         assert rel_diff(model(**forward_args(mine)).logits, ref) <= TOL
     summary = Trainer(cfg).train()
     assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])
+
+
+def test_an_images_size_reads_its_header_bytes_only(tmp_path, monkeypatch):
+    """A 400 x 300 PNG of noise (352 KiB) gives its size from its first HEADER_BYTES, also as a tar member; a JPEG
+    whose 100 KiB colour profile comes before its header, from the whole file."""
+    reads = []
+    real = ImageRef.read
+    monkeypatch.setattr(ImageRef, "read", lambda ref, limit=-1: reads.append(limit) or real(ref, limit))
+    png = write_image(tmp_path / "big.png", (400, 300), 0)
+    assert header_size(ImageRef(png)) == (400, 300) and reads == [HEADER_BYTES]
+    blob = open(png, "rb").read()
+    assert len(blob) > 4 * HEADER_BYTES
+    shard = tmp_path / "shard.bin"
+    shard.write_bytes(b"x" * 100 + blob + b"y" * 100)
+    assert header_size(ImageRef(str(shard), 100, len(blob))) == (400, 300) and reads == [HEADER_BYTES] * 2
+    jpeg = tmp_path / "profiled.jpg"
+    Image.new("RGB", (50, 70)).save(jpeg, icc_profile=b"\0" * 100_000)
+    reads.clear()
+    assert header_size(ImageRef(str(jpeg))) == (70, 50) and reads == [HEADER_BYTES, -1]
