@@ -14,6 +14,8 @@ CORE = {  # family -> the test that stands for it in `make test`
     "colocated layouts train like one process": D + "test_colocated.py::"
                                                     "test_colocated_fan_in_and_fan_out_equal_single_process[2]",
     "pipeline (1F1B) and its bridge": D + "test_pipeline.py::test_pipelined_layouts_equal_single_process[4]",
+    "colocated encoders beside a pipelined LM": D + "test_colocated_pipeline.py::"
+                                                   "test_colocated_pipeline_equals_single_process[4]",
     "interleaved pipeline": D + "test_interleaved_ranks.py::test_interleaved_1f1b_trains_like_single_process[3]",
     "context parallel": D + "test_context_parallel.py::test_context_parallel_equals_single_process[2]",
     "tensor + sequence parallel": D + "test_tensor_parallel.py::test_tensor_parallel_matches_single_process[2]",

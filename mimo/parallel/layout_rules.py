@@ -57,9 +57,10 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
         if cfg.data.global_batch % (micro * grid.dp):
             raise ConfigError(f"data.global_batch ({cfg.data.global_batch}) must be divisible by "
                               f"parallel.microbatches ({micro}) x the dp of '{name}' ({grid.dp})")
-        if grid.pp != 1 and not pipelined:
-            raise ConfigError(f"parallel.modules.{name}.pp = {grid.pp}: pipeline parallelism needs the modules on "
-                              "disjoint ranks (parallel.modules.<name>.offset/size); use pp = 1 when they share ranks")
+        if grid.pp != 1 and name != LANGUAGE and layout.colocated:
+            raise ConfigError(f"parallel.modules.{name}.pp = {grid.pp}: an encoder on the LM's ranks runs whole on "
+                              "every rank, beside the LM's pipeline stage; use pp = 1 (the LM may set pp), or give "
+                              "the modules ranks of their own (parallel.modules.<name>.offset/size)")
         if grid.cp != 1 and name != LANGUAGE:
             raise ConfigError(f"parallel.modules.{name}.cp = {grid.cp}: context parallelism applies to the LM only; "
                               "use cp = 1 for modality encoders")

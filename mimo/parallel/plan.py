@@ -44,8 +44,9 @@ from mimo.parallel.grid import Grid, GridGroups
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import batch_multiple
 from mimo.parallel.materialize import local_view
+from mimo.parallel.pipeline.colocated import ColocatedPipelinePlan
 from mimo.parallel.pipeline.plan import PipelinePlan
-from mimo.parallel.pipeline.rules import is_pipelined
+from mimo.parallel.pipeline.rules import colocated_pipeline, is_pipelined
 from mimo.parallel.tensor import (
     TP_PARTIAL_GRAD,
     mark_tp_replicated,
@@ -77,8 +78,12 @@ class ParallelPlan:
             if grid not in built:
                 built[grid] = grid.build(name)
             self.groups[name] = built[grid]
-        # Disjoint grids (or a pipelined lone module) run the 1F1B schedule; its bridges replace the colocated ones.
-        self.pipeline = PipelinePlan(cfg, self.layout, self.groups, rank) if is_pipelined(self.layout) else None
+        # Disjoint grids, a pipelined lone module or a pipelined LM beside colocated encoders run the 1F1B schedule;
+        # its bridges replace the colocated ones.
+        self.pipeline = None
+        if is_pipelined(self.layout):
+            kind = ColocatedPipelinePlan if colocated_pipeline(self.layout) else PipelinePlan
+            self.pipeline = kind(cfg, self.layout, self.groups, rank)
         self.bridges = {} if self.pipeline is not None else {
             n: ColocatedBridge(self.layout.grids[n], self.layout.grids[LANGUAGE]) for n in cfg.model.modalities}
         self.reducers: dict[str, GradReducer] = {}

@@ -48,9 +48,25 @@ def test_a_sharded_encoder_on_its_own_ranks_passes_the_gate():
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], 4))
 
 
-def test_pipeline_stages_need_disjoint_ranks():
+def test_an_encoder_on_the_lms_ranks_is_not_pipelined():
     cfg = pipeline_config((1, 1, 1), (1, 1, 1), False)
-    cfg.parallel.modules = {"language": ModuleLayoutConfig(pp=2)}
-    layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 2)
-    with pytest.raises(ConfigError, match="pipeline parallelism needs the modules on disjoint ranks"):
-        validate_plan(cfg, layout)
+    for lm_pp in (1, 2):
+        cfg.parallel.modules = {"images": ModuleLayoutConfig(pp=2), "language": ModuleLayoutConfig(pp=lm_pp)}
+        layout = Layout.from_config(cfg.parallel.modules, ["language", "images"], 2)
+        with pytest.raises(ConfigError, match="images.pp = 2: an encoder on the LM's ranks runs whole on every rank"):
+            validate_plan(cfg, layout)
+
+
+def test_a_colocated_pipeline_passes_the_gate_and_refuses_what_it_does_not_run():
+    """Images dp4 beside LM pp2 x dp2 pass; a sharded encoder and the Out path are refused, naming the field."""
+    cfg = pipeline_config((1, 1, 1), (1, 1, 1), False)
+    cfg.parallel.modules = {"images": ModuleLayoutConfig(), "language": ModuleLayoutConfig(pp=2)}
+    names = ["language", "images"]
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
+    cfg.parallel.modules["images"].fsdp = True
+    with pytest.raises(ConfigError, match=r"parallel.modules.images.fsdp: an encoder on the ranks of a pipelined LM"):
+        validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
+    cfg.parallel.modules["images"].fsdp = False
+    cfg.model.modalities["images"].output_token_id = 61
+    with pytest.raises(ConfigError, match=r"model.modalities.images.output_token_id: the Out path does not run"):
+        validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))

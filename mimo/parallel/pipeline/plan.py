@@ -117,11 +117,11 @@ class PipelinePlan:
     def __init__(self, cfg: Config, layout: Layout, groups: dict[str, GridGroups], rank: int):
         self.cfg, self.layout, self.rank = cfg, layout, rank
         role = layout.role(rank)
-        (self.module,) = role.modules
-        self.grid, self.groups = layout.grids[self.module], groups[self.module]
+        self.module = self._stage_module(role.modules)
+        self.grid, self.groups, self.module_groups = layout.grids[self.module], groups[self.module], groups
         self.pp_rank = self.grid.coords(rank)["pp"]
         self.first, self.last = role.stages[self.module].first, role.stages[self.module].last
-        depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
+        depth = self._encoder_depth()
         self.total_stages = depth + layout.grids[LANGUAGE].pp
         self.stage = stage_index(self.pp_rank, self.module == LANGUAGE, depth)
         self.depth = depth
@@ -130,20 +130,34 @@ class PipelinePlan:
         self.chunks = virtual_stages(cfg, LANGUAGE)
         self.prev, self.next = self._build_links(self._pairs())
         self.wrap_prev, self.wrap_next = self._build_links(self._wrap_pairs())
-        per_mb = cfg.data.global_batch // cfg.parallel.microbatches
-        self.bridges = {}
-        for name in cfg.model.modalities:
-            boundary = (self.module == name and self.last) or (self.module == LANGUAGE and self.first)
-            # The LM's first stage serves the rows to its lane's TP and CP ranks (each builds the whole sequence).
-            replicas = ("tp", "cp") if self.module == LANGUAGE else "tp"
-            self.bridges[name] = PipelineBridge(name, layout.grids[name], layout.grids[LANGUAGE], per_mb, rank,
-                                                self.groups.group(replicas) if boundary else None)
+        self.bridges = self._build_bridges()
         self.embedding_group = self._build_embedding_group()
         self.reader_group, _ = member_group([data_readers(layout)])
         # The LM's context parallel (set by ParallelPlan on LM ranks when cp > 1): cuts the text microbatches.
         self.context: ContextParallel | None = None
         # The Out path's terms of the objective, computed on the LM's last stage (`decodes`).
         self.out_loss = OutPathLoss(cfg.model)
+
+    def _stage_module(self, modules: tuple[str, ...]) -> str:
+        """The module whose stage this rank runs: its only one."""
+        (module,) = modules
+        return module
+
+    def _encoder_depth(self) -> int:
+        """Stages the encoders add before the LM's first: the deepest encoder pipeline."""
+        return max((g.pp for n, g in self.layout.grids.items() if n != LANGUAGE), default=0)
+
+    def _build_bridges(self) -> dict[str, PipelineBridge]:
+        """Collective: each modality's pipeline bridge (its leaders' pair groups)."""
+        per_mb = self.cfg.data.global_batch // self.cfg.parallel.microbatches
+        bridges = {}
+        for name in self.cfg.model.modalities:
+            boundary = (self.module == name and self.last) or (self.module == LANGUAGE and self.first)
+            # The LM's first stage serves the rows to its lane's TP and CP ranks (each builds the whole sequence).
+            replicas = ("tp", "cp") if self.module == LANGUAGE else "tp"
+            bridges[name] = PipelineBridge(name, self.layout.grids[name], self.layout.grids[LANGUAGE], per_mb,
+                                           self.rank, self.groups.group(replicas) if boundary else None)
+        return bridges
 
     def _pairs(self) -> list[tuple[int, int]]:
         return [p for g in self.layout.grids.values() for p in _stage_pairs(g)]
@@ -284,16 +298,7 @@ class PipelinePlan:
             encoder, _ = only_encoder(sub, self.module)
         text, inputs = self._read(model, batch, encoder, device, problem)
         if self.module == LANGUAGE:
-            if self.last:
-                local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in text)
-                self.out_loss.begin(text, self._sum_over_lanes, device)
-            if self.first:
-                tokens = sum(mb["input_ids"].numel() for mb in text)
-            n_global = local_tokens.detach().clone()
-            lanes = ("cp", "dp") if self.grid.cp > 1 else "dp"  # CP ranks hold different label positions
-            if self.last and self.groups.size_of(lanes) > 1 and backward:
-                dist.all_reduce(n_global, group=self.groups.group(lanes))
-            stage = self._lm_stage(model, text, 1.0 / n_global.clamp_min(1.0), kw)
+            stage, local_tokens, tokens = self._lm_step_stage(model, text, device, backward, kw)
         else:
             stage = EncoderStage(sub, encoder, self.first, self.last, self.bridges[self.module] if self.last else None,
                                  inputs, model.language_model.cfg.hidden, **kw)
@@ -303,6 +308,23 @@ class PipelinePlan:
         counts_flops = self.module == LANGUAGE and self.first and self.is_lead
         flops = train_step_flops(self.cfg.model, batch) if counts_flops else 0
         return self._report(stage, local_tokens, tokens, flops, device)
+
+    def _lm_step_stage(self, model: MimoModel, text: list | None, device: torch.device, backward: bool,
+                       kw: dict) -> tuple[LMStage | ChunkStages, torch.Tensor, int]:
+        """(this rank's LM stage for the step, its loss tokens, its input tokens); on the last stage the loss
+        tokens are summed over its data lanes (collective there, when `backward`) to scale the loss by 1/N_global."""
+        local_tokens = torch.zeros((), device=device)
+        tokens = 0
+        if self.last:
+            local_tokens = sum(loss_weights(mb["labels"], mb.get("loss_mask")).sum() for mb in text)
+            self.out_loss.begin(text, self._sum_over_lanes, device)
+        if self.first:
+            tokens = sum(mb["input_ids"].numel() for mb in text)
+        n_global = local_tokens.detach().clone()
+        lanes = ("cp", "dp") if self.grid.cp > 1 else "dp"  # CP ranks hold different label positions
+        if self.last and self.groups.size_of(lanes) > 1 and backward:
+            dist.all_reduce(n_global, group=self.groups.group(lanes))
+        return self._lm_stage(model, text, 1.0 / n_global.clamp_min(1.0), kw), local_tokens, tokens
 
     def _lm_stage(self, model: MimoModel, text: list | None, scale: torch.Tensor, kw: dict) -> LMStage | ChunkStages:
         """This rank's LM stage; under interleaving one `LMStage` per model chunk, linked along the chunk order
@@ -346,17 +368,7 @@ class PipelinePlan:
         text = inputs = None
         try:
             if problem is None and self.module == LANGUAGE and self.needs_data:
-                check_vocabulary(model, batch)
-                text = lm_microbatches(batch, m, lane, dp)
-                if self.context is not None:
-                    text = [self.context.shard_batch(mb) for mb in text]
-                if self.last and self.cfg.perf.loss_rows_only:  # the labelled rows of this rank, on the host
-                    text = [with_loss_rows(mb) for mb in text]
-                    module = self.cfg.parallel.modules.get(LANGUAGE)
-                    if self.grid.tp > 1 and module is not None and module.sequence_parallel:  # of this TP shard
-                        tp_rank = self.groups.rank_in("tp")
-                        text = [sequence_parallel_rows(mb, self.grid.tp, tp_rank) for mb in text]
-                text = [to_device(mb, device) for mb in text]
+                text = self._lm_text(model, batch, device)
             elif problem is None and self.module != LANGUAGE and self.first:
                 check_batch(model, batch, [self.module])
                 inputs = encoder_microbatches(batch, self.module, encoder, m, lane, dp)
@@ -365,6 +377,22 @@ class PipelinePlan:
         agree_on_input(None if problem is None else f"rank {self.rank} ({self.module} stage {self.pp_rank}): {problem}",
                        device)
         return text, inputs
+
+    def _lm_text(self, model: MimoModel, batch: dict, device: torch.device) -> list[dict]:
+        """The LM lane's text microbatches of `batch` on `device` (under CP this rank's positions; under
+        perf.loss_rows_only the last stage's labelled rows). Raises ValueError on ids outside the vocabulary."""
+        m, lane, dp = self.cfg.parallel.microbatches, self.groups.rank_in("dp"), self.grid.dp
+        check_vocabulary(model, batch)
+        text = lm_microbatches(batch, m, lane, dp)
+        if self.context is not None:
+            text = [self.context.shard_batch(mb) for mb in text]
+        if self.last and self.cfg.perf.loss_rows_only:  # the labelled rows of this rank, on the host
+            text = [with_loss_rows(mb) for mb in text]
+            module = self.cfg.parallel.modules.get(LANGUAGE)
+            if self.grid.tp > 1 and module is not None and module.sequence_parallel:  # of this TP shard
+                tp_rank = self.groups.rank_in("tp")
+                text = [sequence_parallel_rows(mb, self.grid.tp, tp_rank) for mb in text]
+        return [to_device(mb, device) for mb in text]
 
     def sum_per_lm_lane(self, t: torch.Tensor) -> torch.Tensor:
         """Collective over the world: `t` summed over the LM's ranks, each LM lane's TP ranks counted once (other

@@ -8,15 +8,38 @@ from mimo.parallel.layout import Layout
 
 
 def is_pipelined(layout: Layout) -> bool:
-    """Disjoint module grids, or a single module with pp > 1, run under the pipeline schedule."""
+    """Disjoint module grids, a single module with pp > 1, or a colocated layout whose LM has pp > 1
+    (`colocated_pipeline`) run under the pipeline schedule."""
     if len(layout.grids) > 1:
-        return not layout.colocated
+        return not layout.colocated or colocated_pipeline(layout)
     return next(iter(layout.grids.values())).pp > 1
+
+
+def colocated_pipeline(layout: Layout) -> bool:
+    """Several modules on the same ranks, the LM with pp > 1: every encoder runs whole on every rank, beside the
+    LM's stage (mimo.parallel.pipeline.colocated)."""
+    return len(layout.grids) > 1 and layout.colocated and layout.grids[LANGUAGE].pp > 1
+
+
+def validate_colocated_pipeline(cfg: Config, layout: Layout) -> None:
+    """What a colocated layout with a pipelined LM needs beyond `validate_plan`'s other checks (which keep its
+    encoders at pp = 1), pure: encoders unsharded, no Out path."""
+    for name in cfg.model.modalities:
+        module = cfg.parallel.modules.get(name)
+        if module is not None and module.fsdp:
+            raise ConfigError(f"parallel.modules.{name}.fsdp: an encoder on the ranks of a pipelined LM is not sharded "
+                              "yet; set fsdp = false (or parallel.modules.language.pp = 1)")
+        if cfg.model.modalities[name].output_token_id >= 0:
+            raise ConfigError(f"model.modalities.{name}.output_token_id: the Out path does not run on a colocated "
+                              "layout with a pipelined LM yet; set parallel.modules.language.pp = 1, or give the "
+                              f"modules ranks of their own (parallel.modules.{name}.offset/size)")
 
 
 def validate_pipeline(cfg: Config, layout: Layout) -> None:
     """What a pipelined layout needs beyond `validate_plan`'s other checks (the gate runs it). Pure."""
     lm = layout.grids[LANGUAGE]
+    if colocated_pipeline(layout):
+        validate_colocated_pipeline(cfg, layout)
     if cfg.model.llm.layers < lm.pp:
         raise ConfigError(f"parallel.modules.language.pp ({lm.pp}) exceeds model.llm.layers "
                           f"({cfg.model.llm.layers}); every stage needs a layer, use pp <= {cfg.model.llm.layers}")

@@ -1,0 +1,131 @@
+"""Colocated layouts whose LM is pipelined: every encoder runs whole (its TP shard, pp = 1) on every rank, beside
+the LM stage the rank holds (`colocated_pipeline`).
+
+A step runs in three phases on every rank:
+
+1. every modality's encoder forward for this rank's encoder data lane, microbatch after microbatch
+   (`EncoderStage`, first and last stage at once), then one exchange hands each LM lane its samples' rows
+   (mimo.parallel.bridge.colocated_pipelined);
+2. the LM's 1F1B (or interleaved) schedule over its pp stages alone, its first stage reading the rows from
+   that bridge;
+3. one exchange hands each encoder lane its rows' gradients, then every encoder microbatch's backward.
+
+The encoders' activations live across the LM's pipeline. `ColocatedPipelinePlan` is `PipelinePlan` with the
+LM as the rank's pipelined module, these bridges, these phases and its own reads and split; finalisation,
+gathers, tied embeddings and the step's report are `PipelinePlan`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+
+from mimo.config.schema import LANGUAGE
+from mimo.data.batching import split_microbatches
+from mimo.data.checks import check_batch
+from mimo.models.flops import train_step_flops
+from mimo.models.multimodal import MimoModel
+from mimo.parallel.bridge.colocated_pipelined import ColocatedPipelineBridge
+from mimo.parallel.p2p import Outbox
+from mimo.parallel.pipeline.microbatches import encoder_microbatches
+from mimo.parallel.pipeline.plan import PipelinePlan, StepResult, agree_on_input
+from mimo.parallel.pipeline.schedule import run_forwards
+from mimo.parallel.pipeline.split import only_encoder, split_lm
+from mimo.parallel.pipeline.stage import EncoderStage
+
+
+class ColocatedPipelinePlan(PipelinePlan):
+    """One rank's view of a colocated layout with a pipelined LM: its LM stage (`PipelinePlan`'s links, tied
+    embeddings and report) and every encoder whole. Construct on every rank in the same order after the grids'
+    groups (collective: the LM's links and embedding groups)."""
+
+    def _stage_module(self, modules: tuple[str, ...]) -> str:
+        return LANGUAGE
+
+    def _encoder_depth(self) -> int:
+        return 0  # the encoders run before and after the LM's pipeline, not as stages of it
+
+    def _build_bridges(self) -> dict[str, ColocatedPipelineBridge]:
+        hidden = self.cfg.model.llm.hidden
+        return {name: ColocatedPipelineBridge(name, self.layout.grids[name], self.layout.grids[LANGUAGE], self.rank,
+                                              hidden) for name in self.cfg.model.modalities}
+
+    @property
+    def needs_data(self) -> bool:
+        """Every rank reads the batch: every rank runs the encoders."""
+        return True
+
+    def local_inputs(self, batch: dict) -> list[dict]:
+        """Per microbatch: its whole text (each sample's placeholders place the rows) and each modality's inputs of
+        this rank's encoder lane. Not collective."""
+        lanes = {name: (self.module_groups[name].rank_in("dp"), self.layout.grids[name].dp)
+                 for name in self.cfg.model.modalities}
+        return split_microbatches(batch, self.cfg.parallel.microbatches, {LANGUAGE: (0, 1), **lanes})
+
+    def split(self, model: MimoModel) -> None:
+        """Cut the LM down to this rank's stage; every encoder stays whole. Not collective."""
+        split_lm(model.language_model, self.pp_rank, self.grid.pp, self.chunks)
+
+    def train_step(self, model: MimoModel, batch: dict | None, device: torch.device,
+                   autocast: Callable[[], AbstractContextManager], backward: bool = True,
+                   problem: str | None = None) -> StepResult:
+        """The three phases (module docstring) for the global `batch`, which every rank passes; collective.
+        Contract as `PipelinePlan.train_step`."""
+        if batch is None and problem is None:
+            raise ValueError(f"rank {self.rank} runs every encoder and needs the batch")
+        outbox = Outbox()
+        kw = {"prev": self.prev, "next_": self.next, "outbox": outbox, "device": device, "autocast": autocast}
+        text, inputs = self._read_all(model, batch, device, problem)
+        hidden = model.language_model.cfg.hidden
+        encoders = []
+        for name, bridge in self.bridges.items():
+            sub = model.modality_submodules[name]
+            bridge.begin(self._sample_rows(model, batch, name))
+            encoders.append(EncoderStage(sub, only_encoder(sub, name)[0], True, True, bridge, inputs[name], hidden,
+                                         **{**kw, "prev": None, "next_": None}))
+        m = self.cfg.parallel.microbatches
+        for stage in encoders:
+            run_forwards(stage, m)
+        for bridge in self.bridges.values():
+            bridge.exchange_forward(device)
+        lm, local_tokens, tokens = self._lm_step_stage(model, text, device, backward, kw)
+        self._run_schedule(lm, backward)
+        if backward:
+            for bridge in self.bridges.values():
+                bridge.exchange_backward(device)
+            for stage in encoders:
+                for _ in range(m):
+                    stage.backward()
+        outbox.drain()
+        flops = train_step_flops(self.cfg.model, batch) if self.first and self.is_lead else 0
+        return self._report(lm, local_tokens, tokens, flops, device)
+
+    def _sample_rows(self, model: MimoModel, batch: dict, name: str) -> list[list[int]]:
+        """Per microbatch of `batch`, each sample's rows of modality `name`: its placeholders, on the host."""
+        ids = batch["input_ids"]
+        per_mb = ids.shape[0] // self.cfg.parallel.microbatches
+        counts = (ids == model.special_token_ids[name]).sum(1).tolist()
+        return [counts[t: t + per_mb] for t in range(0, ids.shape[0], per_mb)]
+
+    def _read_all(self, model: MimoModel, batch: dict | None, device: torch.device,
+                  problem: str | None) -> tuple[list | None, dict[str, list]]:
+        """(the LM lane's text microbatches where this rank's stage reads them, each modality's encoder-lane
+        inputs), once every rank agreed the batch is usable; collective (`agree_on_input`)."""
+        m = self.cfg.parallel.microbatches
+        text, inputs = None, {}
+        try:
+            if problem is None:
+                check_batch(model, batch, list(self.bridges))
+                if self.first or self.last:
+                    text = self._lm_text(model, batch, device)
+                for name in self.bridges:
+                    encoder, _ = only_encoder(model.modality_submodules[name], name)
+                    groups = self.module_groups[name]
+                    inputs[name] = encoder_microbatches(batch, name, encoder, m, groups.rank_in("dp"),
+                                                        self.layout.grids[name].dp)
+        except ValueError as e:
+            problem = str(e)
+        agree_on_input(None if problem is None else f"rank {self.rank}: {problem}", device)
+        return text, inputs
