@@ -5,29 +5,42 @@ then the LM's 1F1B (or interleaved) pipeline, then every encoder backward, the r
 in one exchange each way (mimo.parallel.pipeline.colocated). Each layout's step on a global batch of 16 samples
 in 4 microbatches, holding 0 to 3 images per sample (whole microbatches and data lanes text-only), is checked
 against one process on the same batch: the loss, every gradient and the weights after one AdamW step with
-clipping, max |diff| <= 1e-5 x max |ref| (fp32). Then `mimo train` on such a layout logs the one-process losses.
+clipping, max |diff| <= 1e-5 x max |ref| (fp32). Then `mimo train` on such a layout logs the one-process losses
+(held-out ones too) and its checkpoint resumes in one process, and the audio-visual demo's two encoders train
+beside a pipelined LM as in one process.
 """
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
 
+from mimo.config.load import load_config
 from mimo.config.schema import Config, ModuleLayoutConfig
-from tests.support.configs import image_text_batch, tiny_llm, tiny_vit, tiny_vlm
+from mimo.parallel.layout import Layout
+from mimo.parallel.layout_rules import validate_plan
+from mimo.train.trainer import Trainer
+from tests.support.configs import AVLM, TINY_AVLM, image_text_batch, tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
-from tests.support.parity import reference_and_parallel_copy, step_matches_reference
+from tests.support.parity import (
+    assert_trains_like,
+    reference_and_parallel_copy,
+    step_matches_reference,
+    trainer_steps,
+)
 from tests.support.pipeline_case import IMG, MICRO, RTOL, S, pipeline_reference
-from tests.support.tiny_run import metrics, train_losses, train_rank
+from tests.support.tiny_run import metrics, tiny_config, train_rank
 
 # 0 to 3 images per sample; microbatch 2 is text-only, and so are LM lanes of microbatches 0 and 3
 IMAGES = [0, 0, 3, 1, 2, 1, 0, 3, 0, 0, 0, 0, 1, 2, 0, 0]
-# (images tp, LM tp, LM pp, virtual stages, sequence parallel, tied embeddings) by world size
-LAYOUTS = {4: [(1, 1, 2, 1, False, False), (1, 1, 2, 2, False, True), (2, 1, 2, 1, False, False)]}
+# (images tp, LM tp, LM cp, LM pp, virtual stages, sequence parallel, tied embeddings) by world size
+LAYOUTS = {4: [(1, 1, 1, 2, 1, False, False), (1, 1, 1, 2, 2, False, True), (2, 1, 1, 2, 1, False, False)],
+           8: [(2, 2, 1, 2, 1, True, False), (2, 1, 2, 2, 1, False, True)]}
 
 
-def _config(enc_tp: int, tp: int, pp: int, chunks: int, sp: bool, tied: bool) -> Config:
-    lm = ModuleLayoutConfig(tp=tp, pp=pp, virtual_stages=chunks, sequence_parallel=sp)
+def _config(enc_tp: int, tp: int, cp: int, pp: int, chunks: int, sp: bool, tied: bool) -> Config:
+    lm = ModuleLayoutConfig(tp=tp, cp=cp, pp=pp, virtual_stages=chunks, sequence_parallel=sp)
     return tiny_vlm(tiny_llm(layers=pp * chunks + 1, init_std=0.1, tie_embeddings=tied),
                     tiny_vit(layers=2, init_std=0.1), IMG, {"images": ModuleLayoutConfig(tp=enc_tp), "language": lm},
                     MICRO, len(IMAGES))
@@ -35,9 +48,10 @@ def _config(enc_tp: int, tp: int, pp: int, chunks: int, sp: bool, tied: bool) ->
 
 def _run_case(rank: int, world: int, *layout) -> float:
     """One layout; returns (on rank 0) the worst relative difference of loss, gradients and weights."""
-    enc_tp, tp, pp, chunks, sp, tied = layout
-    what = f"images tp {enc_tp} + LM tp {tp} pp {pp} virtual stages {chunks} sp {sp} tied {tied}"
+    enc_tp, tp, cp, pp, chunks, sp, tied = layout
+    what = f"images tp {enc_tp} + LM tp {tp} cp {cp} pp {pp} virtual stages {chunks} sp {sp} tied {tied}"
     cfg = _config(*layout)
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], world))
     batch = image_text_batch(torch.tensor(IMAGES), S, IMG, torch.Generator().manual_seed(7))
     ref, plan, par, opt = reference_and_parallel_copy(cfg, rank, world, lambda m: pipeline_reference(cfg, batch, m))
     result = plan.pipeline.train_step(par, batch, rank_device(), contextlib.nullcontext)
@@ -57,17 +71,46 @@ def test_colocated_pipeline_equals_single_process(world):
         print(f"{case}: max relative diff {w:.2e}")
 
 
-TRAIN = ["--model.llm.layers=2", "--train.steps=3", "--data.global_batch=8", "--data.min_images_per_sample=0",
-         "--data.images_per_sample=3"]
+TRAIN = ["--model.llm.layers=2", "--train.steps=4", "--data.global_batch=8", "--data.min_images_per_sample=0",
+         "--data.images_per_sample=3", "--train.eval_every=2", "--data.eval_samples=8", "--checkpoint.save_every=3"]
 LAYOUT = ["--parallel.modules.images.tp=1", "--parallel.modules.language.pp=2", "--parallel.microbatches=2"]
 
 
-def test_trainer_on_a_colocated_pipeline_reproduces_one_process(tmp_path):
-    """`mimo train`'s tiny demo on images dp4 + LM pp2 x dp2 logs the one-process run's losses."""
-    ref = train_losses(tmp_path / "one", *TRAIN)
+def _logged(out: Path, key: str) -> list[float]:
+    return [m[key] for m in metrics(out) if key in m]
+
+
+def test_trainer_on_a_colocated_pipeline_reproduces_one_process_and_resumes_in_one(tmp_path):
+    """`mimo train`'s tiny demo on images dp4 + LM pp2 x dp2 logs the one-process run's losses and held-out
+    losses; its step-3 checkpoint loads into one process, whose next step logs the uninterrupted run's loss."""
+    ref = tmp_path / "one"
+    Trainer(tiny_config(ref, *TRAIN)).train()
     out = tmp_path / "colocated_pipeline"
     run_distributed(train_rank, 4, str(out), [*TRAIN, *LAYOUT], timeout=300)
-    losses = [m["loss"] for m in metrics(out)]
-    assert len(ref) == len(losses) == 3
-    for step, (a, b) in enumerate(zip(losses, ref)):
-        assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: colocated pipeline {a} vs one process {b}"
+    for key, n in (("loss", 4), ("eval_loss", 2)):
+        got, want = _logged(out, key), _logged(ref, key)
+        assert len(got) == len(want) == n, key
+        for step, (a, b) in enumerate(zip(got, want)):
+            assert abs(a - b) <= 1e-5 * abs(b), f"{key} {step}: colocated pipeline {a} vs one process {b}"
+    resume = f"--checkpoint.resume={out / 'tiny' / 'checkpoints' / 'step_00000003'}"
+    single = Trainer(tiny_config(tmp_path / "resumed", *TRAIN, resume))
+    assert single.checkpointer.resume() == 3
+    loss = single.train_step(3)["loss"]
+    assert abs(loss - _logged(ref, "loss")[3]) <= 1e-5 * abs(loss), (loss, _logged(ref, "loss"))
+
+
+def _avlm_steps(rank: int, world: int, out: str, overrides: list[str]) -> tuple[list[float], list[dict]]:
+    """The tiny audio-visual demo trained for 3 steps under `overrides`: its losses and gradients (rank 0's)."""
+    trainer = Trainer(load_config(AVLM, [*TINY_AVLM, f"--run.out_dir={out}", *overrides]))
+    losses, grads = trainer_steps(trainer, 3)
+    return losses, [{n: g.numpy() for n, g in step.items()} for step in grads]
+
+
+def test_images_and_audio_beside_a_pipelined_lm_train_like_one_process(tmp_path):
+    """demo_avlm's two encoders (images tp2 x dp2, audio dp4) beside LM pp2 x dp2, batches mixing samples with an
+    image, a clip, both or neither: every step's loss and gradient as one process's."""
+    common = ["--model.llm.layers=2", "--parallel.microbatches=2", "--optim.eps=1e-2"]
+    ref = _avlm_steps(0, 1, str(tmp_path / "one"), common)
+    layout = ["--parallel.modules.images.tp=2", "--parallel.modules.language.pp=2"]
+    run = run_distributed(_avlm_steps, 4, str(tmp_path / "pipelined"), [*common, *layout], timeout=300)[0]
+    assert_trains_like("images tp2 + audio dp4 + LM pp2", run, ref, 1e-5)
