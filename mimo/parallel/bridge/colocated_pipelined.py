@@ -8,14 +8,16 @@ every rank first runs its encoder lane's share of every microbatch (`send_forwar
 `send_backward` on its first stage, in microbatch order); then `exchange_backward` hands each encoder lane the
 gradient of its rows, which `recv_backward` gives out microbatch by microbatch.
 
-Both exchanges are one all-reduce over the world of a buffer holding the step's rows of every sample, in
-(microbatch, sample) order. Every row is written by exactly one rank and the others add zeros, so the sum is
-exact: forward, the encoder lane's TP rank 0 writes its lane's rows; backward, the LM lane's first-stage TP and
-CP rank 0 writes its lane's rows' gradient (its TP and CP ranks hold the same one, CP's crossing hook having
-summed it), so an encoder replica keeps the gradient of its own rows, never a sum of copies. Every rank reads
-the whole global batch, so each sample's rows are known on the host from its placeholders (`begin`): no sizes
-travel. The buffer is float32 whatever the rows' dtype (bf16 and fp16 values convert exactly both ways); each
-lane's writer adds its rows' dtype in a slot of its own, read once per step on the host.
+Each exchange is one all-to-all over the world. A microbatch of P samples is cut into encoder lanes of
+P / enc_dp samples and LM lanes of P / lm_dp (as mimo.parallel.bridge.pipelined's `lane_overlaps`); encoder
+lane i owes LM lane j the rows of the samples both cover. Forward, lane i's TP rank 0 sends them to every
+first-stage rank of lane j (its TP and CP ranks all build the whole sequence). Backward, lane j's first-stage
+TP and CP rank 0 sends their gradient (its TP and CP ranks hold the same one, CP's crossing hook having summed
+it) to every rank of lane i, so an encoder replica gets the gradient of its own rows, never a sum of copies.
+Every rank reads the whole global batch, so each sample's rows are known on the host from its placeholders
+(`begin`): no sizes travel and nothing waits on the device. Rows travel, and reach the LM, in float32: the
+alignment casts them to the embeddings' dtype as it would the encoder's own (bf16 values convert exactly),
+and the encoder casts the gradient back to its rows' dtype.
 """
 
 from __future__ import annotations
@@ -26,15 +28,23 @@ import torch
 import torch.distributed as dist
 
 from mimo.parallel.grid import Grid
-from mimo.parallel.p2p import DTYPES, Outbox
+from mimo.parallel.p2p import Outbox
+
+WIRE = torch.float32
 
 
-def _lane_spans(sample_rows: list[int], lanes: int, lane: int, start: int) -> tuple[int, int]:
-    """[lo, hi) rows of data lane `lane` of `lanes` in a microbatch whose samples hold `sample_rows` rows, the
-    microbatch's rows starting at row `start` of the step's buffer."""
-    per_lane = len(sample_rows) // lanes
-    ends = [0, *itertools.accumulate(sample_rows)]
-    return start + ends[lane * per_lane], start + ends[(lane + 1) * per_lane]
+def _exchange(send: list[list[torch.Tensor]], recv: list[list[int]], hidden: int,
+              device: torch.device) -> list[list[torch.Tensor]]:
+    """Collective over the world: the pieces `send[d]` (row blocks `[n, hidden]`) to rank d, in order; returns the
+    pieces received from each rank s, of the sizes `recv[s]`."""
+    flat = [p.detach().to(WIRE) for parts in send for p in parts]
+    x = torch.cat(flat) if flat else torch.zeros(0, hidden, dtype=WIRE, device=device)
+    sizes = [sum(n for n in r) for r in recv]
+    out = x.new_empty(sum(sizes), hidden)
+    dist.all_to_all_single(out, x, output_split_sizes=sizes,
+                           input_split_sizes=[sum(p.shape[0] for p in parts) for parts in send])
+    pieces = iter(out.split([n for r in recv for n in r]))
+    return [[next(pieces) for _ in r] for r in recv]
 
 
 class ColocatedPipelineBridge:
@@ -45,86 +55,94 @@ class ColocatedPipelineBridge:
     every rank `recv_backward` for each microbatch in order. Evaluation stops after the LM's forwards."""
 
     def __init__(self, name: str, encoder: Grid, language: Grid, rank: int, hidden: int):
-        self.name, self.hidden = name, hidden
-        enc, lm = encoder.coords(rank), language.coords(rank)
-        self.enc_lane, self.enc_dp, self.lm_lane, self.lm_dp = enc["dp"], encoder.dp, lm["dp"], language.dp
-        self.writes_rows = enc["tp"] == 0
-        self.writes_grads = lm["pp"] == 0 and lm["tp"] == 0 and lm["cp"] == 0
-        self.enc_spans: list[tuple[int, int]] = []
-        self.lm_spans: list[tuple[int, int]] = []
-        self.total = 0
+        self.name, self.rank, self.hidden = name, rank, hidden
+        enc, lm = [encoder.coords(r) for r in encoder.ranks], [language.coords(r) for r in language.ranks]
+        self.enc_dp, self.lm_dp = encoder.dp, language.dp
+        self.enc_lane, self.lm_lane = [c["dp"] for c in enc], [c["dp"] for c in lm]
+        self.writer = [c["tp"] == 0 for c in enc]  # sends its encoder lane's rows
+        self.first = [c["pp"] == 0 for c in lm]  # takes its LM lane's rows
+        self.lead = [c["pp"] == 0 and c["tp"] == 0 and c["cp"] == 0 for c in lm]  # sends its LM lane's gradients
+        self.ends: list[list[int]] = []
 
     def begin(self, sample_rows: list[list[int]]) -> None:
         """A step whose microbatch t holds `sample_rows[t][s]` rows of this modality in sample s (host ints, the
         same on every rank: the placeholders of the whole microbatch). Not collective."""
-        self.enc_spans, self.lm_spans, start = [], [], 0
-        for rows in sample_rows:
-            self.enc_spans.append(_lane_spans(rows, self.enc_dp, self.enc_lane, start))
-            self.lm_spans.append(_lane_spans(rows, self.lm_dp, self.lm_lane, start))
-            start += sum(rows)
-        self.total = start
+        self.ends = [[0, *itertools.accumulate(rows)] for rows in sample_rows]
         self.sent: list[torch.Tensor] = []
+        self.received: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
-        self.received = self.grad_rows = None
-        self.received_count = 0
-        self.dtype = torch.float32
+        self.grad_rows: list[torch.Tensor] = []
 
-    def _buffer(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(the whole buffer, its rows `[total, hidden]`, the lanes' dtype slots `[enc_dp]`): float32 zeros."""
-        flat = torch.zeros(self.total * self.hidden + self.enc_dp, device=device)
-        return flat, flat[: self.total * self.hidden].view(self.total, self.hidden), flat[self.total * self.hidden:]
+    def _span(self, t: int, lanes: int, lane: int) -> tuple[int, int]:
+        """Rows [lo, hi) of microbatch t that data lane `lane` of `lanes` holds."""
+        ends = self.ends[t]
+        per_lane = (len(ends) - 1) // lanes
+        return ends[lane * per_lane], ends[(lane + 1) * per_lane]
+
+    def _overlap(self, t: int, enc_lane: int, lm_lane: int) -> tuple[int, int]:
+        """Rows [lo, hi) of microbatch t that encoder lane `enc_lane` owes LM lane `lm_lane` (lo == hi: none)."""
+        (a, b), (c, d) = self._span(t, self.enc_dp, enc_lane), self._span(t, self.lm_dp, lm_lane)
+        return max(a, c), max(max(a, c), min(b, d))
+
+    def _pieces(self, blocks: list[torch.Tensor], lanes: int, lane: int, enc_lane: int,
+                lm_lane: int) -> list[torch.Tensor]:
+        """Per microbatch, the overlap's rows out of `blocks[t]`, this rank's rows of data lane `lane` of `lanes`."""
+        out = []
+        for t, block in enumerate(blocks):
+            (lo, hi), base = self._overlap(t, enc_lane, lm_lane), self._span(t, lanes, lane)[0]
+            out.append(block[lo - base: hi - base])
+        return out
+
+    def _sizes(self, enc_lane: int, lm_lane: int) -> list[int]:
+        return [hi - lo for lo, hi in (self._overlap(t, enc_lane, lm_lane) for t in range(len(self.ends)))]
 
     # Encoder side ------------------------------------------------------------------------------------
     def send_forward(self, rows: torch.Tensor, sample_rows: torch.Tensor, outbox: Outbox) -> None:
-        """Every rank, per microbatch in order: its encoder lane's rows `[n, hidden]` (kept until
-        `exchange_forward`; `sample_rows` and `outbox` are unused, the counts being known from `begin`)."""
-        lo, hi = self.enc_spans[len(self.sent)]
+        """Every rank, per microbatch in order: its encoder lane's rows `[n, hidden]`, kept until `exchange_forward`
+        (`sample_rows` and `outbox` are unused: the counts are known from `begin`)."""
+        lo, hi = self._span(len(self.sent), self.enc_dp, self.enc_lane[self.rank])
         if rows.shape[0] != hi - lo:  # check_batch has compared inputs and placeholders: an encoder's invariant
             raise ValueError(f"Number of {self.name} tokens ({hi - lo}) does not match number of {self.name} "
-                             f"embeddings ({rows.shape[0]}) in encoder lane {self.enc_lane}'s share of microbatch "
-                             f"{len(self.sent)}")
+                             f"embeddings ({rows.shape[0]}) in encoder lane {self.enc_lane[self.rank]}'s share of "
+                             f"microbatch {len(self.sent)}")
         self.sent.append(rows)
 
     def exchange_forward(self, device: torch.device) -> None:
-        """Collective over the world, after every microbatch's `send_forward`: every LM lane's rows, and the rows'
-        dtype (one host sync)."""
-        flat, buf, slots = self._buffer(device)
-        if self.writes_rows:
-            for (lo, hi), rows in zip(self.enc_spans, self.sent):
-                buf[lo:hi] = rows.detach()
-            dtypes = {rows.dtype for rows in self.sent if rows.numel()}
-            if dtypes:
-                slots[self.enc_lane] = DTYPES.index(dtypes.pop()) + 1
-        dist.all_reduce(flat)
-        codes = [int(c) for c in slots.tolist() if c]
-        self.dtype = DTYPES[codes[0] - 1] if codes else torch.float32
-        self.received, self.sent = buf, []
+        """Collective over the world, after every microbatch's `send_forward`: each LM first-stage rank gets its
+        lane's rows of every microbatch."""
+        me, ranks = self.rank, range(len(self.writer))
+        lane = self.enc_lane[me]
+        send = [self._pieces(self.sent, self.enc_dp, lane, lane, self.lm_lane[d])
+                if self.writer[me] and self.first[d] else [] for d in ranks]
+        recv = [self._sizes(self.enc_lane[s], self.lm_lane[me]) if self.writer[s] and self.first[me] else []
+                for s in ranks]
+        got = _exchange(send, recv, self.hidden, device)
+        if self.first[me]:
+            self.received = [torch.cat([parts[t] for parts in got if parts]) for t in range(len(self.ends))]
 
     def recv_backward(self, rows: torch.Tensor) -> torch.Tensor:
         """Every rank, per microbatch in order after `exchange_backward`: the gradient of the rows this microbatch's
         `send_forward` took, in their dtype."""
-        lo, hi = self.enc_spans[len(self.sent)]
-        self.sent.append(rows)
-        return self.grad_rows[lo:hi].to(rows.dtype)
+        return self.grad_rows.pop(0).to(rows.dtype)
 
     # LM side -----------------------------------------------------------------------------------------
     def recv_forward(self, expected: torch.Tensor, hidden: int, device: torch.device) -> torch.Tensor:
         """LM first stage, per microbatch in order: the rows of this LM lane's samples (`expected`, each sample's
-        placeholders, is what `begin` was given), a fresh leaf that requires grad, in the encoder's dtype."""
-        lo, hi = self.lm_spans[self.received_count]
-        self.received_count += 1
-        return self.received[lo:hi].detach().to(self.dtype).requires_grad_()
+        placeholders, is what `begin` was given), a fresh float32 leaf that requires grad."""
+        return self.received.pop(0).requires_grad_()
 
     def send_backward(self, grad: torch.Tensor | None, rows: torch.Tensor, outbox: Outbox) -> None:
-        """LM first stage, per microbatch in order: the gradient of the rows `recv_forward` returned (kept until
-        `exchange_backward`; `outbox` is unused)."""
+        """LM first stage, per microbatch in order: the gradient of the rows `recv_forward` returned, kept until
+        `exchange_backward` (`outbox` is unused)."""
         self.grads.append(torch.zeros_like(rows) if grad is None else grad)
 
     def exchange_backward(self, device: torch.device) -> None:
-        """Collective over the world, after the LM's pipeline: every encoder lane's rows' gradient."""
-        flat, buf, _ = self._buffer(device)
-        if self.writes_grads:
-            for (lo, hi), grad in zip(self.lm_spans, self.grads):
-                buf[lo:hi] = grad.detach()
-        dist.all_reduce(flat)
-        self.grad_rows, self.grads, self.sent = buf, [], []
+        """Collective over the world, after the LM's pipeline: every rank gets its encoder lane's rows' gradients."""
+        me, ranks = self.rank, range(len(self.writer))
+        lane = self.lm_lane[me]
+        send = [self._pieces(self.grads, self.lm_dp, lane, self.enc_lane[d], lane) if self.lead[me] else []
+                for d in ranks]
+        recv = [self._sizes(self.enc_lane[me], self.lm_lane[s]) if self.lead[s] else [] for s in ranks]
+        got = _exchange(send, recv, self.hidden, device)
+        self.grad_rows = [torch.cat([parts[t] for parts in got if parts]) for t in range(len(self.ends))]
+        self.grads, self.sent = [], []
