@@ -34,22 +34,24 @@ from tests.support.tiny_run import metrics, tiny_config, train_rank
 
 # 0 to 3 images per sample; microbatch 2 is text-only, and so are LM lanes of microbatches 0 and 3
 IMAGES = [0, 0, 3, 1, 2, 1, 0, 3, 0, 0, 0, 0, 1, 2, 0, 0]
-# (images tp, LM tp, LM cp, LM pp, virtual stages, sequence parallel, tied embeddings) by world size
-LAYOUTS = {4: [(1, 1, 1, 2, 1, False, False), (1, 1, 1, 2, 2, False, True), (2, 1, 1, 2, 1, False, False)],
-           8: [(2, 2, 1, 2, 1, True, False), (2, 1, 2, 2, 1, False, True)]}
+# (images tp, FSDP of both modules, LM tp, cp, pp, virtual stages, sequence parallel, tied embeddings) by world
+LAYOUTS = {4: [(1, False, 1, 1, 2, 1, False, False), (1, False, 1, 1, 2, 2, False, True),
+               (2, False, 1, 1, 2, 1, False, False), (1, True, 1, 1, 2, 1, False, False)],
+           8: [(2, False, 2, 1, 2, 1, True, False), (2, False, 1, 2, 2, 1, False, True)]}
 
 
-def _config(enc_tp: int, tp: int, cp: int, pp: int, chunks: int, sp: bool, tied: bool) -> Config:
-    lm = ModuleLayoutConfig(tp=tp, cp=cp, pp=pp, virtual_stages=chunks, sequence_parallel=sp)
+def _config(enc_tp: int, fsdp: bool, tp: int, cp: int, pp: int, chunks: int, sp: bool, tied: bool) -> Config:
+    lm = ModuleLayoutConfig(tp=tp, cp=cp, pp=pp, virtual_stages=chunks, sequence_parallel=sp, fsdp=fsdp)
+    images = ModuleLayoutConfig(tp=enc_tp, fsdp=fsdp)
     return tiny_vlm(tiny_llm(layers=pp * chunks + 1, init_std=0.1, tie_embeddings=tied),
-                    tiny_vit(layers=2, init_std=0.1), IMG, {"images": ModuleLayoutConfig(tp=enc_tp), "language": lm},
-                    MICRO, len(IMAGES))
+                    tiny_vit(layers=2, init_std=0.1), IMG, {"images": images, "language": lm}, MICRO, len(IMAGES))
 
 
 def _run_case(rank: int, world: int, *layout) -> float:
     """One layout; returns (on rank 0) the worst relative difference of loss, gradients and weights."""
-    enc_tp, tp, cp, pp, chunks, sp, tied = layout
-    what = f"images tp {enc_tp} + LM tp {tp} cp {cp} pp {pp} virtual stages {chunks} sp {sp} tied {tied}"
+    enc_tp, fsdp, tp, cp, pp, chunks, sp, tied = layout
+    what = (f"fsdp {fsdp}: images tp {enc_tp} + LM tp {tp} cp {cp} pp {pp} virtual stages {chunks} sp {sp} "
+            f"tied {tied}")
     cfg = _config(*layout)
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, ["language", "images"], world))
     batch = image_text_batch(torch.tensor(IMAGES), S, IMG, torch.Generator().manual_seed(7))

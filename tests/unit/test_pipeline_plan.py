@@ -57,16 +57,12 @@ def test_an_encoder_on_the_lms_ranks_is_not_pipelined():
             validate_plan(cfg, layout)
 
 
-def test_a_colocated_pipeline_passes_the_gate_and_refuses_what_it_does_not_run():
-    """Images dp4 beside LM pp2 x dp2 pass; a sharded encoder and the Out path are refused, naming the field."""
+def test_a_colocated_pipeline_passes_the_gate_and_refuses_the_out_path():
+    """Images dp4 beside LM pp2 x dp2 pass; the Out path is refused, naming the field."""
     cfg = pipeline_config((1, 1, 1), (1, 1, 1), False)
     cfg.parallel.modules = {"images": ModuleLayoutConfig(), "language": ModuleLayoutConfig(pp=2)}
     names = ["language", "images"]
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
-    cfg.parallel.modules["images"].fsdp = True
-    with pytest.raises(ConfigError, match=r"parallel.modules.images.fsdp: an encoder on the ranks of a pipelined LM"):
-        validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
-    cfg.parallel.modules["images"].fsdp = False
     cfg.model.modalities["images"].output_token_id = 61
     with pytest.raises(ConfigError, match=r"model.modalities.images.output_token_id: the Out path does not run"):
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))

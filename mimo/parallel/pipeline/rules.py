@@ -23,12 +23,8 @@ def colocated_pipeline(layout: Layout) -> bool:
 
 def validate_colocated_pipeline(cfg: Config, layout: Layout) -> None:
     """What a colocated layout with a pipelined LM needs beyond `validate_plan`'s other checks (which keep its
-    encoders at pp = 1), pure: encoders unsharded, no Out path."""
+    encoders at pp = 1), pure: no Out path."""
     for name in cfg.model.modalities:
-        module = cfg.parallel.modules.get(name)
-        if module is not None and module.fsdp:
-            raise ConfigError(f"parallel.modules.{name}.fsdp: an encoder on the ranks of a pipelined LM is not sharded "
-                              "yet; set fsdp = false (or parallel.modules.language.pp = 1)")
         if cfg.model.modalities[name].output_token_id >= 0:
             raise ConfigError(f"model.modalities.{name}.output_token_id: the Out path does not run on a colocated "
                               "layout with a pipelined LM yet; set parallel.modules.language.pp = 1, or give the "
@@ -51,8 +47,8 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
                               "cannot be sharded; set fsdp = false or pp = 1")
         if m.fsdp and name == LANGUAGE and (lm.tp > 1 or lm.cp > 1 or m.ep > 1):
             raise ConfigError(f"parallel.modules.{name}.fsdp: sharding a pipelined LM is available with tp = cp = ep "
-                              f"= 1 only (got tp {lm.tp}, cp {lm.cp}, ep {m.ep}); set fsdp = false or use a "
-                              "colocated layout")
+                              f"= 1 only (got tp {lm.tp}, cp {lm.cp}, ep {m.ep}); set fsdp = false or "
+                              "parallel.modules.language.pp = 1")
     for name, m in cfg.model.modalities.items():
         grid = layout.grids[name]
         if grid.pp == 1:
