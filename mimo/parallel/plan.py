@@ -217,7 +217,10 @@ class ParallelPlan:
                                                   params=[p for p in module.parameters() if id(p) not in ids])
                 self.reducers[f"{name}.experts"] = GradReducer(module, self.expert_groups[1], params=experts)
             else:
-                self.reducers[name] = GradReducer(module, self.groups[name].group(lanes))
+                # The Out path's weights (on a pipelined LM's last stage) are the pipeline's to reduce.
+                out_path = {id(p) for p in self.pipeline.out_path_params(model)} if self.pipeline is not None else set()
+                self.reducers[name] = GradReducer(module, self.groups[name].group(lanes),
+                                                  params=[p for p in module.parameters() if id(p) not in out_path])
 
     def expert_mesh(self) -> DeviceMesh | None:
         """The mesh the LM's expert weights are sharded over (mimo.parallel.expert.layout.expert_mesh); None

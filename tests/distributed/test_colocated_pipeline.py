@@ -21,7 +21,7 @@ from mimo.config.schema import Config, ModuleLayoutConfig
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.train.trainer import Trainer
-from tests.support.configs import AVLM, TINY_AVLM, image_text_batch, tiny_llm, tiny_vit, tiny_vlm
+from tests.support.configs import AVLM, T2I, TINY_AVLM, TINY_T2I, image_text_batch, tiny_llm, tiny_vit, tiny_vlm
 from tests.support.dist import rank_device, run_distributed
 from tests.support.parity import (
     assert_trains_like,
@@ -101,18 +101,33 @@ def test_trainer_on_a_colocated_pipeline_reproduces_one_process_and_resumes_in_o
     assert abs(loss - _logged(ref, "loss")[3]) <= 1e-5 * abs(loss), (loss, _logged(ref, "loss"))
 
 
-def _avlm_steps(rank: int, world: int, out: str, overrides: list[str]) -> tuple[list[float], list[dict]]:
-    """The tiny audio-visual demo trained for 3 steps under `overrides`: its losses and gradients (rank 0's)."""
-    trainer = Trainer(load_config(AVLM, [*TINY_AVLM, f"--run.out_dir={out}", *overrides]))
+SMALL = ["--data.train_samples=16", "--data.eval_samples=8", "--data.global_batch=8", "--optim.warmup_steps=1",
+         "--metrics.progress=false", "--metrics.tensorboard=false", "--train.threads=1", "--model.llm.layers=2",
+         "--parallel.microbatches=2", "--optim.eps=1e-2"]
+
+
+def _demo_steps(rank: int, world: int, config: str, out: str, overrides: list[str]) -> tuple[list[float], list[dict]]:
+    """A shipped demo `config` trained for 3 steps under `overrides`: its losses and gradients (rank 0's)."""
+    trainer = Trainer(load_config(config, [*overrides, *SMALL, f"--run.out_dir={out}"]))
     losses, grads = trainer_steps(trainer, 3)
     return losses, [{n: g.numpy() for n, g in step.items()} for step in grads]
 
 
-def test_images_and_audio_beside_a_pipelined_lm_train_like_one_process(tmp_path):
+T2I_TP = [*TINY_T2I, "--model.llm.kv_heads=2"]
+SP = ["--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true"]
+
+
+@pytest.mark.parametrize("config,tiny,layout", [
+    (AVLM, TINY_AVLM, ["--parallel.modules.images.tp=2"]),
+    (T2I, TINY_T2I, ["--parallel.modules.images.tp=2"]),
+    (T2I, T2I_TP, SP),
+], ids=["avlm", "text_to_image", "text_to_image_sp"])
+def test_demos_beside_a_pipelined_lm_train_like_one_process(tmp_path, config, tiny, layout):
     """demo_avlm's two encoders (images tp2 x dp2, audio dp4) beside LM pp2 x dp2, batches mixing samples with an
-    image, a clip, both or neither: every step's loss and gradient as one process's."""
-    common = ["--model.llm.layers=2", "--parallel.microbatches=2", "--optim.eps=1e-2"]
-    ref = _avlm_steps(0, 1, str(tmp_path / "one"), common)
-    layout = ["--parallel.modules.images.tp=2", "--parallel.modules.language.pp=2"]
-    run = run_distributed(_avlm_steps, 4, str(tmp_path / "pipelined"), [*common, *layout], timeout=300)[0]
-    assert_trains_like("images tp2 + audio dp4 + LM pp2", run, ref, 1e-5)
+    image, a clip, both or neither; demo_text_to_image's Out path decoding on the last stage of LM pp2 x dp2 (its
+    weights reduced over the stage's lanes, not the encoder's) and of LM tp2 x pp2 with sequence parallel: every
+    step's loss and gradient as one process's."""
+    ref = _demo_steps(0, 1, str(config), str(tmp_path / "one"), tiny)
+    pipelined = [*tiny, *layout, "--parallel.modules.language.pp=2"]
+    run = run_distributed(_demo_steps, 4, str(config), str(tmp_path / "pipelined"), pipelined, timeout=300)[0]
+    assert_trains_like(f"{config.name} {layout} + LM pp2", run, ref, 1e-5)

@@ -57,12 +57,14 @@ def test_an_encoder_on_the_lms_ranks_is_not_pipelined():
             validate_plan(cfg, layout)
 
 
-def test_a_colocated_pipeline_passes_the_gate_and_refuses_the_out_path():
-    """Images dp4 beside LM pp2 x dp2 pass; the Out path is refused, naming the field."""
+def test_a_colocated_pipeline_passes_the_gate_and_refuses_a_sharded_out_path():
+    """Images dp4 beside LM pp2 x dp2 pass, with the Out path too; sharding the Out path's modality is refused."""
     cfg = pipeline_config((1, 1, 1), (1, 1, 1), False)
-    cfg.parallel.modules = {"images": ModuleLayoutConfig(), "language": ModuleLayoutConfig(pp=2)}
+    cfg.parallel.modules = {"images": ModuleLayoutConfig(fsdp=True), "language": ModuleLayoutConfig(pp=2)}
     names = ["language", "images"]
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
     cfg.model.modalities["images"].output_token_id = 61
-    with pytest.raises(ConfigError, match=r"model.modalities.images.output_token_id: the Out path does not run"):
+    with pytest.raises(ConfigError, match=r"parallel.modules.images.fsdp: 'images' has an Out path"):
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
+    cfg.parallel.modules["images"].fsdp = False
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))

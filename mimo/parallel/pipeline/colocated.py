@@ -28,11 +28,12 @@ from mimo.data.checks import check_batch
 from mimo.models.flops import train_step_flops
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge.colocated_pipelined import ColocatedPipelineBridge
+from mimo.parallel.data import REPLICAS
 from mimo.parallel.p2p import Outbox
 from mimo.parallel.pipeline.microbatches import encoder_microbatches
 from mimo.parallel.pipeline.plan import PipelinePlan, StepResult, agree_on_input
 from mimo.parallel.pipeline.schedule import run_forwards
-from mimo.parallel.pipeline.split import only_encoder, split_lm
+from mimo.parallel.pipeline.split import drop_parameters, only_encoder, out_path_parts, split_lm
 from mimo.parallel.pipeline.stage import EncoderStage
 
 
@@ -65,8 +66,16 @@ class ColocatedPipelinePlan(PipelinePlan):
         return split_microbatches(batch, self.cfg.parallel.microbatches, {LANGUAGE: (0, 1), **lanes})
 
     def split(self, model: MimoModel) -> None:
-        """Cut the LM down to this rank's stage; every encoder stays whole. Not collective."""
+        """Cut the LM down to this rank's stage; every encoder stays whole; the Out path's output projections and
+        decoders stay on the LM's last stage only, where the final states are (whole, one copy per TP and CP rank
+        of each data lane). Not collective."""
         split_lm(model.language_model, self.pp_rank, self.grid.pp, self.chunks)
+        for name in model.output_token_ids:
+            for part in out_path_parts(model.modality_submodules[name]):
+                if not self.decodes:
+                    drop_parameters(part)
+                for p in part.parameters():
+                    setattr(p, REPLICAS, self.grid.tp * self.grid.cp)
 
     def train_step(self, model: MimoModel, batch: dict | None, device: torch.device,
                    autocast: Callable[[], AbstractContextManager], backward: bool = True,

@@ -244,11 +244,16 @@ class PipelinePlan:
         """The reduction of the Out path's weights on the LM's last stage (`split`): their gradients summed
         over the stage's data lanes, not its CP ranks (each decodes the whole sequence); none elsewhere, or
         with one lane. Build after the model is materialised. Not collective."""
-        if not self.decodes or self.groups.size_of("dp") == 1:
+        params = self.out_path_params(model)
+        if not self.decodes or self.groups.size_of("dp") == 1 or not params:
             return {}
+        return {"out_path": GradReducer(model, self.groups.group("dp"), params=params)}
+
+    def out_path_params(self, model: MimoModel) -> list[torch.nn.Parameter]:
+        """The Out path's weights this rank holds (on the LM's last stage, `split`), which `out_path_reducers`
+        reduces and no modality's reducer may. Not collective."""
         subs = [model.modality_submodules[n] for n in model.output_token_ids]
-        params = [p for sub in subs for part in out_path_parts(sub) for p in part.parameters()]
-        return {"out_path": GradReducer(model, self.groups.group("dp"), params=params)} if params else {}
+        return [p for sub in subs for part in out_path_parts(sub) for p in part.parameters()]
 
     def sync_tied_embeddings(self, model: MimoModel) -> None:
         """Collective on the LM's first and last stages: sum the two copies' gradients of a tied embedding.

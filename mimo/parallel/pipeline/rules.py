@@ -23,12 +23,13 @@ def colocated_pipeline(layout: Layout) -> bool:
 
 def validate_colocated_pipeline(cfg: Config, layout: Layout) -> None:
     """What a colocated layout with a pipelined LM needs beyond `validate_plan`'s other checks (which keep its
-    encoders at pp = 1), pure: no Out path."""
-    for name in cfg.model.modalities:
-        if cfg.model.modalities[name].output_token_id >= 0:
-            raise ConfigError(f"model.modalities.{name}.output_token_id: the Out path does not run on a colocated "
-                              "layout with a pipelined LM yet; set parallel.modules.language.pp = 1, or give the "
-                              f"modules ranks of their own (parallel.modules.{name}.offset/size)")
+    encoders at pp = 1), pure: the Out path's modalities unsharded (their decoders run on the LM's last stage)."""
+    for name, m in cfg.model.modalities.items():
+        module = cfg.parallel.modules.get(name)
+        if m.output_token_id >= 0 and module is not None and module.fsdp:
+            raise ConfigError(f"parallel.modules.{name}.fsdp: '{name}' has an Out path, whose decoders run on the "
+                              "last stage of a pipelined LM only, outside the sharded encoder's data lanes; set "
+                              f"fsdp = false (or parallel.modules.language.pp = 1)")
 
 
 def validate_pipeline(cfg: Config, layout: Layout) -> None:
