@@ -4,8 +4,9 @@ Each layout config keeps demo_vlm's model, seed and global batch, so per-step lo
 float rounding (within 1e-4 relative over 20 steps): DP2 x TP2 with sequence parallel on 4 ranks,
 the colocated fan-in and fan-out layouts on 8 ranks, the pipelined layout on 8 ranks (encoder
 tp2 on ranks 0-1, LM tp2 x pp3 on ranks 2-7, 1F1B over 4 microbatches), context parallelism (LM
-cp2 x tp2) on 4 ranks, and sequence packing on one process; `perf.fuse_qkv` under LM cp2 on 2 ranks and
-a pipelined layout on 3; `perf.activation_checkpointing` under LM cp2 x tp2 on 4 ranks and the pipeline on 3.
+cp2 x tp2) on 4 ranks, sequence packing on one process, and the encoder dp4 beside the LM pp2 x dp2 on 4
+ranks; `perf.fuse_qkv` under LM cp2 on 2 ranks and a pipelined layout on 3; `perf.activation_checkpointing`
+under LM cp2 x tp2 on 4 ranks, the pipeline on 3 and the encoder beside the LM pp2 on 4.
 """
 
 import subprocess
@@ -35,7 +36,8 @@ def reference(tmp_path_factory) -> list[float]:
 
 @pytest.mark.parametrize("config,nproc", [("demo_tp2_dp2.toml", 4), ("demo_colocated_fanin.toml", 8),
                                           ("demo_colocated_fanout.toml", 8), ("demo_pipeline.toml", 8),
-                                          ("demo_cp2_tp2.toml", 4), ("demo_packed.toml", 1)])
+                                          ("demo_cp2_tp2.toml", 4), ("demo_packed.toml", 1),
+                                          ("demo_colocated_pipeline.toml", 4)])
 def test_layouts_reproduce_the_single_process_loss_curve(reference, tmp_path, config, nproc):
     _assert_follows(_train(tmp_path, config, nproc), reference)
 
@@ -58,11 +60,13 @@ def test_fused_qkv_reproduces_the_single_process_loss_curve(reference, tmp_path,
 
 
 @pytest.mark.parametrize("config,nproc,overrides", [("demo_cp2_tp2.toml", 4, []),
-                                                    ("demo_pipeline.toml", 3, PIPELINE_3)])
+                                                    ("demo_pipeline.toml", 3, PIPELINE_3),
+                                                    ("demo_colocated_pipeline.toml", 4, [])])
 def test_activation_checkpointing_reproduces_the_single_process_loss_curve(reference, tmp_path, config, nproc,
                                                                            overrides):
     """`perf.activation_checkpointing` of both modules under LM cp2 x tp2 with sequence parallel and the
-    encoder tp2 (the recompute repeats their collectives in the backward), and under the pipeline."""
+    encoder tp2 (the recompute repeats their collectives in the backward), under the pipeline, and beside the
+    colocated pipeline (the encoder recomputed at its backward, after the LM's pipeline)."""
     ckpt = '--perf.activation_checkpointing=["language", "images"]'
     _assert_follows(loss_curve(tmp_path, f"ckpt_{nproc}", config, nproc, ckpt, *overrides), reference)
 

@@ -21,7 +21,7 @@ from tests.support.native_data import manifest
 
 SHIPPED = sorted(p.name for p in CONFIGS.glob("*.toml"))
 WORLD = {"demo_tp2_dp2.toml": 4, "demo_cp2_tp2.toml": 4, "demo_colocated_fanin.toml": 8,
-         "demo_colocated_fanout.toml": 8, "demo_pipeline.toml": 8}
+         "demo_colocated_fanout.toml": 8, "demo_pipeline.toml": 8, "demo_colocated_pipeline.toml": 4}
 """The ranks each layout config spans (`mimo train CONFIG --nproc N`); every other config runs on one process."""
 
 TWO_STEPS = ["--train.steps=2", "--train.log_every=1", "--metrics.progress=false", "--metrics.tensorboard=false"]
