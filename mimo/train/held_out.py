@@ -29,7 +29,7 @@ from mimo.train.precision import step_autocast
 def read_batch(read: Callable[[], dict], reads: bool) -> tuple[dict | None, str | None]:
     """(batch, None) from `read` on a pipeline rank that reads data, (None, None) on the others, and (None,
     why) where the data set raised BatchFailed, which every reader does at the same step: the pipeline's
-    step then tells the ranks that read no data (mimo.parallel.pipeline.plan.agree_on_input)."""
+    step then tells the ranks that read no data (mimo.parallel.pipeline.step.agree_on_input)."""
     if not reads:
         return None, None
     try:

@@ -29,6 +29,8 @@ LAYOUTS = {
     "LM cp2": ("demo_vlm.toml", [f"{LANG}.cp=2"]),
     "pipeline: encoder rank 0, LM rank 1": ("demo_vlm.toml", [f"{IMG}.offset=0", f"{IMG}.size=1", f"{LANG}.offset=1",
                                                                f"{LANG}.size=1", "--parallel.microbatches=4"]),
+    "colocated pipeline: encoder dp2, LM pp2": ("demo_vlm.toml", [f"{IMG}.tp=1", f"{LANG}.pp=2",
+                                                                   "--parallel.microbatches=4"]),
     "packed dp2": ("demo_packed.toml", []),
 }
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-3}

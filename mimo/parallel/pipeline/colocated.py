@@ -31,10 +31,11 @@ from mimo.parallel.bridge.colocated_pipelined import ColocatedPipelineBridge
 from mimo.parallel.data import REPLICAS
 from mimo.parallel.p2p import Outbox
 from mimo.parallel.pipeline.microbatches import encoder_microbatches
-from mimo.parallel.pipeline.plan import PipelinePlan, StepResult, agree_on_input
+from mimo.parallel.pipeline.plan import PipelinePlan
 from mimo.parallel.pipeline.schedule import run_forwards
 from mimo.parallel.pipeline.split import drop_parameters, only_encoder, out_path_parts, split_lm
 from mimo.parallel.pipeline.stage import EncoderStage
+from mimo.parallel.pipeline.step import StepResult, agree_on_input
 
 
 class ColocatedPipelinePlan(PipelinePlan):

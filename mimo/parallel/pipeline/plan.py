@@ -1,24 +1,25 @@
 """Pipeline layouts: modules on disjoint ranks, each cut into pipeline stages, driven by 1F1B.
 
-A layout is pipelined when its module grids are disjoint (SPEC 2.2), or when it has one module
-with pp > 1. Then every rank runs exactly one stage of one module (under interleaved 1F1B, an LM rank's
-stage is its `virtual_stages` model chunks). `PipelinePlan` is that rank's
-view: its stage, its links to the neighbouring stages, the bridges from each encoder to the LM,
-the LM's tied-embedding group; it cuts the model down to the stage (`split`; the Out path's decoders
-go to the LM's last stage, where the final states are) and runs a training step's forward and
-backward passes (`train_step`). Everything after the backward (sequence-parallel
-and DP gradient reductions, the global norm, the optimizer) is the same as for colocated layouts.
+A layout is pipelined when its module grids are disjoint (SPEC 2.2), or when it has one module with pp > 1.
+Then every rank runs exactly one stage of one module (under interleaved 1F1B, an LM rank's stage is its
+`virtual_stages` model chunks). `PipelinePlan` is that rank's view: its stage, its links to the neighbouring
+stages, the bridges from each encoder to the LM, the LM's tied-embedding group; it cuts the model down to the
+stage (`split`; the Out path's decoders go to the LM's last stage, where the final states are) and runs a
+training step's forward and backward passes (`train_step`). Everything after the backward (sequence-parallel
+and DP gradient reductions, the global norm, the optimizer) is the same as for colocated layouts. A colocated
+layout whose LM has pp > 1 is pipelined too, each rank running every encoder beside its LM stage:
+`ColocatedPipelinePlan` (colocated.py) extends this class.
 
-Pieces: rules (`is_pipelined`, `validate_pipeline`: what the gate checks), split (what a stage holds),
-microbatches (what a stage reads), stage (what a stage computes and sends), schedule (the 1F1B order); beside
-them parallel/bridge/pipelined.py (encoder -> LM) and parallel/p2p.py (messages).
+Pieces: rules (`is_pipelined`, `validate_pipeline`: what the gate checks; `data_readers`), split (what a stage
+holds), microbatches (what a stage reads), stage (what a stage computes and sends), schedule (the 1F1B order),
+step (`StepResult`, `agree_on_input`); beside them parallel/bridge/pipelined.py (encoder -> LM) and
+parallel/p2p.py (messages).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,7 @@ from mimo.parallel.grid import Grid, GridGroups, member_group, pair_groups
 from mimo.parallel.layout import Layout
 from mimo.parallel.p2p import Outbox
 from mimo.parallel.pipeline.microbatches import encoder_microbatches, lm_microbatches
+from mimo.parallel.pipeline.rules import data_readers
 from mimo.parallel.pipeline.schedule import (
     feeder_lead,
     interleaved_order,
@@ -58,50 +60,9 @@ from mimo.parallel.pipeline.split import (
     split_lm,
 )
 from mimo.parallel.pipeline.stage import ChunkStages, EncoderStage, LMStage, StageLink
+from mimo.parallel.pipeline.step import StepResult, agree_on_input
 from mimo.parallel.pipeline.virtual import virtual_stages
 from mimo.parallel.tensor import sequence_parallel_rows
-
-
-def agree_on_input(problem: str | None, device: torch.device) -> None:
-    """Collective over the world: raise on every rank if any rank found the batch unusable.
-
-    Only ranks with a first or last stage read the batch, so only they can find a bad one; without this,
-    they would raise while every other rank waited for their messages. A step's cost is one one-element
-    all-reduce; the ranks' messages are gathered only when something was wrong.
-    """
-    flag = torch.tensor([float(problem is not None)], device=device)
-    dist.all_reduce(flag)
-    if flag.item() == 0:
-        return
-    messages = [None] * dist.get_world_size()
-    dist.all_gather_object(messages, problem)
-    raise ValueError("bad batch: " + "; ".join(m for m in messages if m))
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """A step's numbers, identical on every rank: mean text loss per token, loss tokens, input tokens, model
-    FLOPs (mimo.models.flops; carried in float64, so exact below 2^53); the Out path's weighted objective and
-    each modality's per-output-token loss (mimo.models.out_loss, `OutPathLoss.end`)."""
-
-    loss: float
-    loss_tokens: int
-    tokens: int
-    flops: int
-    out_objective: float = 0.0
-    out_losses: dict[str, float] = field(default_factory=dict)
-
-
-def data_readers(layout: Layout) -> list[int]:
-    """The ranks that read the batch on a pipelined layout (`PipelinePlan.needs_data`): every module's first
-    stage and the LM's last stage. Pure."""
-    readers: set[int] = set()
-    for name, grid in layout.grids.items():
-        stage = grid.size // grid.pp
-        readers.update(range(grid.offset, grid.offset + stage))
-        if name == LANGUAGE:
-            readers.update(range(grid.end - stage, grid.end))
-    return sorted(readers)
 
 
 def _stage_pairs(grid: Grid) -> list[tuple[int, int]]:

@@ -1,5 +1,5 @@
-"""Which layouts are pipelined, and what a pipelined layout needs beyond `validate_plan`'s other rules: the
-checks the validation gate runs (pure) before `PipelinePlan` builds anything."""
+"""Which layouts are pipelined and which of their ranks read the batch, and what a pipelined layout needs beyond
+`validate_plan`'s other rules: the checks the validation gate runs (pure) before `PipelinePlan` builds anything."""
 
 from __future__ import annotations
 
@@ -64,3 +64,15 @@ def validate_pipeline(cfg: Config, layout: Layout) -> None:
         if flags is not None and flags.sequence_parallel:
             raise ConfigError(f"parallel.modules.{name}.sequence_parallel: a pipelined encoder cannot be sequence "
                               "parallel; set it to false or pp = 1")
+
+
+def data_readers(layout: Layout) -> list[int]:
+    """The ranks that read the batch on a pipelined layout (`PipelinePlan.needs_data`): every module's first
+    stage and the LM's last stage. Pure."""
+    readers: set[int] = set()
+    for name, grid in layout.grids.items():
+        stage = grid.size // grid.pp
+        readers.update(range(grid.offset, grid.offset + stage))
+        if name == LANGUAGE:
+            readers.update(range(grid.end - stage, grid.end))
+    return sorted(readers)
