@@ -131,3 +131,24 @@ def test_demos_beside_a_pipelined_lm_train_like_one_process(tmp_path, config, ti
     pipelined = [*tiny, *layout, "--parallel.modules.language.pp=2"]
     run = run_distributed(_demo_steps, 4, str(config), str(tmp_path / "pipelined"), pipelined, timeout=300)[0]
     assert_trains_like(f"{config.name} {layout} + LM pp2", run, ref, 1e-5)
+
+
+MOE = ["--model.llm.moe_experts=4", "--model.llm.moe_mlp=32", "--model.llm.moe_top_k=2", "--model.llm.layers=2",
+       "--model.llm.moe_aux_loss_weight=0.05", "--model.llm.moe_z_loss_weight=0.01", "--model.llm.moe_gating=sigmoid",
+       "--model.llm.moe_norm_topk=true", "--model.llm.moe_bias_rate=0.01", "--train.steps=3",
+       "--parallel.microbatches=2", "--data.global_batch=8"]
+
+
+def test_a_moe_lm_with_experts_over_its_lanes_logs_what_one_process_does(tmp_path):
+    """The MoE LM pp2 x dp2 with its experts split over its two lanes (ep2), the encoder dp4 beside it: one
+    process's losses, router losses and expert loads."""
+    Trainer(tiny_config(tmp_path / "one", *MOE)).train()
+    layout = [*LAYOUT, "--parallel.modules.language.ep=2"]
+    run_distributed(train_rank, 4, str(tmp_path / "pipe"), [*MOE, *layout], timeout=300)
+    one, pipe = ([r for r in metrics(tmp_path / name) if "moe_load" in r] for name in ("one", "pipe"))
+    assert len(one) == len(pipe) == 3
+    for a, b in zip(one, pipe):
+        for key in ("loss", "moe_aux_loss", "moe_z_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5), key
+        for layer in ("0", "1"):
+            assert b["moe_load"][layer] == pytest.approx(a["moe_load"][layer], abs=1e-6)
