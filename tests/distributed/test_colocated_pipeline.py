@@ -18,10 +18,12 @@ import torch
 
 from mimo.config.load import load_config
 from mimo.config.schema import Config, ModuleLayoutConfig
+from mimo.data.make_shards import main as make_shards_main
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.train.trainer import Trainer
 from tests.support.configs import AVLM, T2I, TINY_AVLM, TINY_T2I, image_text_batch, tiny_llm, tiny_vit, tiny_vlm
+from tests.support.data_folders import data_overrides, make_folder
 from tests.support.dist import rank_device, run_distributed
 from tests.support.parity import (
     assert_trains_like,
@@ -152,3 +154,24 @@ def test_a_moe_lm_with_experts_over_its_lanes_logs_what_one_process_does(tmp_pat
             assert b[key] == pytest.approx(a[key], rel=1e-5), key
         for layer in ("0", "1"):
             assert b["moe_load"][layer] == pytest.approx(a["moe_load"][layer], abs=1e-6)
+
+
+def _decoded_losses(rank: int, world: int, out: str, overrides: list[str]) -> tuple[list[float], dict, int]:
+    tr = Trainer(tiny_config(Path(out), *overrides))
+    losses = [tr.train_step(s)["loss"] for s in range(3)]
+    return losses, tr.data.report(), len(tr.data.image_rows)
+
+
+def test_real_data_with_damaged_samples_decodes_each_lanes_images(tmp_path):
+    """A webdataset folder with broken images beside a pipelined LM: each rank decodes its encoder lane's images
+    only (2 of 8) and every text row, the ranks agree on the damaged samples, and the losses are one process's."""
+    src = make_folder(tmp_path)
+    make_shards_main([str(src), str(tmp_path / "shards")])
+    overrides = data_overrides("webdataset", tmp_path / "shards", "--train.steps=3", "--model.llm.layers=2")
+    one = Trainer(tiny_config(tmp_path / "one", *overrides))
+    expected = [one.train_step(s)["loss"] for s in range(3)]
+    results = run_distributed(_decoded_losses, 4, str(tmp_path / "four"), [*overrides, *LAYOUT], timeout=300)
+    for losses, report, rows in results:
+        assert rows == 2
+        assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(expected, losses)), (expected, losses)
+        assert report == one.data.report()
