@@ -2,7 +2,8 @@
 and a skipped sample train with the single process's losses and gradients on colocated layouts (two data lanes,
 plain, cost-balanced or FSDP; the LM under tp2 with sequence parallel, or cp2, with M-RoPE) and a non-colocated one
 (the tower on one rank, the LM on another: the LM's rank reads only image headers, the tower's only pixels, and the
-pipeline bridge carries each sample's own number of rows), also with Qwen2-VL's vision markers around each item.
+pipeline bridge carries each sample's own number of rows), also with Qwen2-VL's vision markers around each item,
+and the tower on both ranks beside the LM pp2 over them (its rows crossing to the LM's first stage by sample).
 FSDP gives each of the tower's `blocks` its own unit, as it does the LM's and the ViT's `layers`. Every rank's batch
 holds every row's placeholders, inputs and FLOPs as the single process's does, whichever rows it reads: on two data
 lanes and with the tower's two lanes feeding the LM's three (neither nests in the other)."""
@@ -39,6 +40,7 @@ LAYOUTS = {
     "lm_tp2_sp": ["--parallel.modules.language.tp=2", "--parallel.modules.language.sequence_parallel=true"],
     "tower_then_lm": TOWER_THEN_LM,
     "tower_then_lm_marked": [*TOWER_THEN_LM, *MARKS],
+    "tower_beside_lm_pp2": ["--parallel.modules.language.pp=2", "--model.llm.layers=2", "--parallel.microbatches=2"],
 }
 
 
@@ -56,8 +58,8 @@ def _rank(rank: int, world: int, out: str, data: str, extra: list[str]) -> tuple
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_native_data_trains_like_one_process(layout, tmp_path):
     data = manifest(tmp_path, several=True)
-    reference = trainer_steps(Trainer(config(tmp_path / "one", data, *[x for x in LAYOUTS[layout] if x in MARKS])),
-                              STEPS)
+    model = [x for x in LAYOUTS[layout] if x.startswith("--model.")]  # the same model on one process
+    reference = trainer_steps(Trainer(config(tmp_path / "one", data, *model)), STEPS)
     results = run_distributed(_rank, 2, str(tmp_path / layout), data, LAYOUTS[layout], timeout=300)
     losses, grads = results[0]
     assert_trains_like(layout, (losses, grads), reference, 1e-5)
