@@ -85,12 +85,13 @@ def _logged(out: Path, key: str) -> list[float]:
 
 
 def test_trainer_on_a_colocated_pipeline_reproduces_one_process_and_resumes_in_one(tmp_path):
-    """`mimo train`'s tiny demo on images dp4 + LM pp2 x dp2 logs the one-process run's losses and held-out
-    losses; its step-3 checkpoint loads into one process, whose next step logs the uninterrupted run's loss."""
+    """`mimo train`'s tiny demo on images dp4 + LM pp2 x dp2, its rows balanced over the lanes by cost, logs the
+    one-process run's losses and held-out losses; its step-3 checkpoint loads into one process, whose next step
+    logs the uninterrupted run's loss."""
     ref = tmp_path / "one"
     Trainer(tiny_config(ref, *TRAIN)).train()
     out = tmp_path / "colocated_pipeline"
-    run_distributed(train_rank, 4, str(out), [*TRAIN, *LAYOUT], timeout=300)
+    run_distributed(train_rank, 4, str(out), [*TRAIN, *LAYOUT, "--data.balance_lanes=true"], timeout=300)
     for key, n in (("loss", 4), ("eval_loss", 2)):
         got, want = _logged(out, key), _logged(ref, key)
         assert len(got) == len(want) == n, key
