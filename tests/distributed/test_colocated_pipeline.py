@@ -84,10 +84,10 @@ def _logged(out: Path, key: str) -> list[float]:
     return [m[key] for m in metrics(out) if key in m]
 
 
-def test_trainer_on_a_colocated_pipeline_reproduces_one_process_and_resumes_in_one(tmp_path):
+def test_trainer_on_a_colocated_pipeline_reproduces_one_process_and_resumes_across(tmp_path):
     """`mimo train`'s tiny demo on images dp4 + LM pp2 x dp2, its rows balanced over the lanes by cost, logs the
-    one-process run's losses and held-out losses; its step-3 checkpoint loads into one process, whose next step
-    logs the uninterrupted run's loss."""
+    one-process run's losses and held-out losses; its step-3 checkpoint loads into one process, and the one
+    process's into this layout, each next step logging the uninterrupted run's loss."""
     ref = tmp_path / "one"
     Trainer(tiny_config(ref, *TRAIN)).train()
     out = tmp_path / "colocated_pipeline"
@@ -101,6 +101,11 @@ def test_trainer_on_a_colocated_pipeline_reproduces_one_process_and_resumes_in_o
     single = Trainer(tiny_config(tmp_path / "resumed", *TRAIN, resume))
     assert single.checkpointer.resume() == 3
     loss = single.train_step(3)["loss"]
+    assert abs(loss - _logged(ref, "loss")[3]) <= 1e-5 * abs(loss), (loss, _logged(ref, "loss"))
+    back = tmp_path / "resumed_pipelined"
+    resume = f"--checkpoint.resume={ref / 'tiny' / 'checkpoints' / 'step_00000003'}"
+    run_distributed(train_rank, 4, str(back), [*TRAIN, *LAYOUT, resume], timeout=300)
+    loss = _logged(back, "loss")[-1]
     assert abs(loss - _logged(ref, "loss")[3]) <= 1e-5 * abs(loss), (loss, _logged(ref, "loss"))
 
 
