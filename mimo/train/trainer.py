@@ -29,7 +29,7 @@ from mimo.models.runtime import ModelRuntime
 from mimo.models.sample_rows import fed_modalities
 from mimo.models.step_hints import forward_args
 from mimo.parallel.decoding import whole_sequences
-from mimo.parallel.pipeline.plan import StepResult
+from mimo.parallel.pipeline.step import StepResult
 from mimo.parallel.plan import ParallelPlan
 from mimo.parallel.runtime import init_distributed, leave_if_joined
 from mimo.parallel.tensor import sequence_parallel_rows
