@@ -6,7 +6,8 @@ FSDP2 of the LM over 2 ranks (bf16 compute through FSDP2's MixedPrecisionPolicy 
 torch's AdamW's fp32 moments are the master state; the encoder DP2 as in the first), and two pipelines: the
 3-rank one (encoder on rank 0, LM pp2 on ranks 1-2) and a 4-rank one whose encoder stage is dp2 on ranks 0-1
 (its master state sharded over those two lanes) into LM pp2 on ranks 2-3; the 3-rank one also with tied
-embeddings (the first and last LM stages each update a copy from the summed gradient). On a pipeline each stage's
+embeddings (the first and last LM stages each update a copy from the summed gradient); and the encoder dp4 beside
+the LM pp2 x dp2 on the same 4 ranks (bf16 rows crossing to the LM's first stage). On a pipeline each stage's
 MasterAdamW holds that stage's parameters, and the global norm adds every stage's share.
 Each run is a `Trainer` built from the config, as `mimo train` builds it. Compared after STEPS steps:
 - against the single-process master_weights run: every step's loss within LOSS_RTOL, and the fp32 master
@@ -44,12 +45,14 @@ PIPELINE = [f"{IMG}.offset=0", f"{LANG}.pp=2", "--parallel.microbatches=2"]
 LAYOUTS = {"dp2": (2, []), "fan_in4": (4, [f"{LANG}.tp=2"]), "fsdp2": (2, [f"{LANG}.fsdp=true"]),
            "pipeline3": (3, [*PIPELINE, f"{IMG}.size=1", f"{LANG}.offset=1", f"{LANG}.size=2"]),
            "pipeline4": (4, [*PIPELINE, f"{IMG}.size=2", f"{LANG}.offset=2", f"{LANG}.size=2"])}
+LAYOUTS["colocated_pipeline4"] = (4, [f"{IMG}.tp=1", f"{LANG}.pp=2"])
 TIED = ["--model.llm.tie_embeddings=true"]
 LAYOUTS["pipeline3_tied"] = (3, [*LAYOUTS["pipeline3"][1], *TIED])
 SHARES = {  # per rank: the modules whose master state it holds, and the fraction of each module's flat buffer
     "dp2": [{"language": 1 / 2, "images": 1 / 2}] * 2, "fan_in4": [{"language": 1 / 2, "images": 1 / 4}] * 4,
     "fsdp2": [{"images": 1 / 2}] * 2, "pipeline3": [{"images": 1.0}, {"language": 1.0}, {"language": 1.0}],
-    "pipeline4": [{"images": 1 / 2}] * 2 + [{"language": 1.0}] * 2}
+    "pipeline4": [{"images": 1 / 2}] * 2 + [{"language": 1.0}] * 2,
+    "colocated_pipeline4": [{"language": 1 / 2, "images": 1 / 4}] * 4}
 SHARES["pipeline3_tied"] = SHARES["pipeline3"]
 
 
