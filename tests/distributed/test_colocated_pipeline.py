@@ -6,8 +6,9 @@ in one exchange each way (mimo.parallel.pipeline.colocated). Each layout's step 
 in 4 microbatches, holding 0 to 3 images per sample (whole microbatches and data lanes text-only), is checked
 against one process on the same batch: the loss, every gradient and the weights after one AdamW step with
 clipping, max |diff| <= 1e-5 x max |ref| (fp32). Then `mimo train` on such a layout logs the one-process losses
-(held-out ones too) and its checkpoint resumes in one process, and the audio-visual demo's two encoders train
-beside a pipelined LM as in one process.
+(held-out ones too, rows balanced over lanes, packed rows) and checkpoints resume across it and one process;
+the audio-visual demo's two encoders, the text-to-image demo's Out path, a MoE LM with expert parallelism and
+real data with damaged samples train beside a pipelined LM as in one process.
 """
 
 import contextlib
@@ -32,7 +33,7 @@ from tests.support.parity import (
     trainer_steps,
 )
 from tests.support.pipeline_case import IMG, MICRO, RTOL, S, pipeline_reference
-from tests.support.tiny_run import metrics, tiny_config, train_rank
+from tests.support.tiny_run import metrics, tiny_config, train_losses, train_rank
 
 # 0 to 3 images per sample; microbatch 2 is text-only, and so are LM lanes of microbatches 0 and 3
 IMAGES = [0, 0, 3, 1, 2, 1, 0, 3, 0, 0, 0, 0, 1, 2, 0, 0]
@@ -181,3 +182,15 @@ def test_real_data_with_damaged_samples_decodes_each_lanes_images(tmp_path):
         assert rows == 2
         assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(expected, losses)), (expected, losses)
         assert report == one.data.report()
+
+
+def test_packed_rows_beside_a_pipelined_lm_train_the_unpacked_samples(tmp_path):
+    """`mimo train` with data.packing on images dp4 + LM pp2 x dp2 logs the one-process unpacked run's losses."""
+    train = ["--model.llm.kv_heads=1", "--model.llm.layers=2", "--train.steps=3", "--data.global_batch=8"]
+    ref = train_losses(tmp_path / "padded", *train)
+    packed = [*train, "--data.packing=true", "--data.pack_length=48", *LAYOUT]
+    run_distributed(train_rank, 4, str(tmp_path / "packed"), packed, timeout=300)
+    losses = _logged(tmp_path / "packed", "loss")
+    assert len(ref) == len(losses) == 3
+    for step, (a, b) in enumerate(zip(losses, ref)):
+        assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: packed colocated pipeline {a} vs unpacked {b}"
