@@ -3,7 +3,9 @@
 import pytest
 
 from mimo.config.schema import ConfigError, ModuleLayoutConfig
+from mimo.parallel.bridge.colocated_pipelined import ColocatedPipelineBridge
 from mimo.parallel.bridge.pipelined import lane_overlaps
+from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
 from mimo.parallel.pipeline.schedule import warmup_microbatches
@@ -68,3 +70,15 @@ def test_a_colocated_pipeline_passes_the_gate_and_refuses_a_sharded_out_path():
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
     cfg.parallel.modules["images"].fsdp = False
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
+
+
+def test_colocated_pipeline_bridge_routes_rows_by_sample():
+    """Images dp4 beside LM pp2 x dp2 (4 ranks), one microbatch of 4 samples holding 0, 3, 1 and 2 rows: encoder
+    lane i owes LM lane j the rows of the samples both cover; ranks 0-1 take LM lanes 0-1 on the first stage."""
+    bridge = ColocatedPipelineBridge("images", Grid(dp=4), Grid(dp=2, pp=2), rank=1, hidden=8)
+    bridge.begin([[0, 3, 1, 2]])
+    assert [bridge._span(0, 4, i) for i in range(4)] == [(0, 0), (0, 3), (3, 4), (4, 6)]
+    assert [bridge._span(0, 2, j) for j in range(2)] == [(0, 3), (3, 6)]
+    assert [[bridge._sizes(i, j) for j in range(2)] for i in range(4)] == [[[0], [0]], [[3], [0]], [[0], [1]],
+                                                                          [[0], [2]]]
+    assert bridge.first == [True, True, False, False] and bridge.lead == [True, True, False, False]
