@@ -25,8 +25,12 @@ from mimo.data.batching import rows_per_sample, to_device
 from mimo.models.multimodal import MimoModel, MimoOutput, ModalitySubmodules
 from mimo.models.out_loss import OutPathLoss
 from mimo.models.sample_rows import OUTPUT_LENGTHS
+from mimo.parallel.bridge.colocated_pipelined import ColocatedPipelineBridge
 from mimo.parallel.bridge.pipelined import PipelineBridge
 from mimo.parallel.p2p import Outbox, recv_like, recv_message, send_message, send_payload
+
+RowBridge = PipelineBridge | ColocatedPipelineBridge
+"""What carries a modality's rows to the LM's first stage and their gradient back (same methods on both)."""
 
 Autocast = Callable[[], AbstractContextManager]
 
@@ -89,7 +93,7 @@ class LMStage(_Stage):
     the runtime's `gather_sequence`) for microbatches with `modality_targets`, and adds `out_loss`'s term to its output.
     `layers`: the keys of the layers this stage runs (one model chunk of an interleaved rank); None: all it holds."""
 
-    def __init__(self, model: MimoModel, first: bool, last: bool, bridges: dict[str, PipelineBridge],
+    def __init__(self, model: MimoModel, first: bool, last: bool, bridges: dict[str, RowBridge],
                  text: list[dict] | None, scale: torch.Tensor, out_loss: OutPathLoss | None = None,
                  layers: list[str] | None = None, **kw):
         super().__init__(**kw)
@@ -199,7 +203,7 @@ class EncoderStage(_Stage):
     through `ModalitySubmodules.encode_project`, the entry FSDP2 gathers the submodule's own weights around."""
 
     def __init__(self, sub: ModalitySubmodules, encoder: str, first: bool, last: bool,
-                 bridge: PipelineBridge | None, inputs: list[tuple[dict, torch.Tensor]] | None, lm_hidden: int,
+                 bridge: RowBridge | None, inputs: list[tuple[dict, torch.Tensor]] | None, lm_hidden: int,
                  **kw):
         super().__init__(**kw)
         self.sub, self.encoder_name, self.first, self.last = sub, encoder, first, last
