@@ -117,6 +117,7 @@ class ColocatedPipelineBridge:
         recv = [self._sizes(self.enc_lane[s], self.lm_lane[me]) if self.writer[s] and self.first[me] else []
                 for s in ranks]
         got = _exchange(send, recv, self.hidden, device)
+        self.sent = []  # the encoder stages keep their rows for the backward; the bridge needs them no more
         if self.first[me]:
             self.received = [torch.cat([parts[t] for parts in got if parts]) for t in range(len(self.ends))]
 
@@ -145,4 +146,4 @@ class ColocatedPipelineBridge:
         recv = [self._sizes(self.enc_lane[me], self.lm_lane[s]) if self.lead[s] else [] for s in ranks]
         got = _exchange(send, recv, self.hidden, device)
         self.grad_rows = [torch.cat([parts[t] for parts in got if parts]) for t in range(len(self.ends))]
-        self.grads, self.sent = [], []
+        self.grads = []
