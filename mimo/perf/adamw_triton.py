@@ -33,9 +33,9 @@ if triton is not None:
         return x.to(dtype)
 
     @triton.jit
-    def _update(g_ptr, idx, flat, mask, g_mask, g_other, master, exp_avg, exp_avg_sq, weight,
-                decay, step_size, bc2_sqrt, beta1, beta2, eps):
-        g = tl.load(g_ptr + idx, mask=g_mask, other=g_other).to(tl.float32)
+    def _update(g_ptr, idx, flat, mask, master, exp_avg, exp_avg_sq, weight, decay, step_size, bc2_sqrt, beta1,
+                beta2, eps):
+        g = tl.load(g_ptr + idx, mask=mask).to(tl.float32)
         p = tl.load(master + flat, mask=mask)
         m = tl.load(exp_avg + flat, mask=mask)
         v = tl.load(exp_avg_sq + flat, mask=mask)
@@ -60,15 +60,12 @@ if triton is not None:
         decay, step_size, bc2_sqrt = tl.load(scalars), tl.load(scalars + 1), tl.load(scalars + 2)
         idx = start + tl.arange(0, BLOCK)
         g_ptr = tl.multiple_of(addr.to(tl.pointer_type(weight.dtype.element_ty)), 16)
-        if (start + BLOCK <= n) & (addr != 0):  # a whole block with a gradient: no masks, vector loads
-            _update(g_ptr, idx, flat, None, None, None, master, exp_avg, exp_avg_sq, weight,
-                    decay, step_size, bc2_sqrt, beta1, beta2, eps)
-        else:  # a parameter's last block, or one without a gradient (it steps on zeros)
-            inside = idx < n
-            # the gradient's mask as a comparison: Triton 3.9's interpreter refuses `inside & (addr != 0)`
-            with_grad = idx < tl.where(addr != 0, n, 0)
-            _update(g_ptr, idx, flat, inside, with_grad, 0.0, master, exp_avg, exp_avg_sq, weight,
-                    decay, step_size, bc2_sqrt, beta1, beta2, eps)
+        if start + BLOCK <= n:  # a whole block: no masks, vector loads
+            _update(g_ptr, idx, flat, None, master, exp_avg, exp_avg_sq, weight, decay, step_size, bc2_sqrt,
+                    beta1, beta2, eps)
+        else:  # a parameter's last block
+            _update(g_ptr, idx, flat, idx < n, master, exp_avg, exp_avg_sq, weight, decay, step_size, bc2_sqrt,
+                    beta1, beta2, eps)
 
 
 class TableUpdate:
@@ -98,14 +95,13 @@ class TableUpdate:
         self.captured_tables: list[torch.Tensor] = []  # host tables a CUDA graph reads at each replay
 
     def addresses(self, lo: int, hi: int, grads: list[torch.Tensor | None], dtype: torch.dtype) -> torch.Tensor:
-        """The device table of gradient addresses (0: no gradient) for parameters lo..hi-1."""
+        """The device table of the gradient addresses of parameters lo..hi-1 (each has one; the others' are 0)."""
         table = [0] * self.n_params
         for i in range(lo, hi):
-            if grads[i] is not None:
-                if not _readable(grads[i], dtype):
-                    raise ValueError(f"gradient {i} must be contiguous, {dtype} and start {_ALIGN_BYTES}-byte aligned "
-                                     f"for the table kernel: pass it through aligned_grad")
-                table[i] = grads[i].data_ptr()
+            if grads[i] is None or not _readable(grads[i], dtype):
+                raise ValueError(f"gradient {i} must be a tensor, contiguous, {dtype} and start {_ALIGN_BYTES}-byte "
+                                 f"aligned for the table kernel: pass it through aligned_grad")
+            table[i] = grads[i].data_ptr()
         cuda = self.device.type == "cuda"
         host = torch.tensor(table, dtype=torch.int64, pin_memory=cuda)
         if cuda and torch.cuda.is_current_stream_capturing():
@@ -116,7 +112,7 @@ class TableUpdate:
                exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, weight: torch.Tensor, step: torch.Tensor,
                lr: torch.Tensor, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
         """`grads[i]`: parameter i's gradient (contiguous, `weight`'s dtype, 16-byte aligned; see
-        `aligned_grad`) or None."""
+        `aligned_grad`), for every i in lo..hi-1 (a parameter without one is not launched)."""
         count = self.first[hi] - self.first[lo]
         if count == 0:
             return

@@ -5,8 +5,9 @@ runs each step, while the update keeps fp32 precision (the same contract as auto
 Master weights and both moments live in flat fp32 buffers, and every bf16 weight and (after backward)
 its `.grad` are views of two flat bf16 buffers, so the update is one elementwise pass over a few large
 tensors (one kernel per chunk when compiled, which also writes the new bf16 weights) instead of hundreds
-of small ones. The step count and learning rate live on the device, so a step never makes the host wait for
-the GPU.
+of small ones. Each parameter's step count (torch AdamW's: a parameter without a gradient is skipped) and the
+learning rate live on the device, so a step never makes the host wait for the GPU; the host keeps a copy of the
+counts to update neighbours with equal counts in one pass.
 
 With `first` (the parameters whose gradients are all complete before the others', e.g. the language
 model's, whose backward pass ends before the vision encoder's begins), those parameters lead the flat
@@ -101,7 +102,9 @@ class MasterAdamW:
     autograd then hands each parameter its fresh gradient (no addition into zeros), and a hook run right
     after copies it into the parameter's view and puts the view back as `.grad`. A second backward
     before `step()` adds into the views, as autograd always accumulates. A gradient assigned by hand is
-    copied in by `step()`, and the view of a parameter that got none is zeroed there (it steps on zeros).
+    copied in by `step()`. A parameter whose `.grad` is None at `step()` is skipped as torch's AdamW skips it: its
+    weights, moments and step count stay as they are (with `group`, every rank must leave the same parameters
+    without a gradient).
     Without `fresh_grads`, `.grad` is the view from the start and `zero_grad()` zeroes the whole buffer,
     so autograd adds every gradient into zeros. The hooks stay on the parameters: build one MasterAdamW
     per set of parameters. With `first` (needs `fresh_grads`, one process, and one backward per step), the
@@ -147,11 +150,13 @@ class MasterAdamW:
         self.stream = torch.cuda.Stream(device, priority=0) if early and device.type == "cuda" else None
         self._hook_grads(grad_table, fresh_grads)
         self.grad_scale = 1.0 if summed_grads else 1.0 / ranks
-        self.step_count = torch.zeros((), dtype=torch.float32, device=device)
+        # each parameter's number of updates (torch AdamW's state["step"]), on the device and copied on the host
+        self.steps = torch.zeros(len(self.params), dtype=torch.float32, device=device)
+        self.taken = [0] * len(self.params)
+        self.recount = False  # whether `steps` was handed out (a checkpoint may load into it): re-read `taken`
         self.lr = torch.full((), lr, dtype=torch.float32, device=device)
-        split = offsets[self.n_first] if self.n_first < len(self.params) else size  # where the others begin
-        self.first_slices = [slice(s, min(s + chunk, split)) for s in range(0, split, chunk)]
-        self.rest_slices = [slice(s, min(s + chunk, size)) for s in range(split, size, chunk)]
+        self.chunk = chunk
+        self.bounds = [*offsets, size * ranks]  # parameter i's part of the flat buffers: bounds[i]..bounds[i + 1]
         self.update = torch.compile(adamw_update) if compile else adamw_update
 
     def _flatten(self, dtype: torch.dtype, ranks: int, grad_table: bool) -> tuple[list[int], int]:
@@ -166,6 +171,7 @@ class MasterAdamW:
         total = -(-total // (ranks * _ALIGN)) * ranks * _ALIGN  # equal shards, each starting aligned
         size = total // ranks
         start = (dist.get_rank(self.group) if self.group is not None else 0) * size
+        self.shard = (start, start + size)  # this rank's part of the flat buffers
         self.grad = None if grad_table else torch.zeros(total, dtype=dtype, device=device)
         self.weight = torch.zeros(total, dtype=dtype, device=device)
         # this rank's shard: fp32 state of its elements; their summed gradients land in grad_shard
@@ -203,18 +209,46 @@ class MasterAdamW:
             else:
                 p.grad = view
 
-    def _update(self, first: bool, grads: list[torch.Tensor | None]) -> None:
-        """Update the `first` parameters, or the others: through the gradient table (`grads[i]` is parameter
-        i's gradient), else chunk by chunk of the flat buffers."""
-        if self.table is not None:
-            lo, hi = (0, self.n_first) if first else (self.n_first, len(self.params))
-            self.table.launch(lo, hi, grads, self.master, self.exp_avg, self.exp_avg_sq, self.weight,
-                              self.step_count, self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
-            return
-        for s in self.first_slices if first else self.rest_slices:
-            self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad_shard[s],
-                        self.weight_shard[s], self.step_count, self.lr, self.beta1, self.beta2, self.eps,
-                        self.weight_decay, self.grad_scale)
+    def _runs(self, lo: int, hi: int, live: list[bool]) -> list[tuple[int, int]]:
+        """Parameters lo..hi-1 that have a gradient, as ranges of neighbours that took equally many updates."""
+        if self.recount:
+            self.taken = [int(n) for n in self.steps.tolist()]
+            self.recount = False
+        runs: list[tuple[int, int]] = []
+        for i in range(lo, hi):
+            if not live[i]:
+                continue
+            if runs and runs[-1][1] == i and self.taken[runs[-1][0]] == self.taken[i]:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+        return runs
+
+    def _update(self, lo: int, hi: int, live: list[bool], grads: list[torch.Tensor | None]) -> None:
+        """Update the parameters lo..hi-1 whose `live` is True (those without a gradient keep their weights,
+        moments and step count, as torch's AdamW leaves them): through the gradient table (`grads[i]` is
+        parameter i's gradient), else chunk by chunk of this rank's shard of the flat buffers."""
+        for a, b in self._runs(lo, hi, live):
+            self.steps[a:b] += 1
+            self.taken[a:b] = [n + 1 for n in self.taken[a:b]]
+            step = self.steps[a]
+            if self.table is not None:
+                self.table.launch(a, b, grads, self.master, self.exp_avg, self.exp_avg_sq, self.weight, step,
+                                  self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
+                continue
+            start, end = self.shard
+            first, last = max(self.bounds[a], start) - start, min(self.bounds[b], end) - start
+            for c in range(first, last, self.chunk):
+                s = slice(c, min(c + self.chunk, last))
+                self.update(self.master[s], self.exp_avg[s], self.exp_avg_sq[s], self.grad_shard[s],
+                            self.weight_shard[s], step, self.lr, self.beta1, self.beta2, self.eps,
+                            self.weight_decay, self.grad_scale)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint holds, the tensors themselves (a load fills them in place): this rank's shard of the
+        fp32 master weights and moments, and every parameter's update count ("step", re-read by the next update)."""
+        self.recount = True
+        return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "step": self.steps}
 
     @torch.no_grad()
     def _first_grad(self, i: int, p: torch.Tensor) -> None:
@@ -232,11 +266,10 @@ class MasterAdamW:
         if len(self.arrived) < self.n_first:
             return
         self.launched = True
-        self.step_count += 1
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            self._update(True, [self.held.get(j) for j in range(len(self.params))])
+            self._update(0, self.n_first, [True] * self.n_first, [self.held.get(j) for j in range(len(self.params))])
 
     @torch.no_grad()
     def step(self) -> None:
@@ -248,26 +281,24 @@ class MasterAdamW:
         launched, self.launched = self.launched, False
         held, self.held = self.held, {}  # referenced until the side stream's update is waited for
         self.arrived.clear()
+        live = [p.grad is not None for p in self.params]
         grads: list[torch.Tensor | None] = []
         for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
             if launched and i < self.n_first:
                 if p.grad is not (view if self.table is None else held[i]):
                     raise RuntimeError("MasterAdamW(first=...) found a gradient set by hand on a parameter it had "
                                        "already updated in backward; drop first")
-            elif self.table is not None:
-                grads.append(None if p.grad is None else aligned_grad(p, self.weight.dtype))
+            elif self.table is not None and live[i]:
+                grads.append(aligned_grad(p, self.weight.dtype))
                 continue
-            elif p.grad is None:
-                view.zero_()
-            elif p.grad is not view:
+            elif live[i] and p.grad is not view:
                 _into_view(p, view)
             grads.append(None)
         if self.group is not None and not self.summed_grads:
             reduce_scatter_single(self.grad_shard, self.grad, group=self.group)
         if not launched:
-            self.step_count += 1
-            self._update(True, grads)
-        self._update(False, grads)
+            self._update(0, self.n_first, live, grads)
+        self._update(self.n_first, len(self.params), live, grads)
         if launched and self.stream is not None:
             torch.cuda.current_stream().wait_stream(self.stream)
         if self.group is not None:

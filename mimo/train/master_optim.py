@@ -17,8 +17,9 @@ of different ranks. The global norm is then
 `norm_sq_reduce` over the ranks' per-module shares, as in MimoOptimizer.
 
 Checkpoints hold no torch optimizer state under this mode (`optimizers` is empty); `master_state(rank)` is
-this rank's fp32 master weights, moments and step counts (its shards), saved under `master.rank<N>` beside
-the bf16 weights (mimo.train.checkpoint), and loaded back on the layout they were written with.
+this rank's fp32 master weights and moments (its shards) and each parameter's step count, saved under
+`master.rank<N>` beside the bf16 weights (mimo.train.checkpoint), and loaded back on the layout they were written
+with.
 """
 
 from __future__ import annotations
@@ -92,9 +93,8 @@ class MasterOptimizer:
 
     def master_state(self, rank: int) -> dict:
         """This rank's optimizer state, the tensors themselves (a checkpoint loads into them in place):
-        {"rank<N>": {"<part>": {"master", "exp_avg", "exp_avg_sq": this rank's shard, "step": the count}}}."""
-        parts = {str(i): {"master": opt.master, "exp_avg": opt.exp_avg, "exp_avg_sq": opt.exp_avg_sq,
-                          "step": opt.step_count} for i, (_, opt) in enumerate(self.parts)}
+        {"rank<N>": {"<part>": MasterAdamW.state()}}."""
+        parts = {str(i): opt.state() for i, (_, opt) in enumerate(self.parts)}
         return {f"rank{rank:05d}": parts} if parts else {}
 
     def lr(self, step: int) -> float:

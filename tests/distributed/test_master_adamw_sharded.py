@@ -3,7 +3,9 @@
 Each rank computes the gradient of the mean loss over its own slice of a global batch; the reference
 is the unsharded optimizer on the mean loss over the whole batch (the mean of the ranks' gradients,
 the slices being equal). Layer sizes are multiples of nothing, so parameters straddle shard borders
-and the flat buffers need padding to split evenly.
+and the flat buffers need padding to split evenly. Parameters left without a gradient on every rank in some
+steps (as the trainer leaves an unfed modality) are skipped as torch's AdamW on one process skips them, with the
+gradients reduce-scattered by the optimizer or summed by the caller (`summed_grads`).
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, 5, generator=g), torch.randn(BATCH, 2, generator=g)
 
 
-def train(model: nn.Module, opt: MasterAdamW, rows: slice) -> torch.Tensor:
-    """STEPS steps on the mean loss over `rows` of each batch; the final weights, flattened."""
+def train(model: nn.Module, opt: MasterAdamW | torch.optim.AdamW, rows: slice, unfed: dict | None = None
+          ) -> torch.Tensor:
+    """STEPS steps on the mean loss over `rows` of each batch, the parameters `unfed[step]` names (indices into
+    model.parameters()) left without a gradient; the final weights, flattened."""
     for step in range(STEPS):
         x, y = batch(step)
         (model(x[rows]) - y[rows]).square().mean().backward()
+        params = list(model.parameters())
+        for i in (unfed or {}).get(step, ()):
+            params[i].grad = None
         opt.step()
         opt.zero_grad()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -67,3 +74,28 @@ def test_sharded_steps_match_one_process(world_size):
         diff, ref = (r["weights"] - r["ref"]).abs().max(), r["ref"].abs().max()
         assert diff <= 1e-6 * ref, (rank, float(diff), float(ref))
         assert torch.equal(r["weights"], results[0]["weights"]), rank
+
+
+UNFED = {1: (2, 3), 2: (0,)}  # step -> parameters without a gradient: the middle linear, then the first weight
+
+
+def skipping_rank(rank: int, world_size: int, summed: bool) -> dict:
+    """This rank's weights after sharded training that leaves some parameters without a gradient, and torch's
+    AdamW's on one process with the same gaps."""
+    model = make_model()
+    opt = MasterAdamW(model.parameters(), group=dist.group.WORLD, chunk=100, summed_grads=summed, **OPT)
+    share = BATCH // world_size
+    weights = train(model, opt, slice(None) if summed else slice(rank * share, (rank + 1) * share), UNFED)
+    ref_model = make_model()
+    kwargs = {k: v for k, v in OPT.items() if k != "dtype"}
+    ref = train(ref_model, torch.optim.AdamW(ref_model.parameters(), **kwargs), slice(None), UNFED)
+    return {"weights": weights.detach().numpy(), "ref": ref.detach().numpy(), "steps": opt.steps.tolist()}
+
+
+@pytest.mark.parametrize("summed", [False, True], ids=["reduce_scattered", "summed_grads"])
+def test_sharded_steps_skip_parameters_without_gradients_like_torch_adamw(summed):
+    results = run_distributed(skipping_rank, 2, summed)
+    for rank, r in enumerate(results):
+        diff, ref = abs(r["weights"] - r["ref"]).max(), abs(r["ref"]).max()
+        assert diff <= 1e-6 * ref, (rank, float(diff), float(ref))
+        assert r["steps"] == [STEPS - 1, STEPS, STEPS - 1, STEPS - 1, STEPS], (rank, r["steps"])

@@ -20,6 +20,7 @@ from tests.support.configs import tiny_llm
 from tests.support.master_adamw_checks import (
     check_accumulated_hand_set_and_missing_gradients,
     check_first_parameters_updated_in_backward,
+    check_parameters_without_gradients_are_skipped,
     step_both,
 )
 
@@ -77,6 +78,11 @@ def test_master_adamw_takes_accumulated_hand_set_and_missing_gradients_like_torc
 @pytest.mark.parametrize("compile", [False, True])
 def test_master_adamw_updates_the_first_parameters_in_backward_like_torch_adamw(compile):
     check_first_parameters_updated_in_backward(compile=compile)
+
+
+@pytest.mark.parametrize("fresh_grads", [True, False])
+def test_master_adamw_skips_parameters_without_gradients_like_torch_adamw(fresh_grads):
+    check_parameters_without_gradients_are_skipped(chunk=16, fresh_grads=fresh_grads)
 
 
 def test_master_adamw_first_refuses_what_it_cannot_do():
