@@ -12,12 +12,8 @@ On CUDA (bf16 under autocast) or the CPU (fp32), one process, no collectives:
    at a default shape), forward + backward, eagerly and (with perf.compile) compiled: the measured time
    over the time the cost model gives it from 1-3 is that kind's `layer_factor`.
 
-Eagerly, each call is timed on the host, synchronised: that holds the host's time to issue it (a lone
-call's launch and wait, a small layer's launches), which an eager step pays too. A captured step
-(`perf.step_graph`) issues nothing from the host, so on CUDA 1, 2 and 4 are measured again as the GPU runs
-them (`graph_timed`: captured in a CUDA graph, replays timed with CUDA events), the layer factors against the
-model of a captured step from the captured lines; they go to the profile's `captured` (mimo.planner.profile),
-which the planner uses for configs with perf.step_graph. A layer whose capture fails keeps only its eager
+Each call is timed on the host, synchronised: that holds the host's time to issue it (a lone call's launch and
+wait, a small layer's launches), which a step pays too. A compiled layer that fails to compile keeps its eager
 factor, its error recorded in `measured.layers_s`.
 
 Takes about 25 s on an H200 (plus compilation with perf.compile), a few on a CPU at its small shapes.
@@ -75,39 +71,6 @@ def timed(fn: Callable[[], object], device: str, reps: int = 10, warmup: int = 3
     return statistics.median(times)
 
 
-def graph_timed(fn: Callable[[], object], calls: int = 1, reps: int = 5, trials: int = 3) -> float:
-    """GPU seconds per call of `fn` as a captured step runs it (CUDA only): two warm-up calls on a side
-    stream, then `calls` calls captured into one CUDA graph on it; the median over `trials` of `reps`
-    back-to-back replays, timed with CUDA events on the current stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    # "thread_local": autograd's backward thread issues kernels too (as in mimo.train.captured)
-    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(trials):
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / (reps * calls))
-    return statistics.median(times)
-
-
-def _clock(device: str, captured: bool) -> Callable[[Callable[[], object]], float]:
-    """How 1-2 time a call: on the host, synchronised, or (`captured`) four to a CUDA graph."""
-    return (lambda fn: graph_timed(fn, calls=4)) if captured else (lambda fn: timed(fn, device))
-
-
 def fit_line(work: list[float], seconds: list[float]) -> tuple[float, float]:
     """(fixed seconds, work per second) of `seconds = fixed + work / rate`, least squares weighted by 1/t^2;
     where that gives a negative part, (0, the median of work / seconds)."""
@@ -126,27 +89,25 @@ def _dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device == "cuda" else torch.float32
 
 
-def measure_products(device: str, captured: bool = False) -> tuple[float, float, list]:
-    shapes, clock = GPU_PRODUCTS if device == "cuda" else CPU_PRODUCTS, _clock(device, captured)
+def measure_products(device: str) -> tuple[float, float, list]:
     rows = []
-    for m, n, k in shapes:
+    for m, n, k in GPU_PRODUCTS if device == "cuda" else CPU_PRODUCTS:
         a = torch.randn(m, k, device=device, dtype=_dtype(device))
         b = torch.randn(k, n, device=device, dtype=_dtype(device))
-        rows.append((m, n, k, clock(lambda a=a, b=b: a @ b)))
+        rows.append((m, n, k, timed(lambda a=a, b=b: a @ b, device)))
     fixed, rate = fit_line([2 * m * n * k for m, n, k, _ in rows], [t for *_, t in rows])
     return fixed, rate / 1e12, rows
 
 
-def measure_attention(device: str, captured: bool = False) -> tuple[float, float, float, list]:
-    shapes, clock = GPU_ATTENTION if device == "cuda" else CPU_ATTENTION, _clock(device, captured)
+def measure_attention(device: str) -> tuple[float, float, float, list]:
     rows = []
-    for b, h, s, d, causal in shapes:
+    for b, h, s, d, causal in GPU_ATTENTION if device == "cuda" else CPU_ATTENTION:
         q, k, v = (torch.randn(b, h, s, d, device=device, dtype=_dtype(device), requires_grad=True) for _ in range(3))
         def forward(q=q, k=k, v=v, causal=causal) -> torch.Tensor:
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-        fwd = clock(forward)
-        both = clock(lambda forward=forward: forward().sum().backward())
+        fwd = timed(forward, device)
+        both = timed(lambda forward=forward: forward().sum().backward(), device)
         flop = (2 if causal else 4) * b * s * s * h * d
         rows.append((b, h, s, d, causal, flop, fwd, both))
     fixed, rate = fit_line([r[5] for r in rows], [r[6] for r in rows])
@@ -210,11 +171,9 @@ def layer_step(cfg: Config, kind: str, device: str, compiled: bool) -> tuple[Cal
     return step, shapes
 
 
-def modelled_layer(cfg: Config, kind: str, profile: Profile, shapes: dict, compiled: bool,
-                   captured: bool = False) -> float:
-    """The cost model's time of the measured layer with no correction (one GPU, no fusion of q/k/v), as a
-    captured step runs it when `compiled` (it launches fewer kernels than the eager count) or `captured`."""
-    perf = dataclasses.replace(cfg.perf, fuse_qkv=False, compile=compiled, step_graph=compiled or captured)
+def modelled_layer(cfg: Config, kind: str, profile: Profile, shapes: dict, compiled: bool) -> float:
+    """The cost model's time of the measured layer with no correction (one GPU, no fusion of q/k/v)."""
+    perf = dataclasses.replace(cfg.perf, fuse_qkv=False, compile=compiled)
     ref = dataclasses.replace(cfg, perf=perf)
     grid, net = Grid(), Network()
     if kind == "decoder":
@@ -240,25 +199,13 @@ def _default_encoder_layer(cfg: Config, kind: str, profile: Profile, shapes: dic
     return piece.forward + piece.backward
 
 
-def measure_captured_lines() -> tuple[dict, dict]:
-    """The lines of 1-2 as the GPU runs them in CUDA graphs (as Profile fields), and their measured rows."""
-    mm_fixed, mm_tflops, products = measure_products("cuda", captured=True)
-    at_fixed, at_tflops, ratio, attention = measure_attention("cuda", captured=True)
-    lines = {"matmul_tflops": mm_tflops, "matmul_fixed_s": mm_fixed, "attention_tflops": at_tflops,
-             "attention_fixed_s": at_fixed, "attention_backward_ratio": ratio}
-    return lines, {"products": products, "attention": attention}
-
-
 def _failure(e: Exception) -> str:
     return f"failed: {type(e).__name__}: {e}"[:500]
 
 
-def layer_factors(cfg: Config, device: str, eager: Profile,
-                  captured: Profile | None) -> tuple[dict, dict, dict, dict]:
-    """(eager factors, captured factors, shapes, seconds or failure by key) of each layer kind, the eager ones
-    against `eager`'s model, the captured ones (only given a `captured` profile: CUDA) against `captured`'s
-    model of a captured step."""
-    factors, graphed, shapes, layers = {}, {}, {}, {}
+def layer_factors(cfg: Config, device: str, profile: Profile) -> tuple[dict, dict, dict]:
+    """(factors, shapes, seconds or failure by key) of each layer kind, against `profile`'s model."""
+    factors, shapes, layers = {}, {}, {}
     for kind in ("decoder", "vit", "audio"):
         for compiled in (False, True) if cfg.perf.compile else (False,):
             key = f"{kind}.{'compiled' if compiled else 'eager'}"
@@ -270,23 +217,13 @@ def layer_factors(cfg: Config, device: str, eager: Profile,
                     raise
                 layers[key] = _failure(e)
                 continue
-            factors[key] = seconds / modelled_layer(cfg, kind, eager, shape, compiled)
+            factors[key] = seconds / modelled_layer(cfg, kind, profile, shape, compiled)
             shapes[kind], layers[key] = shape, seconds
-            if captured is None:
-                continue
-            try:
-                seconds = graph_timed(step)
-            except Exception as e:  # a layer that cannot be captured keeps its eager-timed factor, recorded
-                layers[f"{key}.graph"] = _failure(e)
-                continue
-            graphed[key] = seconds / modelled_layer(cfg, kind, captured, shape, compiled, captured=True)
-            layers[f"{key}.graph"] = seconds
-    return factors, graphed, shapes, layers
+    return factors, shapes, layers
 
 
 def calibrate(cfg: Config, device: str) -> Profile:
-    """A profile of `device` ('cuda' or 'cpu'), its layer factors measured at `cfg`'s shapes; on CUDA with
-    its `captured` figures (the module docstring)."""
+    """A profile of `device` ('cuda' or 'cpu'), its layer factors measured at `cfg`'s shapes."""
     if device == "cuda":
         use_sdpa_backend(cfg.perf.attention_backend)
     mm_fixed, mm_tflops, products = measure_products(device)
@@ -295,17 +232,8 @@ def calibrate(cfg: Config, device: str) -> Profile:
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     profile = Profile(name, mm_tflops, mm_fixed, at_tflops, at_fixed, ratio, gbps, kernel, launch)
     measured = {"products": products, "attention": attention, "torch": torch.__version__}
-    lines, graph = {}, None
-    if device == "cuda":
-        try:
-            lines, measured["captured"] = measure_captured_lines()
-        except Exception as e:  # the captured step is then modelled with the eager lines, recorded
-            measured["captured"] = _failure(e)
-        graph = dataclasses.replace(profile, **lines)
-    factors, graphed, shapes, measured["layers_s"] = layer_factors(cfg, device, profile, graph)
-    captured = {**lines, "layer_factor": graphed} if graph is not None else {}
-    return dataclasses.replace(profile, layer_factor=factors, layer_shapes=shapes, measured=measured,
-                               captured=captured)
+    factors, shapes, measured["layers_s"] = layer_factors(cfg, device, profile)
+    return dataclasses.replace(profile, layer_factor=factors, layer_shapes=shapes, measured=measured)
 
 
 def write_profile(cfg: Config, out: str) -> str:
@@ -317,15 +245,5 @@ def write_profile(cfg: Config, out: str) -> str:
     return (f"mimo: profile of {profile.device} written to {out}: products {profile.matmul_tflops:.1f} TFLOP/s "
             f"(+{profile.matmul_fixed_s * 1e6:.1f} us each), attention {profile.attention_tflops:.1f} TFLOP/s, memory "
             f"{profile.memory_gbps:.0f} GB/s, layer factors "
-            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(profile.layer_factor.items()))
-            + _captured_summary(profile.captured))
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(profile.layer_factor.items())))
 
-
-def _captured_summary(captured: dict) -> str:
-    """The CUDA-graph timed figures of a calibration (none on a CPU) for its one-line report."""
-    if not captured:
-        return ""
-    fixed = (f"products +{captured['matmul_fixed_s'] * 1e6:.1f} us, attention "
-             f"+{captured['attention_fixed_s'] * 1e6:.1f} us each, ") if "matmul_fixed_s" in captured else ""
-    factors = ", ".join(f"{k} {v:.2f}" for k, v in sorted(captured["layer_factor"].items()))
-    return f"; in a CUDA graph {fixed}layer factors {factors}"

@@ -11,9 +11,8 @@ A transformer layer's time is the sum of its parts, each from the profile's fitt
   `attention_backward_ratio` times the forward;
 - element-wise traffic: ~40 bytes x hidden per token (norms, residuals, RoPE, casts) plus the MLP
   activation's 6 (decoder) or 4 (encoder) bytes per unit, / tp where the tensor is sharded; the backward 2x;
-- fixed: 14 kernels forward, 28 backward, each `kernel_s` on the GPU; eagerly the host issues each in
-  `launch_s`, and a layer takes the longer of the two (the host runs ahead of the GPU). Under
-  `perf.step_graph` the host issues nothing.
+- fixed: 14 kernels forward, 28 backward, each `kernel_s` on the GPU; the host issues each in `launch_s`, and
+  a layer takes the longer of the two (the host runs ahead of the GPU).
 
 Communication inside a module (not overlapped: mimo runs it on the compute stream): tensor parallelism
 all-reduces the layer's activation twice in the forward and twice in the backward (a reduce-scatter and
@@ -107,8 +106,8 @@ def _layer(p: Profile, kind: str, tokens: float, hidden: int, products: list[tup
     elem = memory_s(p, tokens * (40 * hidden / sp_tp + mlp_bytes))
     fwd += attention_s(p, attn_flop) + elem + KERNELS_FORWARD * p.kernel_s
     bwd += p.attention_backward_ratio * attention_s(p, attn_flop) + 2 * elem + KERNELS_BACKWARD * p.kernel_s
-    if not cfg.perf.step_graph:  # the host issues every kernel; the GPU waits when it is slower
-        fwd, bwd = max(fwd, KERNELS_FORWARD * p.launch_s), max(bwd, KERNELS_BACKWARD * p.launch_s)
+    # the host issues every kernel; the GPU waits when it is slower
+    fwd, bwd = max(fwd, KERNELS_FORWARD * p.launch_s), max(bwd, KERNELS_BACKWARD * p.launch_s)
     factor = p.factor(kind, cfg.perf.compile)
     return Piece(fwd * factor, bwd * factor)
 

@@ -20,16 +20,13 @@
   Then the gradient norm (one read of the gradients) and AdamW (28 bytes per parameter of this rank's
   shard) at the profile's memory bandwidth; under a pipeline the slowest stage's tail counts.
 
-Every time comes from the profile's figures as the step runs them (`Profile.under`): under `perf.step_graph`
-(one CUDA graph a step) those timed inside CUDA graphs, where the profile has them, else the eager ones.
-
 MFU is the model FLOPs of mimo.models.flops (what `mimo train` reports) over step time x GPUs x
 `metrics.peak_tflops`; tokens per second per GPU count every row token of the global batch, as the trainer does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mimo.config.schema import LANGUAGE, Config, ModuleLayoutConfig
 from mimo.models.flops import TRAIN_FACTOR, audio_flops, lm_flops, projector_flops, vit_flops
@@ -184,7 +181,6 @@ def _reduce_groups(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig,
 
 def predict(s: Setting, layout: Layout, modules: dict[str, ModuleLayoutConfig]) -> Prediction:
     """The predicted step of `layout` (see the module docstring)."""
-    s = replace(s, profile=s.profile.under(s.cfg.perf.step_graph))
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
     if is_pipelined(layout):
         parts = _pipelined(s, layout, flags)

@@ -10,12 +10,7 @@ Every figure is a straight-line fit of measured times against work, so it can be
 - `kernel_s`: the GPU time of one tiny kernel; `launch_s`: the host time to issue one eagerly;
 - `layer_factor`: measured / modelled time of one whole layer (forward + backward) of each module kind
   (`decoder`, `vit`, `audio`) with `.eager` or `.compiled` after it, measured at `layer_shapes`: what the
-  line fits leave out (norms, RoPE, casts, the autograd bookkeeping), applied to every layer of that kind;
-- `captured`: the same figures as the GPU runs them inside a CUDA graph (any of the products' and attention's
-  five line fields, and `layer_factor` entries), measured on CUDA by replaying captured work: a captured step
-  (`perf.step_graph`) pays no host time, which the eager figures hold (a lone synchronised call's latency,
-  a small layer's launches). `Profile.under` picks them; a profile without them (older files) predicts a
-  captured step from the eager figures.
+  line fits leave out (norms, RoPE, casts, the autograd bookkeeping), applied to every layer of that kind.
 
 Profiles are JSON files; `mimo/planner/profiles/` ships one for the H200 and one for CPUs (made with
 `mimo plan --calibrate --out ...`, see BENCHMARKS.md).
@@ -50,24 +45,12 @@ class Profile:
     layer_factor: dict[str, float] = field(default_factory=dict)
     layer_shapes: dict[str, dict] = field(default_factory=dict)
     measured: dict = field(default_factory=dict)
-    captured: dict = field(default_factory=dict)
 
     def factor(self, kind: str, compiled: bool) -> float:
         """The layer correction of `kind` ('decoder', 'vit', 'audio'), compiled or eager; 1.0 when not measured
         (the compiled figure falls back to the eager one)."""
         mode = "compiled" if compiled else "eager"
         return self.layer_factor.get(f"{kind}.{mode}", self.layer_factor.get(f"{kind}.eager", 1.0))
-
-    def under(self, step_graph: bool) -> Profile:
-        """The figures a step runs at: with `step_graph` (the step captured as one CUDA graph) each field in
-        `captured` replaces the eager one, its layer factors kind by kind (a factor it lacks stays the eager
-        one); otherwise, or with nothing captured, this profile. The result holds nothing captured, so
-        applying it twice changes nothing."""
-        if not step_graph or not self.captured:
-            return self
-        lines = {k: v for k, v in self.captured.items() if k != "layer_factor"}
-        factors = {**self.layer_factor, **self.captured.get("layer_factor", {})}
-        return dataclasses.replace(self, **lines, layer_factor=factors, captured={})
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

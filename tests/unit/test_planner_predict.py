@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,6 +11,7 @@ from mimo.cli import main
 from mimo.config.load import load_config
 from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
+from mimo.planner import calibrate as cal
 from mimo.planner.candidates import layout_of, make_plan
 from mimo.planner.cost import KERNELS_BACKWARD, KERNELS_FORWARD, _moe_feed_forward, decoder_layer, matmul_s
 from mimo.planner.memory import estimate, module_sizes
@@ -29,7 +31,7 @@ TINY = ["--model.llm.vocab=272", "--model.llm.hidden=32", "--model.llm.layers=2"
 def test_a_decoder_layer_by_hand():
     """hidden 32, 4 heads of 8, 2 kv heads, mlp 64, 4 sequences of 16 tokens (T = 64) on one GPU:
     products q 32x32, k and v 16x32 each, o 32x32, gate and up 64x32, down 32x64 -> 2 T (sum n k) FLOPs."""
-    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--perf.step_graph=false"])
+    cfg = load_config("configs/demo_vlm.toml", TINY)
     piece = decoder_layer(cfg, PROFILE, Network(), Grid(), ModuleLayoutConfig(), samples=4, seq=16)
     tokens = 64
     nk = 32 * 32 + 2 * 16 * 32 + 32 * 32 + 2 * 64 * 32 + 32 * 64
@@ -114,9 +116,37 @@ def test_cli_calibrate_writes_a_profile_the_planner_reads(tmp_path, capsys):
     profile = load_profile(out)
     assert profile.matmul_tflops > 0 and profile.memory_gbps > 0
     assert {"decoder.eager", "vit.eager", "audio.eager"} <= set(profile.layer_factor)
-    assert profile.captured == {}  # CUDA graphs, and so the captured figures, only on CUDA
     assert make_plan(load_config("configs/demo_vlm.toml", TINY), 2, 80, profile).rows[0].prediction.step_s > 0
 
+
+
+def test_a_small_layer_takes_the_hosts_launches_when_they_outlast_the_gpu():
+    """The same layer with 10 us to issue a kernel: the host's 14 (forward) and 28 (backward) launches outlast the
+    GPU's work, so the layer is their time, times the decoder's factor (2)."""
+    profile = dataclasses.replace(PROFILE, launch_s=10e-6, layer_factor={"decoder.eager": 2.0})
+    cfg = load_config("configs/demo_vlm.toml", TINY)
+    piece = decoder_layer(cfg, profile, Network(), Grid(), ModuleLayoutConfig(), samples=4, seq=16)
+    assert piece.forward_s == pytest.approx(2.0 * KERNELS_FORWARD * 10e-6)
+    assert piece.backward_s == pytest.approx(2.0 * KERNELS_BACKWARD * 10e-6)
+
+
+def test_layer_factors_are_the_measured_time_over_the_model(monkeypatch):
+    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--perf.compile=false"])
+    monkeypatch.setattr(cal, "timed", lambda fn, device, reps, warmup: 4e-3)
+    factors, shapes, layers = cal.layer_factors(cfg, "cpu", PROFILE)
+    assert set(factors) == set(layers) == {"decoder.eager", "vit.eager", "audio.eager"}
+    for key, factor in factors.items():
+        kind = key.split(".")[0]
+        assert factor == pytest.approx(4e-3 / cal.modelled_layer(cfg, kind, PROFILE, shapes[kind], False))
+        assert layers[key] == 4e-3
+
+
+def test_a_profile_with_figures_of_a_retired_step_still_loads(tmp_path):
+    """Profiles calibrated before perf.step_graph was retired hold its CUDA-graph figures under `captured`."""
+    PROFILE.save(tmp_path / "p.json")
+    older = {**json.loads((tmp_path / "p.json").read_text()), "captured": {"matmul_fixed_s": 1e-6}}
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert load_profile(tmp_path / "older.json") == PROFILE
 
 def test_master_weights_keep_4_bytes_whole_and_shard_12_over_the_lanes():
     """The tiny LM's trainable states (16 B each without master weights) on 4 data lanes: 4 + 12/4 = 7 B."""
