@@ -24,8 +24,8 @@ BYTES_PER_PARAM = 2 + 3 * 4 * 2 + 2  # bf16 gradient in; fp32 master and moments
 
 
 def time_steps(opt: MasterAdamW, steps: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of one step, captured as a CUDA graph as the benchmark's step is (the host's
-    time to build the address table is not on the device's clock there either)."""
+    """Median milliseconds of one step, captured as a CUDA graph (so that the host's time to build the address
+    table is not on the device's clock)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

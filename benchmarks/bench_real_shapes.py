@@ -15,12 +15,12 @@ assumed): `--batches` global batches of `--global-batch` samples drawn with `--s
 zero or one image each, text lengths per source; both sides train on these batches in the same order, cycled
 (`--warmup` and `--steps` multiples of `--batches`, so the timed steps cover every batch equally). The mimo side is
 `Trainer` on benchmarks/presets/<size>.toml (bench_vlm.build_trainer: off CUDA the CUDA-only keys are turned off)
-with data.packing = true (rows of data.pack_length = the preset's seq_len) and perf.step_graph = false (packed
-batches change shape every step), then `--mimo`'s overrides (`A|B`: B only if A failed); its data set is the
-batches above, packed each step by the Trainer's own PackedBatches (mimo.data.packing) inside the timed step. The
-baseline (benchmarks/hf_real_shapes_worker.py) is transformers' LLaVA as benchmarks/baseline/hf_vlm_baseline.py
-builds it, each batch right-padded to its longest sample with an attention mask, torch.compile'd (eager if that
-fails; `--baseline ''` runs it eager). Each step is timed as bench_vlm times one (synchronise around it).
+with data.packing = true (rows of data.pack_length = the preset's seq_len), then `--mimo`'s overrides (`A|B`: B only
+if A failed); its data set is the batches above, packed each step by the Trainer's own PackedBatches
+(mimo.data.packing) inside the timed step. The baseline (benchmarks/hf_real_shapes_worker.py) is transformers' LLaVA
+as benchmarks/baseline/hf_vlm_baseline.py builds it, each batch right-padded to its longest sample with an attention
+mask, torch.compile'd (eager if that fails; `--baseline ''` runs it eager). Each step is timed as bench_vlm times
+one (synchronise around it).
 
 The figure: useful tokens/s, the tokens of the samples themselves (BOS, image placeholders, text: each carries a
 label or feeds one) per second of the mean timed step, with each side's padding share beside it (row tokens that
@@ -52,12 +52,11 @@ DEFAULT_BASELINES = ["compile|"]
 
 
 def packing_overrides(size: str, global_batch: int) -> str:
-    """The preset's keys every mimo run changes: packing into rows of the preset's seq_len, the global batch, no
-    captured step graph. data.name = 'shapes' only lets the Trainer start (the benchmark replaces its data set)."""
+    """The preset's keys every mimo run changes: packing into rows of the preset's seq_len, the global batch.
+    data.name = 'shapes' only lets the Trainer start (the benchmark replaces its data set)."""
     seq_len = load_preset(size)["seq_len"]
     return ",".join(["data.name=shapes", f"data.train_samples={global_batch}", "data.eval_samples=0",
-                     "data.packing=true", f"data.pack_length={seq_len}", f"data.global_batch={global_batch}",
-                     "perf.step_graph=false"])
+                     "data.packing=true", f"data.pack_length={seq_len}", f"data.global_batch={global_batch}"])
 
 
 class MixBatches(CycledBatches):

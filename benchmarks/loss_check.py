@@ -6,7 +6,7 @@ Three `Trainer`s on the preset's TOML (benchmarks/presets/), fewer layers: `mimo
 own forward and loss, full fp32 logits, math attention, no compile, no TF32) as the reference; `mimo train`
 under bf16 autocast over fp32 weights (the baseline's precision contract), whose distance to the reference
 shows what bf16 compute alone costs; and the preset as shipped (every fast path: bf16 weights with fp32 master
-weights, the captured step, ...). Within a seed (`train.seed` and `data.seed`) the three share the initial
+weights, the chunked loss, ...). Within a seed (`train.seed` and `data.seed`) the three share the initial
 weights and the synthetic batches (two, in turn: `data.repeat_batches = 2`, so that the loss falls) and AdamW.
 
 "Within bf16 tolerance" is measured, not guessed: the fast path passes when its largest relative gap to the
@@ -29,7 +29,7 @@ import torch
 from benchmarks.bench_vlm import build_trainer
 
 PLAIN = ("perf.compile=false,perf.chunked_loss=false,perf.loss_rows_only=false,perf.fuse_qkv=false,"
-         "precision.master_weights=false,perf.grad_table=false,perf.lm_update_early=false,perf.step_graph=false,"
+         "precision.master_weights=false,perf.grad_table=false,perf.lm_update_early=false,"
          "perf.encoder_compile=blocks")
 """Overrides that make a preset plain `mimo train` (the model's own forward and loss, nothing fused)."""
 REFERENCE = f"{PLAIN},precision.dtype=float32,perf.attention_backend=math"

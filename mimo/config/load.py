@@ -15,7 +15,7 @@ from typing import Any
 
 import tomllib
 
-from mimo.config.migrate import refuse_moved_keys, rename_moved_keys
+from mimo.config.migrate import refuse_old_keys, upgrade_saved_keys
 from mimo.config.schema import Config, ConfigError
 from mimo.config.validate import validate
 
@@ -145,9 +145,10 @@ that keeps such a run's meaning where new configs default to another."""
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 saved_run: bool = False) -> Config:
     """Load a TOML file (or the defaults), apply dotted overrides, and validate the whole tree; refuses a key
-    that moved (mimo.config.migrate) and records the keys left at their defaults (`Config.left_unset`).
-    `saved_run`: the file is a run folder's config.toml, written by this or an older mimo: its moved keys take
-    their new names and its missing keys read as `SAVED_RUN_DEFAULTS` first."""
+    that moved or was retired (mimo.config.migrate) and records the keys left at their defaults
+    (`Config.left_unset`). `saved_run`: the file is a run folder's config.toml, written by this or an older mimo:
+    its moved keys take their new names, its retired keys are dropped, and its missing keys read as
+    `SAVED_RUN_DEFAULTS` first."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -157,11 +158,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         with p.open("rb") as f:
             data = tomllib.load(f)
         if saved_run:
-            data = _merge(SAVED_RUN_DEFAULTS, rename_moved_keys(data))
-        refuse_moved_keys(data, f"'{p}'")
+            data = _merge(SAVED_RUN_DEFAULTS, upgrade_saved_keys(data))
+        refuse_old_keys(data, f"'{p}'")
     if overrides:
         extra = parse_overrides(overrides)
-        refuse_moved_keys(extra, "the command line's overrides")
+        refuse_old_keys(extra, "the command line's overrides")
         data = _merge(data, extra)
     cfg = from_dict(data)
     cfg.left_unset = unset_keys(cfg, data)

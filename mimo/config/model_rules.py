@@ -128,9 +128,6 @@ def validate_moe(cfg: Config) -> None:
         raise ConfigError(f"model.llm.moe_experts = {llm.moe_experts} but no layer is a mixture of experts "
                           f"(moe_every = {llm.moe_every}, moe_dense_layers = {llm.moe_dense_layers}, layers = "
                           f"{llm.layers}); lower moe_every or set moe_experts = 0")
-    if cfg.perf.step_graph:
-        raise ConfigError("perf.step_graph = true captures the step as one CUDA graph, but the experts read their "
-                          "token counts on the host; set perf.step_graph = false with model.llm.moe_experts > 0")
     if cfg.perf.loss_rows_only:
         raise ConfigError("perf.loss_rows_only = true runs the LM's last layer on the labelled rows only, which would "
                           "change what the router losses see; set perf.loss_rows_only = false with "

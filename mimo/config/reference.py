@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mimo.config.fields import DOC
-from mimo.config.migrate import MOVED_KEYS
+from mimo.config.migrate import MOVED_KEYS, old_key_error
 from mimo.config.schema import Config, ConfigError
 
 NAME = "<name>"
@@ -144,9 +144,11 @@ def _pattern(key: str) -> str:
 
 def explain(key: str) -> str:
     """`mimo config KEY`: the key's doc, type, default and allowed values; a ConfigError for a key that moved
-    (naming the new one) or does not exist (naming the closest)."""
+    (naming the new one), was retired (naming why) or does not exist (naming the closest)."""
     if key in MOVED_KEYS:
-        raise ConfigError(f"{key} moved to {MOVED_KEYS[key]}; `mimo config {MOVED_KEYS[key]}` explains it")
+        raise ConfigError(f"{old_key_error(key)}; `mimo config {MOVED_KEYS[key]}` explains it")
+    if old_key_error(key):
+        raise ConfigError(old_key_error(key))
     found = {k.key: k for k in config_keys()}
     k = found.get(_pattern(key))
     if k is None:

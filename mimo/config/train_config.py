@@ -81,8 +81,6 @@ class PerfConfig:
                                   "place (one Triton kernel over their addresses).")
     lm_update_early: bool = doc(False, "With master_weights, one process: the LM's update starts under the "
                                        "encoders' backward (needs optim.clip = 0).")
-    step_graph: bool = doc(False, "With master_weights, CUDA, one process: the whole step captured as one CUDA "
-                                  "graph after two eager steps (needs optim.clip = 0).")
 
 
 @dataclass

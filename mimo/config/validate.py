@@ -182,14 +182,13 @@ def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) 
             raise ConfigError(f"precision.module_dtype.{odd[0]} = \"{p.module_dtype[odd[0]]}\" with "
                               "precision.master_weights = true, which turns every module's weights bf16; drop the "
                               "entry or master_weights")
-    for key in ("grad_table", "lm_update_early", "step_graph"):
+    for key in ("grad_table", "lm_update_early"):
         if getattr(f, key) and not p.master_weights and "precision.master_weights" not in pending:
             raise ConfigError(f"perf.{key} = true works on MasterAdamW's update: set precision.master_weights = true")
     cuda = cfg.train.device.startswith("cuda")
-    for key in ("grad_table", "step_graph"):
-        if getattr(f, key) and not cuda:
-            raise ConfigError(f"perf.{key} = true needs a GPU (train.device = \"cuda\", got \"{cfg.train.device}\"); "
-                              f"set perf.{key} = false on a CPU")
+    if f.grad_table and not cuda:
+        raise ConfigError(f"perf.grad_table = true needs a GPU (train.device = \"cuda\", got \"{cfg.train.device}\"); "
+                          "set perf.grad_table = false on a CPU")
     fp32 = [m for m in cfg.model.module_names if p.autocast_of(m) == "float32"
             and (m in p.module_dtype or "precision.dtype" not in pending)]
     if cuda and f.attention_backend in HALF_ONLY_ATTENTION and fp32:
@@ -197,11 +196,10 @@ def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) 
                           f"'{fp32[0]}' computes in float32 (precision.dtype, precision.module_dtype.{fp32[0]}); set "
                           "precision.dtype = \"bfloat16\" without float32 modules, or attention_backend = "
                           "\"efficient\" or \"default\"")
-    inside = [k for k in ("lm_update_early", "step_graph") if getattr(f, k)]
-    if inside and cfg.optim.clip > 0:
-        raise ConfigError(f"perf.{inside[0]} = true updates the weights inside the step, before the host knows the "
+    if f.lm_update_early and cfg.optim.clip > 0:
+        raise ConfigError(f"perf.lm_update_early = true updates the weights inside the step, before the host knows the "
                           f"global gradient norm, so it cannot clip by it: set optim.clip = 0 (got {cfg.optim.clip}), "
-                          f"or perf.{inside[0]} = false")
+                          f"or perf.lm_update_early = false")
     if f.lm_update_early and cfg.parallel.microbatches != 1:
         raise ConfigError(f"perf.lm_update_early = true updates the language model after its one backward of the "
                           f"step, so it takes parallel.microbatches = 1 (got {cfg.parallel.microbatches}); raise "

@@ -98,22 +98,15 @@ def split_microbatches(batch: dict, microbatches: int, lanes: dict[str, tuple[in
     return out
 
 
-def with_precomputed_rows(mb: dict, token_ids: dict[str, int], loss_rows: bool) -> dict:
+def with_precomputed_rows(mb: dict, token_ids: dict[str, int]) -> dict:
     """A microbatch on the host with the flat positions its forward would otherwise find on the device (a
-    host sync each): `modality_token_indices` of text and of each modality it has inputs of, and with
-    `loss_rows` the positions that carry a label (`StepHints.loss_rows`)."""
+    host sync each): `modality_token_indices` of text and of each modality it has inputs of, and the positions
+    that carry a label (`StepHints.loss_rows`)."""
     present = {n: t for n, t in token_ids.items() if n in mb.get("modality_inputs", {})}
-    out = {**mb, "modality_token_indices": token_indices(mb["input_ids"], present)}
-    return with_loss_rows(out) if loss_rows else out
+    return with_loss_rows({**mb, "modality_token_indices": token_indices(mb["input_ids"], present)})
 
 
 def with_loss_rows(mb: dict) -> dict:
     """A microbatch with `loss_rows`: the flat `B * S` positions that carry a label (`StepHints.loss_rows`),
     on the microbatch's device (a host sync there)."""
     return {**mb, "loss_rows": (loss_weights(mb["labels"], mb.get("loss_mask")).reshape(-1) > 0).nonzero().squeeze(1)}
-
-
-def pinned(tree: dict) -> dict:
-    """Every tensor of a nested dict in pinned host memory, so that its copy to the GPU is asynchronous."""
-    return {k: pinned(v) if isinstance(v, dict) else v.pin_memory() if isinstance(v, torch.Tensor) else v
-            for k, v in tree.items()}

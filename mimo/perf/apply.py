@@ -8,9 +8,9 @@ in that order where torchtitan installs them: after the parallel plan's tensor, 
 parallelism, before its data parallelism (`ParallelPlan.parallelize(model, compute_paths=...)`), so FSDP2
 wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not notice. The
 loss is the model runtime's (`ChunkedLMLoss`); the rest changes modules in place, through PyTorch's own APIs.
-The step's own fast paths (`perf.loss_rows_only`, `precision.master_weights` with `grad_table`,
-`lm_update_early` and `step_graph`) belong to the trainer's step and optimizer; `check_fast_path_layout`
-holds all of them to the layout, before any collective.
+The step's own fast paths (`perf.loss_rows_only`, `precision.master_weights` with `grad_table` and
+`lm_update_early`) belong to the trainer's step and optimizer; `check_fast_path_layout` holds all of them to the
+layout, before any collective.
 """
 
 from __future__ import annotations
@@ -35,11 +35,10 @@ from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backend
 
-ONE_PROCESS_ONLY = ("grad_table", "lm_update_early", "step_graph")
-"""Keys of the step's fast paths that run on one process only: the gradient table and the early update read
-gradients before the data-parallel reduction sums them, and NCCL collectives in a captured step are not wired
-up (docs/performance.md). precision.master_weights runs on every layout: each module's (each pipeline stage's)
-fp32 state sharded over its data lanes, FSDP2's over its shards."""
+ONE_PROCESS_ONLY = ("grad_table", "lm_update_early")
+"""Keys of the step's fast paths that run on one process only: the gradient table and the early update read gradients
+before the data-parallel reduction sums them (docs/performance.md). precision.master_weights runs on every layout:
+each module's (each pipeline stage's) fp32 state sharded over its data lanes, FSDP2's over its shards."""
 
 
 def head_chunked_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -121,8 +120,8 @@ def check_fast_path_layout(cfg: Config, layout: Layout) -> None:
     for key in ONE_PROCESS_ONLY:
         if getattr(cfg.perf, key):
             raise ConfigError(f"perf.{key} = true runs on one process only: it reads gradients before the "
-                              f"data-parallel reduction, or captures a step that holds no collectives; set "
-                              f"perf.{key} = false for a layout of {layout.world_size} ranks")
+                              f"data-parallel reduction; set perf.{key} = false for a layout of {layout.world_size} "
+                              "ranks")
     check_float8_layout(cfg, layout)
     lm = layout.grids[LANGUAGE]
     if cfg.perf.loss_rows_only and lm.tp > 1 and not cfg.perf.chunked_loss:

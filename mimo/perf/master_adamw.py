@@ -146,7 +146,7 @@ class MasterAdamW:
         self.n_first = len(early)
         self.arrived: set[int] = set()  # indices of the first parameters whose gradient is in this step
         self.launched = False  # whether their update has started this step
-        # the lowest priority: the kernels of a stream of higher priority (e.g. a captured step's) get SMs first
+        # the lowest priority: the kernels of a stream of higher priority (e.g. the backward's) get SMs first
         self.stream = torch.cuda.Stream(device, priority=0) if early and device.type == "cuda" else None
         self._hook_grads(grad_table, fresh_grads)
         self.grad_scale = 1.0 if summed_grads else 1.0 / ranks

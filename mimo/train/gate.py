@@ -7,12 +7,12 @@ every `hf_path`, the data set against the model (mimo.tasks: its modalities, row
 more than one rank, the layout (`check_layout`). `mimo plan` runs `check_layout` on every candidate. Before the
 model's checks, on CUDA, the fast-path keys the user left unset take their GPU defaults where the layout
 accepts them (mimo.perf.gpu_defaults), in the copy of the config the run trains with (the one change the gate
-makes); what needs precision.dtype = "bfloat16" or precision.master_weights (a "float8" module, perf.step_graph)
-is checked after them. Not collective (it reads only the files the config names), so every rank reaches the
-same verdict. LM features a fast path would drop are refused on every world size (`check_lm_features`, e.g.
-Gemma 2's logit soft-cap under the chunked loss). The blocks' fast paths and `perf.loss_rows_only` run on every
-layout; the step's one-process keys are refused (`check_fast_path_layout`). Lower layers keep asserts for
-their own invariants and never repeat these checks.
+makes); what needs precision.dtype = "bfloat16" or precision.master_weights (a "float8" module, perf.grad_table) is
+checked after them. Not collective (it reads only the files the config names), so every rank reaches the same
+verdict. LM features a fast path would drop are refused on every world size (`check_lm_features`, e.g. Gemma 2's
+logit soft-cap under the chunked loss). The blocks' fast paths and `perf.loss_rows_only` run on every layout; the
+step's one-process keys are refused (`check_fast_path_layout`). Lower layers keep asserts for their own invariants
+and never repeat these checks.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ fp32 moments, one fused update pass).
 
 One MasterAdamW per module and weight-decay group (matrices decayed, vectors not, as MimoOptimizer groups
 them), each with the module's learning rate; the schedule's learning rate lives on the device
-(`begin(step)` writes it before the step's work is queued), so a step can be captured as a CUDA graph.
+(`begin(step)` writes it before the step's work is queued, which the early update reads inside backward).
 With `early` the language model's groups update inside backward, as soon as their last gradient is in
 (`MasterAdamW(first=...)`).
 
@@ -38,8 +38,8 @@ from mimo.train.optim import local_grad_sq, lr_factor, param_groups
 
 
 class UpdatedInStep(RuntimeError):
-    """A non-finite loss or gradient norm in a step whose update had already run (perf.lm_update_early,
-    perf.step_graph): it cannot be skipped."""
+    """A non-finite loss or gradient norm in a step whose update had already run (perf.lm_update_early): it
+    cannot be skipped."""
 
 
 class MasterOptimizer:
@@ -102,7 +102,7 @@ class MasterOptimizer:
 
     def begin(self, step: int) -> None:
         """Write step `step`'s learning rates to the device, before the step's forward is queued (an early
-        update reads them inside backward, a captured step on every replay)."""
+        update reads them inside backward)."""
         factor = lr_factor(step, self.total_steps, self.cfg)
         for name, opt in self.parts:
             opt.lr.fill_(self.cfg.module_lr.get(name, self.cfg.lr) * factor)
@@ -120,15 +120,6 @@ class MasterOptimizer:
         if not grads:
             return torch.zeros((), device=self.params[0].device)
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
-
-    def update_in_step(self) -> torch.Tensor:
-        """Norm, update and zero_grad with no host sync (optim.clip = 0: validated), for a step that finishes
-        on the device (a captured one); returns the norm."""
-        norm = self.grad_norm()
-        for _, opt in self.parts:
-            opt.step()
-        self.zero_grad()
-        return norm
 
     def step(self, step: int) -> tuple[bool, float, float]:
         """MimoOptimizer.step's contract: clip by the global norm, update, (stepped, grad_norm, lr). A

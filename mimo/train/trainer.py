@@ -4,7 +4,6 @@ per-token loss -> one gradient finalisation -> optimizer -> metrics -> checkpoin
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -16,7 +15,7 @@ from torch.distributed import ProcessGroup
 
 from mimo.config.load import dump_toml, to_dict
 from mimo.config.schema import Config
-from mimo.data.batching import pinned, to_device, with_precomputed_rows
+from mimo.data.batching import to_device, with_precomputed_rows
 from mimo.data.checks import check_batch
 from mimo.data.lanes import LANE_KEYS, LaneBalancer
 from mimo.data.packing import PackedBatches
@@ -37,7 +36,6 @@ from mimo.perf.apply import apply_fast_paths
 from mimo.perf.gpu_defaults import fast_paths_note
 from mimo.tasks import build_demo_data, evaluate_demo
 from mimo.train.batch_shares import BatchShares
-from mimo.train.captured import CapturedStep
 from mimo.train.checkpoint.resume import RunCheckpointer
 from mimo.train.faults import StepGuard, skip_step
 from mimo.train.gate import launch_world_size, validate_run
@@ -87,8 +85,7 @@ class Trainer:
                                                   for m in cfg.model.module_names)
         self.plan = ParallelPlan(cfg, self.rank, self.world)
         torch.manual_seed(cfg.train.seed)
-        self.module_time = ModuleTime(self.device, 0 if cfg.perf.step_graph else cfg.metrics.time_share_every,
-                                      cfg.metrics.throughput_warmup)
+        self.module_time = ModuleTime(self.device, cfg.metrics.time_share_every, cfg.metrics.throughput_warmup)
         self.model = self.build_model()
         self.data = build_demo_data(cfg, self.model)
         if cfg.data.packing:
@@ -100,8 +97,6 @@ class Trainer:
             self.data.shard_for(self.plan.microbatches if self.balancer is None else lambda batch: [batch],
                                 cfg.data.global_batch, self.plan.agree_on_data())
         self.optimizer = self.build_optimizer()
-        self.captured = CapturedStep(self.device_step, self.device) if cfg.perf.step_graph else None
-        self.prefetched: tuple[int, tuple[list[dict], int, int, dict, frozenset[str]]] | None = None
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
         self.router_losses = RouterLosses(self.model, cfg, self.device)
@@ -150,8 +145,6 @@ class Trainer:
         `colocated_pass`, or the 1F1B schedule, `pipeline_pass`), the gradients finalised once across modules and
         none left for what the batch does not feed, then the optimizer's update, or a skip every rank agrees on;
         the step's record. Collective."""
-        if self.captured is not None:
-            return self.captured_step(step)
         self.optimizer.begin(step)  # MasterOptimizer's learning rates, on the device
         self.router_losses.begin()
         self.module_time.sample()
@@ -176,25 +169,20 @@ class Trainer:
 
     def host_batch(self, step: int) -> tuple[list[dict], int, int, dict, frozenset[str]]:
         """This rank's microbatches of `step` on the host (checked, rows balanced between lanes under
-        data.balance_lanes, with their precomputed positions under perf.step_graph or loss_rows_only), the
-        global batch's tokens, model FLOPs, lane imbalance figures and the modalities it feeds (`fed_modalities`);
-        the prefetched ones where `prefetch` made them."""
-        if self.prefetched is not None and self.prefetched[0] == step:
-            return self.prefetched[1]
+        data.balance_lanes, with their precomputed positions under perf.loss_rows_only), the global batch's
+        tokens, model FLOPs, lane imbalance figures and the modalities it feeds (`fed_modalities`)."""
         batch = self.data.global_batch(step, self.cfg.data.global_batch, self.cfg.data.seed)
         check_batch(self.model, batch)
         self.shares.count(batch)
         batch, lanes = self.balance(batch)
         micro = self.plan.microbatches(batch)
         t = self.cfg.perf
-        if t.step_graph or t.loss_rows_only:
-            micro = [with_precomputed_rows(mb, self.model.special_token_ids, t.loss_rows_only) for mb in micro]
+        if t.loss_rows_only:
+            micro = [with_precomputed_rows(mb, self.model.special_token_ids) for mb in micro]
         lm_tp = self.plan.lm_tensor_parallel() if t.loss_rows_only else None
         if lm_tp is not None and lm_tp[1]:  # sequence parallel: each TP rank's rows of its own shard
             group = lm_tp[0]
             micro = [sequence_parallel_rows(mb, dist.get_world_size(group), dist.get_rank(group)) for mb in micro]
-        if self.captured is not None:
-            micro = [pinned(mb) for mb in micro]
         fed = self.fed_by(batch)
         return micro, int(batch["input_ids"].numel()), train_step_flops(self.cfg.model, batch), lanes, fed
 
@@ -270,42 +258,6 @@ class Trainer:
         self.guard.record(stepped)
         return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "stepped": stepped,
                 "bad_steps": self.guard.consecutive_bad}
-
-    # perf.step_graph's step, one process only: forward, backward and update captured in one CUDA graph ----
-    def captured_step(self, step: int) -> dict:
-        """The step replayed from its CUDA graph (`CapturedStep`), the next step's host batch made meanwhile."""
-        host, tokens, flops, lanes, _ = self.host_batch(step)
-        micro = [to_device(mb, self.device) for mb in host]
-        self.optimizer.begin(step)
-        loss_total, n_global, norm = self.captured(micro)
-        self.prefetch(step + 1)
-        loss = float(loss_total / n_global.clamp_min(1.0))
-        return {**self.after_update_in_step(step, loss, float(norm)), "tokens": tokens,
-                "loss_tokens": int(n_global), "flops": flops, **lanes}
-
-    def device_step(self, micro: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The step a CapturedStep records: forward, backward and the update; (loss sum, loss tokens, norm)."""
-        self.router_losses.begin()
-        loss_total, n_global = self.forward_backward(micro)
-        self.plan.finalize_grads(self.model)
-        return loss_total, n_global, self.optimizer.update_in_step()
-
-    def prefetch(self, step: int) -> None:
-        """Under perf.step_graph, while the device runs the step before: make `step`'s host batch, where the
-        data set is a pure function of the step (no reader state that a checkpoint would record)."""
-        if self.captured is not None and step < self.cfg.train.steps and not hasattr(self.data, "state_dict"):
-            self.prefetched = (step, self.host_batch(step))
-
-    def after_update_in_step(self, step: int, loss: float, grad_norm: float) -> dict:
-        """The record of a step whose update ran inside it (perf.step_graph): it cannot be skipped, so a
-        non-finite loss or norm stops the run (UpdatedInStep); every rank still agrees on SIGTERM."""
-        if not (self.guard.agree(loss) and math.isfinite(grad_norm)):
-            raise UpdatedInStep(f"step {step}: non-finite loss {loss} or gradient norm {grad_norm} in a step captured "
-                                "by perf.step_graph, whose update had already run; lower optim.lr or set "
-                                "perf.step_graph = false (it skips such steps)")
-        self.guard.record(True)
-        return {"step": step, "loss": loss, "lr": self.optimizer.lr(step), "grad_norm": grad_norm, "stepped": True,
-                "bad_steps": 0}
 
     def __enter__(self) -> Trainer:
         return self

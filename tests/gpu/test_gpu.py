@@ -1,8 +1,7 @@
-"""The GPU fast path on a CUDA device: `mimo train` with every fast path (the whole step captured as one CUDA
-graph over compiled blocks, bf16 weights with fp32 master AdamW) against fp32 `mimo train` and against its own
-eager steps, the chunked head + loss (compiled or Triton) and the flash kernel with grouped KV heads, each
-against an independent fp32 computation; `mimo train` in bf16 with activation checkpointing and an
-fp32 encoder against its plain bf16 run. Marked `gpu`: skipped (never passed) where there is no CUDA device.
+"""The GPU fast path on a CUDA device: `mimo train` with every fast path (compiled blocks, bf16 weights with fp32
+master AdamW) against fp32 `mimo train`, the chunked head + loss (compiled or Triton) and the flash kernel with
+grouped KV heads, each against an independent fp32 computation; `mimo train` in bf16 with activation checkpointing
+and an fp32 encoder against its plain bf16 run. Marked `gpu`: skipped (never passed) where there is no CUDA device.
 
     python3 -m pytest -q tests/gpu/test_gpu.py      # on the GPU machine
 """
@@ -106,7 +105,7 @@ SYNTHETIC = ["--train.device=cuda", "--perf.gpu_defaults=false", "--data.name=sy
              "--data.repeat_batches=2",
              "--optim.clip=0", "--optim.lr=1e-3", "--train.log_every=1"]
 FAST = ["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.grad_table=true",
-        "--perf.lm_update_early=true", "--perf.step_graph=true", "--perf.compile=true",
+        "--perf.lm_update_early=true", "--perf.compile=true",
         "--perf.encoder_compile=whole", "--perf.chunked_loss=true", "--perf.loss_rows_only=true",
         "--perf.fuse_qkv=true", "--perf.attention_backend=cudnn"]
 
@@ -118,40 +117,23 @@ def _step_losses(out, steps: int, *switches: str) -> tuple[list[float], Trainer]
 
 @pytest.mark.parametrize("extra", [[], ["--perf.lm_update_early=false"], ["--perf.grad_table=false"]])
 def test_every_fast_path_of_mimo_train_trains_like_fp32_mimo_train(tmp_path, extra):
-    """`mimo train` with every fast path (the whole step captured as one CUDA graph over compiled regions,
-    cuDNN attention, bf16 weights + master AdamW, the chunked loss on the labelled rows with the Triton chunk)
-    against plain fp32 `mimo train` from the same seed on the same synthetic batches: each of 8 losses within
-    1% (steps 1-2 eager, 3 captured and replayed, 4-8 replayed)."""
+    """`mimo train` with every fast path (compiled regions, cuDNN attention, bf16 weights + master AdamW, the
+    chunked loss on the labelled rows with the Triton chunk) against plain fp32 `mimo train` from the same seed on
+    the same synthetic batches: each of 8 losses within 1%."""
     ref, _ = _step_losses(tmp_path / "ref", 8, "--perf.attention_backend=math")
     fast, trainer = _step_losses(tmp_path / "fast", 8, *FAST, *extra)
-    assert trainer.captured is not None and trainer.captured.graph is not None
     assert ref[-1] < ref[0] - 0.1
     for i, (a, b) in enumerate(zip(ref, fast)):
         assert abs(a - b) <= 1e-2 * a, (i, a, b)
 
 
-@pytest.mark.parametrize("extra", [[], ["--perf.lm_update_early=false"], ["--perf.grad_table=false"]])
-def test_captured_step_replays_the_eager_step(tmp_path, extra):
-    """The step graph (by default with the language model's update started on a side stream in backward, and
-    the gradients read through a table of their addresses) against the same compiled regions stepped eagerly
-    with the whole update after backward over a flat gradient buffer, from the same seed on the same batches:
-    losses agree to 1e-3, so replaying on new inputs (copied into the graph's buffers) trains as eager steps
-    do."""
-    eager, _ = _step_losses(tmp_path / "eager", 7, *FAST, "--perf.step_graph=false", "--perf.lm_update_early=false",
-                            "--perf.grad_table=false")
-    graphed, trainer = _step_losses(tmp_path / "graphed", 7, *FAST, *extra)
-    assert trainer.captured.graph is not None
-    for i, (a, b) in enumerate(zip(eager, graphed)):
-        assert abs(a - b) <= 1e-3 * a, (i, a, b)
-
-
 def test_mimo_train_on_a_gpu_defaults_to_the_fast_path(tmp_path):
     """A config naming only train.device = "cuda" trains with the GPU defaults (mimo.perf.gpu_defaults): the
-    same losses, to 1e-3, as the same run with those keys set by hand (the step graph left off in both)."""
+    same losses, to 1e-3, as the same run with those keys set by hand (the early update left off in both)."""
     plain = [k for k in SYNTHETIC if "gpu_defaults" not in k]
-    explicit = [k for k in FAST if "step_graph" not in k and "lm_update_early" not in k]
+    explicit = [k for k in FAST if "lm_update_early" not in k]
     defaults = Trainer(tiny_config(tmp_path / "defaults", *plain, "--train.steps=6"))
-    assert defaults.cfg.precision.master_weights and defaults.cfg.perf.compile and defaults.captured is None
+    assert defaults.cfg.precision.master_weights and defaults.cfg.perf.compile
     ran = [defaults.train_step(i)["loss"] for i in range(6)]
     by_hand, _ = _step_losses(tmp_path / "by_hand", 6, *explicit)
     for i, (a, b) in enumerate(zip(ran, by_hand)):

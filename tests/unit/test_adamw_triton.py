@@ -1,7 +1,7 @@
 """MasterAdamW reading gradients through a table of addresses (`grad_table=True`) against torch's AdamW,
 run by Triton's interpreter on the CPU: the same checks as the flat gradient buffer's in test_benchmark.py,
 on a first layer large enough for whole blocks of the kernel and a partial one. On a GPU, test_gpu.py
-compares the compiled kernel with torch's AdamW and runs the benchmark's captured step with it."""
+compares the compiled kernel with torch's AdamW."""
 
 import pytest
 import torch

@@ -66,12 +66,12 @@ def test_each_workload_ships_as_a_mimo_train_config_of_its_shapes(name):
     d, o = cfg.data, cfg.optim
     assert (d.name, d.seq_len, d.images_per_sample, d.global_batch) == ("synthetic", p["seq_len"], 1, p["micro_batch"])
     assert (o.lr, o.schedule, o.warmup_steps, o.clip, o.beta1, o.beta2) == (1e-5, "constant", 0, 0.0, 0.9, 0.999)
-    assert cfg.parallel.microbatches == 1 and cfg.precision.master_weights and cfg.perf.step_graph
+    assert cfg.parallel.microbatches == 1 and cfg.precision.master_weights and cfg.perf.grad_table
 
 
 def test_overrides_split_at_top_level_commas():
-    assert preset_overrides('perf.step_graph=false, perf.activation_checkpointing=["language", "images"]') == [
-        "--perf.step_graph=false", '--perf.activation_checkpointing=["language", "images"]']
+    assert preset_overrides('perf.compile=false, perf.activation_checkpointing=["language", "images"]') == [
+        "--perf.compile=false", '--perf.activation_checkpointing=["language", "images"]']
     assert preset_overrides("") == []
 
 
@@ -87,7 +87,7 @@ def test_benchmark_runs_on_tiny(tmp_path):
     assert set(rows) == {"mimo", "hf eager"}
     train = rows["mimo"]["train"]
     assert rows["mimo"]["tokens_per_s"] > 0 and math.isfinite(rows["mimo"]["final_loss"])
-    assert train["device"] == "cpu" and not train["compile"] and not train["step_graph"] and not train["grad_table"]
+    assert train["device"] == "cpu" and not train["compile"] and not train["grad_table"]
     assert train["master_weights"] and train["lm_update_early"] and train["loss_rows_only"]  # these run on a CPU
     table = (tmp_path / "tiny.md").read_text()
     assert "| mimo |" in table and table in r.stdout

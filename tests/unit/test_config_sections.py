@@ -1,5 +1,6 @@
-"""The config's sections: a key that moved is refused with its new name (the one migration table, in a TOML
-file and on the command line), and an enumeration is checked by its `Literal` type, naming the values."""
+"""The config's sections: a key that moved is refused with its new name and a retired one naming why (the
+migration tables, in a TOML file and on the command line; a run folder's saved config.toml loads with them), and an
+enumeration is checked by its `Literal` type, naming the values."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import typing
 import pytest
 
 from mimo.config.load import load_config
-from mimo.config.migrate import MOVED_KEYS
+from mimo.config.migrate import MOVED_KEYS, RETIRED_KEYS
+from mimo.config.reference import explain
 from mimo.config.schema import Config, ConfigError
 from tests.support.configs import CONFIGS
 
@@ -38,6 +40,22 @@ def test_a_run_folders_config_written_before_the_move_loads_under_the_new_keys(t
         load_config(saved)
 
 
+
+@pytest.mark.parametrize("key", sorted(RETIRED_KEYS))
+def test_a_retired_key_is_refused_naming_why_and_a_saved_run_loads_without_it(tmp_path, key):
+    section, name = key.split(".")
+    why = r" was retired \(.*BENCHMARKS.md\); remove it in "
+    with pytest.raises(ConfigError, match=rf"^{key}{why}the command line's overrides$"):
+        load_config(DEMO, [f"--{key}=true"])
+    saved = tmp_path / "config.toml"
+    saved.write_text(f"{DEMO.read_text()}\n[{section}]\n{name} = true\n" if f"[{section}]\n" not in DEMO.read_text()
+                     else DEMO.read_text().replace(f"[{section}]\n", f"[{section}]\n{name} = true\n", 1))
+    with pytest.raises(ConfigError, match=rf"^{key}{why}'{saved}'$"):
+        load_config(saved)
+    assert load_config(saved, saved_run=True) == load_config(DEMO, saved_run=True)
+    with pytest.raises(ConfigError, match=rf"^{key} was retired"):
+        explain(key)
+
 @pytest.mark.parametrize("override, new", [("--train.keep_checkpoints=3", "checkpoint.keep"),
                                            ("--train.dtype=bfloat16", "precision.dtype"),
                                            ("--train.resume=true", "checkpoint.resume"),
@@ -52,7 +70,7 @@ def test_every_moved_key_names_a_key_that_exists_and_no_old_one_does():
     cfg = Config()
     keys = {f"{s.name}.{f.name}" for s in dataclasses.fields(cfg) for f in dataclasses.fields(getattr(cfg, s.name))}
     assert set(MOVED_KEYS.values()) <= keys
-    assert not set(MOVED_KEYS) & keys
+    assert not (set(MOVED_KEYS) | set(RETIRED_KEYS)) & keys
     assert load_config(DEMO, ["--perf.compile=false", "--checkpoint.keep=3"]).checkpoint.keep == 3
 
 

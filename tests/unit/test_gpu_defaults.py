@@ -43,7 +43,7 @@ def test_one_process_takes_every_gpu_default():
     cfg, applied = set_by_defaults(written, None)
     assert applied == EVERY_KEY
     assert {k: config_value(cfg, k) for k in EVERY_KEY} == EVERY_KEY
-    assert (cfg.perf.lm_update_early, cfg.perf.step_graph) == (False, False)  # opt-in only
+    assert cfg.perf.lm_update_early is False  # opt-in only
     assert not written.perf.compile and written.precision.dtype == "float32"  # the config as written is left alone
 
 
@@ -128,8 +128,7 @@ def test_the_note_names_each_key_its_value_and_why():
 
 
 
-@pytest.mark.parametrize("opt_in", [["--perf.step_graph=true", "--optim.clip=0"], ["--perf.grad_table=true"],
-                                    ["--perf.lm_update_early=true", "--optim.clip=0"]])
+@pytest.mark.parametrize("opt_in", [["--perf.grad_table=true"], ["--perf.lm_update_early=true", "--optim.clip=0"]])
 def test_a_key_needing_master_weights_takes_them_from_the_gpu_defaults(opt_in, monkeypatch):
     """Left unset, precision.dtype and precision.master_weights are the GPU defaults' to set: the config-alone check
     leaves what needs them to the gate, which checks it after the defaults."""
@@ -144,8 +143,8 @@ def test_a_key_needing_master_weights_takes_them_from_the_gpu_defaults(opt_in, m
 
 def test_the_gate_refuses_a_key_whose_master_weights_the_defaults_could_not_set(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cfg = cuda_config("--perf.step_graph=true", "--optim.clip=0", "--precision.module_dtype.images=float32")
-    with pytest.raises(ConfigError, match=r"perf.step_graph = true works on MasterAdamW's update: set "
+    cfg = cuda_config("--perf.grad_table=true", "--precision.module_dtype.images=float32")
+    with pytest.raises(ConfigError, match=r"perf.grad_table = true works on MasterAdamW's update: set "
                                           r"precision.master_weights = true"):
         validate_run(cfg, 1)  # an fp32 module keeps fp32 weights, so master_weights stays off
 

@@ -1,7 +1,7 @@
 """mimo.perf's pieces on the CPU against independent computations: the chunked head + loss against full
 logits, MasterAdamW against torch's AdamW (accumulated, hand-set and missing gradients; the early update
-inside backward; fp32 masters of bf16 weights), checkpointed blocks' gradients, a compile cache folder per
-SDPA backend, and a captured step's input buffers (perf.step_graph) taking new batches in place."""
+inside backward; fp32 masters of bf16 weights), checkpointed blocks' gradients, and a compile cache folder per
+SDPA backend."""
 
 import os
 
@@ -15,7 +15,6 @@ from mimo.models.loss import IGNORE_INDEX, cross_entropy_sum
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.master_adamw import MasterAdamW
 from mimo.perf.regional import checkpoint_blocks, use_sdpa_backend
-from mimo.train.captured import CapturedStep
 from tests.support.configs import tiny_llm
 from tests.support.master_adamw_checks import (
     check_accumulated_hand_set_and_missing_gradients,
@@ -147,31 +146,3 @@ def test_each_sdpa_backend_compiles_into_a_cache_folder_of_its_own(monkeypatch, 
     assert first == str(tmp_path / "cache" / "sdpa-math")
     assert second == str(tmp_path / "cache" / "sdpa-flash")
 
-
-def test_batches_copy_into_a_captured_steps_buffers_and_refuse_other_shapes():
-    """A captured step reads its inputs from fixed tensors: a new batch is copied into them in place, and one
-    of another shape is refused, naming the entry and the key, before anything is copied."""
-    step = CapturedStep.__new__(CapturedStep)  # the buffers alone: no CUDA stream or graph on a CPU
-
-    def batch(rows: int, seed: int) -> dict:
-        g = torch.Generator().manual_seed(seed)
-        return {"input_ids": torch.randint(0, 9, (rows, 6), generator=g),
-                "modality_inputs": {"images": {"vit": {"pixel_values": torch.randn(rows, 3, 4, 4, generator=g)}}},
-                "loss_rows": torch.arange(3 * rows)}
-
-    step.inputs = [batch(2, 0)]
-    pointers = [t.data_ptr() for t in (step.inputs[0]["input_ids"], step.inputs[0]["loss_rows"])]
-    second = batch(2, 1)
-    step.copy_in([second])
-    assert [t.data_ptr() for t in (step.inputs[0]["input_ids"], step.inputs[0]["loss_rows"])] == pointers
-    assert torch.equal(step.inputs[0]["modality_inputs"]["images"]["vit"]["pixel_values"],
-                       second["modality_inputs"]["images"]["vit"]["pixel_values"])
-    with pytest.raises(ValueError, match=r"batch entry input_ids is \(3, 6\) torch.int64, but the step was "
-                                         r"captured with \(2, 6\) torch.int64.*set perf.step_graph = false"):
-        step.copy_in([batch(3, 2)])
-    fewer_rows = {**batch(2, 3), "loss_rows": torch.arange(5)}  # only the last entry differs in shape
-    with pytest.raises(ValueError, match=r"batch entry loss_rows is \(5,\)"):
-        step.copy_in([fewer_rows])
-    assert torch.equal(step.inputs[0]["input_ids"], second["input_ids"])  # nothing was copied
-    with pytest.raises(ValueError, match=r"this step has 2 microbatches, the captured one 1"):
-        step.copy_in([second, second])

@@ -49,4 +49,4 @@ def test_the_images_and_audio_config_stays_eager_under_the_gpu_defaults():
     run, notes = resolve_gpu_defaults(cfg, None)
     assert cfg.train.device == "cuda" and ("perf.compile", False, "set in the config") in notes
     assert run.perf.compile is False
-    assert not cfg.perf.step_graph and cfg.data.global_batch == 128
+    assert cfg.data.global_batch == 128

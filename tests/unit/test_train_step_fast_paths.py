@@ -3,7 +3,7 @@
 loss within 1e-5 relative; `precision.master_weights` (bf16 weights, fp32 master weights and moments) stays within the
 loss check's bound (max(1%, 1.5 x the gap of bf16 autocast over fp32 weights), benchmarks/loss_check.py), and its
 early language-model update (`perf.lm_update_early`, inside backward) changes nothing against it. Keys that
-cannot work in a setting are refused naming the field. (The CUDA-only keys, `grad_table` and `step_graph`:
+cannot work in a setting are refused naming the field. (The CUDA-only key, `grad_table`:
 tests/gpu/test_fast_paths_gpu.py.)"""
 
 import pytest
@@ -55,8 +55,8 @@ def test_master_weights_stay_within_the_loss_checks_bound_and_the_early_update_c
     (["--precision.master_weights=true"],
      r"precision.master_weights = true turns the weights bf16, so it needs precision.dtype"),
     (["--perf.grad_table=true"], r"perf.grad_table = true works on MasterAdamW's update: set precision.master_weights"),
-    (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.step_graph=true"],
-     r"perf.step_graph = true needs a GPU \(train.device = \"cuda\", got \"cpu\"\)"),
+    (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.grad_table=true"],
+     r"perf.grad_table = true needs a GPU \(train.device = \"cuda\", got \"cpu\"\)"),
     (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.lm_update_early=true",
       "--optim.clip=1.0"],
      r"perf.lm_update_early = true updates the weights inside the step, .* set optim.clip = 0"),
