@@ -65,9 +65,9 @@ from mimo.models.flops import feed_forward_params, train_step_flops
 
 SIZES = {"full": "moe_small", "tiny": "moe_tiny"}
 """--size: the TOML of benchmarks/presets/ it runs."""
-DEFAULT_MIMO = ["|perf.compile=false|perf.compile=false,perf.grad_table=false,perf.lm_update_early=false"]
+DEFAULT_MIMO = ["|perf.compile=false|perf.compile=false,perf.grad_table=false"]
 """The TOML as shipped; only if that run failed, without compilation; only if that failed too, without the
-Triton AdamW table and the early update (the row's label names what ran, the log why the one before failed)."""
+Triton AdamW table (the row's label names what ran, the log why the one before failed)."""
 DEFAULT_BASELINES = ["", "bf16-weights", "compile"]
 """transformers under the VLM baseline's precision contract (bf16 autocast over fp32 weights) eager, on bf16
 weights eager (its experts' bf16 grouped GEMMs), and compiled under autocast, last (the longest, ~150 s cold)."""

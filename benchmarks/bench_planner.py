@@ -135,8 +135,8 @@ def measured_apart(spec: str, args: argparse.Namespace) -> dict:
 THIRD_SESSION = ["--data.images_per_sample=4", "--data.global_batch=8", "--data.seq_len=3776",
                  "--model.llm.max_seq=4096",
                  "--precision.master_weights=false",
-                 *(f"--perf.{k}=false" for k in ("grad_table", "lm_update_early", "compile",
-                                                 "chunked_loss", "loss_rows_only", "fuse_qkv"))]
+                 *(f"--perf.{k}=false" for k in ("grad_table", "compile", "chunked_loss", "loss_rows_only",
+                                                 "fuse_qkv"))]
 """`small` as the third session's bench_layouts ran it: 4 x 576 image + 1472 text tokens, bf16 autocast, eager."""
 THIRD_SESSION_LAYOUTS = {  # name: (images, language, microbatches, measured tokens/s on 2 H200s)
     "dp2": (ModuleLayoutConfig(), ModuleLayoutConfig(), 2, 41532),

@@ -8,7 +8,7 @@ one per workload of presets.json), each of its steps `Trainer.train_step`, timed
 steps (synchronise around each, median after warm-up); tokens/s, model TFLOP/s and MFU use the baseline's own
 FLOPs formula. Every system runs in its own subprocess (clean peak-memory figures; an out-of-memory run is a
 table row, not a crash). `--mimo` takes comma-separated dotted overrides of the preset, e.g. `--mimo ""` (the
-preset as shipped: every fast path), `--mimo "perf.compile=false,perf.lm_update_early=false"`, or fallbacks
+preset as shipped: every fast path), `--mimo "perf.compile=false,perf.grad_table=false"`, or fallbacks
 `--mimo '|perf.activation_checkpointing=["language"]'` (the second only if the first failed); `--baseline`
 takes the baseline's switches, e.g. `--baseline ""` (eager) or `--baseline "grad-ckpt,compile"`. The table goes
 to stdout (last) and to DIR/<preset>.md, one JSON line per run to DIR/<preset>.jsonl, every run's output to
@@ -51,7 +51,7 @@ CPU_OFF = ("train.device=cpu", "perf.grad_table=false", "perf.compile=false")
 DATA_PARALLEL_OFF = tuple(f"perf.{key}=false" for key in ONE_PROCESS_ONLY)
 TRAIN_KEYS = ("train.device", "precision.dtype", "perf.compile", "perf.encoder_compile", "perf.chunked_loss",
               "perf.loss_rows_only", "perf.fuse_qkv", "perf.attention_backend", "precision.master_weights",
-              "perf.grad_table", "perf.lm_update_early", "perf.activation_checkpointing")
+              "perf.grad_table", "perf.activation_checkpointing")
 """The config keys each mimo row records (what ran), under their names without the section."""
 
 

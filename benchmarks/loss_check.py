@@ -29,8 +29,7 @@ import torch
 from benchmarks.bench_vlm import build_trainer
 
 PLAIN = ("perf.compile=false,perf.chunked_loss=false,perf.loss_rows_only=false,perf.fuse_qkv=false,"
-         "precision.master_weights=false,perf.grad_table=false,perf.lm_update_early=false,"
-         "perf.encoder_compile=blocks")
+         "precision.master_weights=false,perf.grad_table=false,perf.encoder_compile=blocks")
 """Overrides that make a preset plain `mimo train` (the model's own forward and loss, nothing fused)."""
 REFERENCE = f"{PLAIN},precision.dtype=float32,perf.attention_backend=math"
 AUTOCAST = f"{PLAIN},precision.dtype=bfloat16,perf.attention_backend=default"

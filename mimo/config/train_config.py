@@ -79,8 +79,6 @@ class PerfConfig:
         "default", "The only scaled-dot-product-attention backend allowed on CUDA (default: PyTorch picks).")
     grad_table: bool = doc(False, "With master_weights, CUDA, one process: the update reads each gradient in "
                                   "place (one Triton kernel over their addresses).")
-    lm_update_early: bool = doc(False, "With master_weights, one process: the LM's update starts under the "
-                                       "encoders' backward (needs optim.clip = 0).")
 
 
 @dataclass

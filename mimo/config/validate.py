@@ -182,9 +182,8 @@ def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) 
             raise ConfigError(f"precision.module_dtype.{odd[0]} = \"{p.module_dtype[odd[0]]}\" with "
                               "precision.master_weights = true, which turns every module's weights bf16; drop the "
                               "entry or master_weights")
-    for key in ("grad_table", "lm_update_early"):
-        if getattr(f, key) and not p.master_weights and "precision.master_weights" not in pending:
-            raise ConfigError(f"perf.{key} = true works on MasterAdamW's update: set precision.master_weights = true")
+    if f.grad_table and not p.master_weights and "precision.master_weights" not in pending:
+        raise ConfigError("perf.grad_table = true works on MasterAdamW's update: set precision.master_weights = true")
     cuda = cfg.train.device.startswith("cuda")
     if f.grad_table and not cuda:
         raise ConfigError(f"perf.grad_table = true needs a GPU (train.device = \"cuda\", got \"{cfg.train.device}\"); "
@@ -196,14 +195,6 @@ def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) 
                           f"'{fp32[0]}' computes in float32 (precision.dtype, precision.module_dtype.{fp32[0]}); set "
                           "precision.dtype = \"bfloat16\" without float32 modules, or attention_backend = "
                           "\"efficient\" or \"default\"")
-    if f.lm_update_early and cfg.optim.clip > 0:
-        raise ConfigError(f"perf.lm_update_early = true updates the weights inside the step, before the host knows the "
-                          f"global gradient norm, so it cannot clip by it: set optim.clip = 0 (got {cfg.optim.clip}), "
-                          f"or perf.lm_update_early = false")
-    if f.lm_update_early and cfg.parallel.microbatches != 1:
-        raise ConfigError(f"perf.lm_update_early = true updates the language model after its one backward of the "
-                          f"step, so it takes parallel.microbatches = 1 (got {cfg.parallel.microbatches}); raise "
-                          "data.global_batch instead, or set lm_update_early = false")
     outs = [n for n, m in cfg.model.modalities.items() if m.output_token_id >= 0]
     if f.loss_rows_only and outs:
         raise ConfigError(f"perf.loss_rows_only = true keeps the LM's states at the labelled rows only, but the Out "

@@ -8,9 +8,8 @@ in that order where torchtitan installs them: after the parallel plan's tensor, 
 parallelism, before its data parallelism (`ParallelPlan.parallelize(model, compute_paths=...)`), so FSDP2
 wraps compiled, checkpointed blocks. All keep every parameter name, so checkpoints and plans do not notice. The
 loss is the model runtime's (`ChunkedLMLoss`); the rest changes modules in place, through PyTorch's own APIs.
-The step's own fast paths (`perf.loss_rows_only`, `precision.master_weights` with `grad_table` and
-`lm_update_early`) belong to the trainer's step and optimizer; `check_fast_path_layout` holds all of them to the
-layout, before any collective.
+The step's own fast paths (`perf.loss_rows_only`, `precision.master_weights` with `grad_table`) belong to the
+trainer's step and optimizer; `check_fast_path_layout` holds all of them to the layout, before any collective.
 """
 
 from __future__ import annotations
@@ -35,9 +34,9 @@ from mimo.perf.fused_qkv import fuse_qkv
 from mimo.perf.linear_ce import linear_cross_entropy
 from mimo.perf.regional import checkpoint_blocks, compile_blocks, use_sdpa_backend
 
-ONE_PROCESS_ONLY = ("grad_table", "lm_update_early")
-"""Keys of the step's fast paths that run on one process only: the gradient table and the early update read gradients
-before the data-parallel reduction sums them (docs/performance.md). precision.master_weights runs on every layout:
+ONE_PROCESS_ONLY = ("grad_table",)
+"""Keys of the step's fast paths that run on one process only: the gradient table reads gradients before the
+data-parallel reduction sums them (docs/performance.md). precision.master_weights runs on every layout:
 each module's (each pipeline stage's) fp32 state sharded over its data lanes, FSDP2's over its shards."""
 
 

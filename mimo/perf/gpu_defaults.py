@@ -8,9 +8,6 @@ keys before it (`validate_fast_path_keys`, `check_lm_features`, `check_fast_path
 its CPU default. A key the user set is never changed, and on a CPU nothing is. It returns the resolved config
 (the run's, written to runs/<name>/config.toml) and, for each key, its value and why, which the run prints
 once. Not collective: every rank reaches the same values from the same config and world size.
-
-Left out, opt-in only: `perf.lm_update_early` (it needs `optim.clip = 0` and stops the run on a non-finite step
-instead of skipping it).
 """
 
 from __future__ import annotations

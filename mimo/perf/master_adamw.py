@@ -9,13 +9,6 @@ of small ones. Each parameter's step count (torch AdamW's: a parameter without a
 learning rate live on the device, so a step never makes the host wait for the GPU; the host keeps a copy of the
 counts to update neighbours with equal counts in one pass.
 
-With `first` (the parameters whose gradients are all complete before the others', e.g. the language
-model's, whose backward pass ends before the vision encoder's begins), those parameters lead the flat
-buffers, and their update starts, on a CUDA side stream, as soon as the last of them has its gradient:
-it runs under the rest of the backward pass (the encoder's, whose small products leave room on the GPU;
-the side stream has the lowest priority, so that a backward on a stream of higher priority keeps the SMs it
-needs), and `step()` then updates the others and waits for it.
-
 With `grad_table`, there is no flat gradient buffer: each gradient stays the tensor autograd made, and
 one Triton kernel reads them all through a table of their addresses (`adamw_triton`), so no gradient is
 copied anywhere.
@@ -32,7 +25,6 @@ all-gathers the new bf16 weights (only the fp32 state is sharded).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Iterable
 
@@ -74,17 +66,10 @@ def _into_view(p: torch.Tensor, view: torch.Tensor) -> None:
         p.grad = view
 
 
-def _refuse_options(params: list[nn.Parameter], early: set[int], ranks: int, fresh_grads: bool,
-                    grad_table: bool) -> None:
+def _refuse_options(params: list[nn.Parameter], ranks: int, fresh_grads: bool, grad_table: bool) -> None:
     """MasterAdamW's refusals of arguments that cannot work together, before anything is allocated."""
     if not params:
         raise ValueError("MasterAdamW got no trainable parameters")
-    if not early <= {id(p) for p in params}:
-        raise ValueError("MasterAdamW(first=...) got parameters that are not among those it updates")
-    if early and (ranks > 1 or not fresh_grads):
-        raise ValueError("MasterAdamW(first=...) updates those parameters inside backward, which needs "
-                         "fresh_grads=True and no process group (data parallelism reduces the whole buffer "
-                         "in step()): drop first")
     if grad_table:
         why = ("a process group" if ranks > 1 else "fresh_grads=False" if not fresh_grads
                else unavailable(params[0].device))
@@ -96,23 +81,19 @@ def _refuse_options(params: list[nn.Parameter], early: set[int], ranks: int, fre
 class MasterAdamW:
     """Turns the given parameters into bf16 (their current values become the fp32 master weights).
 
-    Call `step()` after backward and `zero_grad()` before the next one. After backward each `.grad` is
-    a view of one flat buffer (so clipping or inspecting gradients works as usual). With `fresh_grads`
-    (default), `zero_grad()` does not fill that buffer with zeros: it sets every `.grad` to None,
-    autograd then hands each parameter its fresh gradient (no addition into zeros), and a hook run right
-    after copies it into the parameter's view and puts the view back as `.grad`. A second backward
-    before `step()` adds into the views, as autograd always accumulates. A gradient assigned by hand is
-    copied in by `step()`. A parameter whose `.grad` is None at `step()` is skipped as torch's AdamW skips it: its
-    weights, moments and step count stay as they are (with `group`, every rank must leave the same parameters
-    without a gradient).
-    Without `fresh_grads`, `.grad` is the view from the start and `zero_grad()` zeroes the whole buffer,
-    so autograd adds every gradient into zeros. The hooks stay on the parameters: build one MasterAdamW
-    per set of parameters. With `first` (needs `fresh_grads`, one process, and one backward per step), the
-    update of those parameters starts in the hook of the last of them to get its gradient (see the module
-    docstring); a second backward, or a gradient set by hand on one of them after that, is an error.
-    `chunk` bounds the elements of one update call (and the temporaries of the uncompiled update).
-    With `grad_table` (one process, fresh gradients, Triton on the device), `.grad` stays autograd's own
-    tensor and the update reads it in place (see the module docstring); `compile` and `chunk` do not apply.
+    Call `step()` after backward and `zero_grad()` before the next one. After backward each `.grad` is a view of one
+    flat buffer (so clipping or inspecting gradients works as usual). With `fresh_grads` (default), `zero_grad()`
+    does not fill that buffer with zeros: it sets every `.grad` to None, autograd then hands each parameter its
+    fresh gradient (no addition into zeros), and a hook run right after copies it into the parameter's view and puts
+    the view back as `.grad`. A second backward before `step()` adds into the views, as autograd always accumulates.
+    A gradient assigned by hand is copied in by `step()`. A parameter whose `.grad` is None at `step()` is skipped
+    as torch's AdamW skips it: its weights, moments and step count stay as they are (with `group`, every rank must
+    leave the same parameters without a gradient). Without `fresh_grads`, `.grad` is the view from the start and
+    `zero_grad()` zeroes the whole buffer, so autograd adds every gradient into zeros. The hooks stay on the
+    parameters: build one MasterAdamW per set of parameters. `chunk` bounds the elements of one update call (and the
+    temporaries of the uncompiled update). With `grad_table` (one process, fresh gradients, Triton on the device),
+    `.grad` stays autograd's own tensor and the update reads it in place (see the module docstring); `compile` and
+    `chunk` do not apply.
 
     With `group` (more than one rank), `step()` is collective and takes the mean of the ranks'
     gradients (each rank's loss being a mean over its own micro-batch); with `summed_grads` too, but it takes
@@ -125,13 +106,10 @@ class MasterAdamW:
     def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, dtype: torch.dtype = torch.bfloat16,
                  compile: bool = False, chunk: int = 1 << 28, group: ProcessGroup | None = None,
-                 fresh_grads: bool = True, first: Iterable[nn.Parameter] = (), grad_table: bool = False,
-                 summed_grads: bool = False):
-        params = [p for p in params if p.requires_grad]
-        early = {id(p) for p in first if p.requires_grad}
+                 fresh_grads: bool = True, grad_table: bool = False, summed_grads: bool = False):
+        self.params = [p for p in params if p.requires_grad]
         ranks = dist.get_world_size(group) if group is not None else 1
-        _refuse_options(params, early, ranks, fresh_grads, grad_table)
-        self.params = [p for p in params if id(p) in early] + [p for p in params if id(p) not in early]
+        _refuse_options(self.params, ranks, fresh_grads, grad_table)
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay = eps, weight_decay
         self.group = group if ranks > 1 else None
@@ -141,13 +119,7 @@ class MasterAdamW:
         self.table = TableUpdate([p.numel() for p in self.params], offsets, device) if grad_table else None
         self.grad_views = [None if grad_table else self.grad[off:off + p.numel()].view_as(p)
                            for p, off in zip(self.params, offsets)]
-        self.held: dict[int, torch.Tensor] = {}  # with grad_table: the first parameters' gradients, until step()
         self.fresh_grads = fresh_grads
-        self.n_first = len(early)
-        self.arrived: set[int] = set()  # indices of the first parameters whose gradient is in this step
-        self.launched = False  # whether their update has started this step
-        # the lowest priority: the kernels of a stream of higher priority (e.g. the backward's) get SMs first
-        self.stream = torch.cuda.Stream(device, priority=0) if early and device.type == "cuda" else None
         self._hook_grads(grad_table, fresh_grads)
         self.grad_scale = 1.0 if summed_grads else 1.0 / ranks
         # each parameter's number of updates (torch AdamW's state["step"]), on the device and copied on the host
@@ -197,25 +169,23 @@ class MasterAdamW:
         return offsets, size
 
     def _hook_grads(self, grad_table: bool, fresh_grads: bool) -> None:
-        """Where each gradient goes: the first parameters' to `_first_grad`, the others' into their view of
-        the flat buffer (copied by a hook, or accumulated there directly), or nowhere with the table."""
-        for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
-            if i < self.n_first:
-                p.register_post_accumulate_grad_hook(functools.partial(self._first_grad, i))
-            elif grad_table:
+        """Where each gradient goes: into its parameter's view of the flat buffer (copied by a hook, or accumulated
+        there directly), or nowhere with the table."""
+        for p, view in zip(self.params, self.grad_views):
+            if grad_table:
                 continue
-            elif fresh_grads:
+            if fresh_grads:
                 p.register_post_accumulate_grad_hook(functools.partial(_into_view, view=view))
             else:
                 p.grad = view
 
-    def _runs(self, lo: int, hi: int, live: list[bool]) -> list[tuple[int, int]]:
-        """Parameters lo..hi-1 that have a gradient, as ranges of neighbours that took equally many updates."""
+    def _runs(self, live: list[bool]) -> list[tuple[int, int]]:
+        """The parameters that have a gradient, as ranges of neighbours that took equally many updates."""
         if self.recount:
             self.taken = [int(n) for n in self.steps.tolist()]
             self.recount = False
         runs: list[tuple[int, int]] = []
-        for i in range(lo, hi):
+        for i in range(len(self.params)):
             if not live[i]:
                 continue
             if runs and runs[-1][1] == i and self.taken[runs[-1][0]] == self.taken[i]:
@@ -224,11 +194,11 @@ class MasterAdamW:
                 runs.append((i, i + 1))
         return runs
 
-    def _update(self, lo: int, hi: int, live: list[bool], grads: list[torch.Tensor | None]) -> None:
-        """Update the parameters lo..hi-1 whose `live` is True (those without a gradient keep their weights,
-        moments and step count, as torch's AdamW leaves them): through the gradient table (`grads[i]` is
-        parameter i's gradient), else chunk by chunk of this rank's shard of the flat buffers."""
-        for a, b in self._runs(lo, hi, live):
+    def _update(self, live: list[bool], grads: list[torch.Tensor | None]) -> None:
+        """Update the parameters whose `live` is True (those without a gradient keep their weights, moments and
+        step count, as torch's AdamW leaves them): through the gradient table (`grads[i]` is parameter i's
+        gradient), else chunk by chunk of this rank's shard of the flat buffers."""
+        for a, b in self._runs(live):
             self.steps[a:b] += 1
             self.taken[a:b] = [n + 1 for n in self.taken[a:b]]
             step = self.steps[a]
@@ -251,56 +221,22 @@ class MasterAdamW:
         return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "step": self.steps}
 
     @torch.no_grad()
-    def _first_grad(self, i: int, p: torch.Tensor) -> None:
-        """Hook of a `first` parameter: its gradient goes into the flat buffer (or is held for the table), and
-        the hook of the last of them starts their update (on CUDA on the side stream, after everything
-        queued so far)."""
-        if self.launched:
-            raise RuntimeError("MasterAdamW(first=...) got a second gradient after updating those parameters: it "
-                               "takes one backward per step (no gradient accumulation); drop first")
-        if self.table is None:
-            _into_view(p, self.grad_views[i])
-        else:
-            self.held[i] = aligned_grad(p, self.weight.dtype)
-        self.arrived.add(i)
-        if len(self.arrived) < self.n_first:
-            return
-        self.launched = True
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            self._update(0, self.n_first, [True] * self.n_first, [self.held.get(j) for j in range(len(self.params))])
-
-    @torch.no_grad()
     def step(self) -> None:
         """Collective with a group: the gradients are reduce-scattered in the flat buffer's dtype (bf16 by
         default: half the bytes of fp32, and the sum rounds about as coarsely as the bf16 gradients
-        already are), scaled to their mean in fp32, and the new weights all-gathered from each shard.
-        With `first`, the parameters already updated in backward are skipped, and the current stream waits
-        for their update before this returns."""
-        launched, self.launched = self.launched, False
-        held, self.held = self.held, {}  # referenced until the side stream's update is waited for
-        self.arrived.clear()
+        already are), scaled to their mean in fp32, and the new weights all-gathered from each shard."""
         live = [p.grad is not None for p in self.params]
         grads: list[torch.Tensor | None] = []
-        for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
-            if launched and i < self.n_first:
-                if p.grad is not (view if self.table is None else held[i]):
-                    raise RuntimeError("MasterAdamW(first=...) found a gradient set by hand on a parameter it had "
-                                       "already updated in backward; drop first")
-            elif self.table is not None and live[i]:
+        for p, view, has_grad in zip(self.params, self.grad_views, live):
+            if self.table is not None and has_grad:
                 grads.append(aligned_grad(p, self.weight.dtype))
                 continue
-            elif live[i] and p.grad is not view:
+            if has_grad and p.grad is not view:
                 _into_view(p, view)
             grads.append(None)
         if self.group is not None and not self.summed_grads:
             reduce_scatter_single(self.grad_shard, self.grad, group=self.group)
-        if not launched:
-            self._update(0, self.n_first, live, grads)
-        self._update(self.n_first, len(self.params), live, grads)
-        if launched and self.stream is not None:
-            torch.cuda.current_stream().wait_stream(self.stream)
+        self._update(live, grads)
         if self.group is not None:
             all_gather_single(self.weight, self.weight_shard, group=self.group)
 

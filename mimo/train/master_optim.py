@@ -3,9 +3,7 @@ fp32 moments, one fused update pass).
 
 One MasterAdamW per module and weight-decay group (matrices decayed, vectors not, as MimoOptimizer groups
 them), each with the module's learning rate; the schedule's learning rate lives on the device
-(`begin(step)` writes it before the step's work is queued, which the early update reads inside backward).
-With `early` the language model's groups update inside backward, as soon as their last gradient is in
-(`MasterAdamW(first=...)`).
+(`begin(step)` writes it before the step's work is queued).
 
 On a data-parallel layout (`groups`: a module's (parameters, data-lane group) pairs, from
 ParallelPlan.master_state_groups) the module's gradients arrive already summed over each group (the plan's
@@ -31,20 +29,15 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from mimo.config.schema import LANGUAGE, OptimConfig
+from mimo.config.schema import OptimConfig
 from mimo.parallel.data import NormReducer
 from mimo.perf.master_adamw import MasterAdamW
 from mimo.train.optim import local_grad_sq, lr_factor, param_groups
 
 
-class UpdatedInStep(RuntimeError):
-    """A non-finite loss or gradient norm in a step whose update had already run (perf.lm_update_early): it
-    cannot be skipped."""
-
-
 class MasterOptimizer:
     """Per module and decay group, a MasterAdamW; the global gradient norm, clipping and the skip on a
-    non-finite norm as in MimoOptimizer (where the update is not already inside the step). `groups` maps a
+    non-finite norm as in MimoOptimizer. `groups` maps a
     module to the (parameters, group) pairs its master state is sharded over, which together hold all its
     trainable parameters (absent or empty: not sharded);
     `norm_sq_reduce` (with groups) makes the global norm from every rank's per-module shares. A module in
@@ -52,11 +45,11 @@ class MasterOptimizer:
     the master weights and takes torch's AdamW over them (fp32 moments, sharded alike; checkpointed per
     parameter as MimoOptimizer's are, in `optimizers`)."""
 
-    def __init__(self, modules: dict[str, nn.Module], cfg: OptimConfig, total_steps: int, early: bool = False,
-                 grad_table: bool = False, compile: bool = False,
+    def __init__(self, modules: dict[str, nn.Module], cfg: OptimConfig, total_steps: int, grad_table: bool = False,
+                 compile: bool = False,
                  groups: dict[str, list[tuple[list[nn.Parameter], ProcessGroup]]] | None = None,
                  norm_sq_reduce: NormReducer | None = None, fsdp: Collection[str] = ()):
-        self.cfg, self.total_steps, self.early = cfg, total_steps, early
+        self.cfg, self.total_steps = cfg, total_steps
         self.norm_sq_reduce = norm_sq_reduce
         self.parts: list[tuple[str, MasterAdamW]] = []
         self.optimizers: dict[str, torch.optim.AdamW] = {}  # FSDP2 modules' (the others': master_state)
@@ -69,7 +62,7 @@ class MasterOptimizer:
                                                               eps=cfg.eps)
                 continue
             for params, group in (groups or {}).get(name) or [(list(mod.parameters()), None)]:
-                self._add_parts(name, mod, {id(p) for p in params}, group, lr, early, grad_table, compile)
+                self._add_parts(name, mod, {id(p) for p in params}, group, lr, grad_table, compile)
         self.module_params: dict[str, list[nn.Parameter]] = {}
         for name, opt in self.parts:
             self.module_params.setdefault(name, []).extend(opt.params)
@@ -78,7 +71,7 @@ class MasterOptimizer:
         self.params = [p for ps in self.module_params.values() for p in ps]
 
     def _add_parts(self, name: str, mod: nn.Module, ids: set[int], group: ProcessGroup | None, lr: float,
-                   early: bool, grad_table: bool, compile: bool) -> None:
+                   grad_table: bool, compile: bool) -> None:
         """One MasterAdamW per decay group of `mod`'s parameters in `ids`, sharded over `group`."""
         cfg = self.cfg
         for decay_group in param_groups(mod, cfg.weight_decay):
@@ -87,8 +80,7 @@ class MasterOptimizer:
                 continue
             opt = MasterAdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                               weight_decay=decay_group["weight_decay"], compile=compile, grad_table=grad_table,
-                              first=params if early and name == LANGUAGE else (), group=group,
-                              summed_grads=group is not None)
+                              group=group, summed_grads=group is not None)
             self.parts.append((name, opt))
 
     def master_state(self, rank: int) -> dict:
@@ -101,8 +93,7 @@ class MasterOptimizer:
         return lr_factor(step, self.total_steps, self.cfg) * self.cfg.lr
 
     def begin(self, step: int) -> None:
-        """Write step `step`'s learning rates to the device, before the step's forward is queued (an early
-        update reads them inside backward)."""
+        """Write step `step`'s learning rates to the device, before the step's forward is queued."""
         factor = lr_factor(step, self.total_steps, self.cfg)
         for name, opt in self.parts:
             opt.lr.fill_(self.cfg.module_lr.get(name, self.cfg.lr) * factor)
@@ -122,15 +113,10 @@ class MasterOptimizer:
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
 
     def step(self, step: int) -> tuple[bool, float, float]:
-        """MimoOptimizer.step's contract: clip by the global norm, update, (stepped, grad_norm, lr). A
-        non-finite norm skips the step, unless the early update already ran: then UpdatedInStep."""
+        """MimoOptimizer.step's contract: clip by the global norm, update, (stepped, grad_norm, lr); a non-finite
+        norm skips the step."""
         norm_f = float(self.grad_norm())
         if not math.isfinite(norm_f):
-            if self.early:
-                self.zero_grad()
-                raise UpdatedInStep(f"step {step}: non-finite gradient norm after perf.lm_update_early had "
-                                    "already updated the language model, so the step cannot be skipped; lower "
-                                    "optim.lr or set perf.lm_update_early = false (it skips such steps)")
             self.zero_grad()
             return False, norm_f, self.lr(step)
         if self.cfg.clip > 0 and norm_f > self.cfg.clip:

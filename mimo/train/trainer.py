@@ -41,7 +41,7 @@ from mimo.train.faults import StepGuard, skip_step
 from mimo.train.gate import launch_world_size, validate_run
 from mimo.train.held_out import evaluate_held_out, read_batch
 from mimo.train.host_memory import set_mmap_threshold
-from mimo.train.master_optim import MasterOptimizer, UpdatedInStep
+from mimo.train.master_optim import MasterOptimizer
 from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.module_time import ModuleTime
 from mimo.train.optim import MimoOptimizer
@@ -132,10 +132,9 @@ class Trainer:
         if self.cfg.precision.master_weights:
             modules = modules_by_name(self.model)
             sharded = {n: self.plan.master_state_groups(n) for n in modules}
-            return MasterOptimizer(modules, self.cfg.optim, self.cfg.train.steps, early=f.lm_update_early,
-                                   grad_table=f.grad_table, compile=f.compile and self.device.type == "cuda",
-                                   groups=sharded, norm_sq_reduce=self.plan.norm_sq_reduce,
-                                   fsdp=self.plan.fsdp_modules())
+            return MasterOptimizer(modules, self.cfg.optim, self.cfg.train.steps, grad_table=f.grad_table,
+                                   compile=f.compile and self.device.type == "cuda", groups=sharded,
+                                   norm_sq_reduce=self.plan.norm_sq_reduce, fsdp=self.plan.fsdp_modules())
         return MimoOptimizer(modules_by_name(self.model), self.cfg.optim, self.cfg.train.steps,
                              fused=self.device.type == "cuda", norm_sq_reduce=self.plan.norm_sq_reduce)
 
@@ -249,10 +248,6 @@ class Trainer:
         or the gradients are not finite; the step's record."""
         if self.guard.agree(loss):
             stepped, grad_norm, lr = self.optimizer.step(step)
-        elif self.cfg.perf.lm_update_early:
-            raise UpdatedInStep(f"step {step}: non-finite loss {loss} after perf.lm_update_early had already "
-                                "updated the language model, so the step cannot be skipped; lower optim.lr or set "
-                                "perf.lm_update_early = false (it skips such steps)")
         else:
             stepped, grad_norm, lr = skip_step(self.optimizer, step)
         self.guard.record(stepped)

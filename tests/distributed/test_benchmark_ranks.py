@@ -19,6 +19,6 @@ def test_benchmark_runs_data_parallel_on_tiny(tmp_path):
     assert r.returncode == 0, r.stderr
     [row] = map(json.loads, (tmp_path / "tiny.jsonl").read_text().splitlines())
     assert row["label"] == "mimo on 2 GPUs" and row["gpus"] == 2, row
-    assert row["train"]["master_weights"] and not row["train"]["lm_update_early"], row["train"]
+    assert row["train"]["master_weights"] and not row["train"]["grad_table"], row["train"]
     assert row["tokens_per_s_per_gpu"] > 0 and math.isfinite(row["final_loss"]), row
     assert "| mimo on 2 GPUs | 2 |" in (tmp_path / "tiny.md").read_text()

@@ -105,8 +105,7 @@ SYNTHETIC = ["--train.device=cuda", "--perf.gpu_defaults=false", "--data.name=sy
              "--data.repeat_batches=2",
              "--optim.clip=0", "--optim.lr=1e-3", "--train.log_every=1"]
 FAST = ["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.grad_table=true",
-        "--perf.lm_update_early=true", "--perf.compile=true",
-        "--perf.encoder_compile=whole", "--perf.chunked_loss=true", "--perf.loss_rows_only=true",
+        "--perf.compile=true", "--perf.encoder_compile=whole", "--perf.chunked_loss=true", "--perf.loss_rows_only=true",
         "--perf.fuse_qkv=true", "--perf.attention_backend=cudnn"]
 
 
@@ -115,7 +114,7 @@ def _step_losses(out, steps: int, *switches: str) -> tuple[list[float], Trainer]
     return [trainer.train_step(i)["loss"] for i in range(steps)], trainer
 
 
-@pytest.mark.parametrize("extra", [[], ["--perf.lm_update_early=false"], ["--perf.grad_table=false"]])
+@pytest.mark.parametrize("extra", [[], ["--perf.grad_table=false"]])
 def test_every_fast_path_of_mimo_train_trains_like_fp32_mimo_train(tmp_path, extra):
     """`mimo train` with every fast path (compiled regions, cuDNN attention, bf16 weights + master AdamW, the
     chunked loss on the labelled rows with the Triton chunk) against plain fp32 `mimo train` from the same seed on
@@ -129,13 +128,12 @@ def test_every_fast_path_of_mimo_train_trains_like_fp32_mimo_train(tmp_path, ext
 
 def test_mimo_train_on_a_gpu_defaults_to_the_fast_path(tmp_path):
     """A config naming only train.device = "cuda" trains with the GPU defaults (mimo.perf.gpu_defaults): the
-    same losses, to 1e-3, as the same run with those keys set by hand (the early update left off in both)."""
+    same losses, to 1e-3, as the same run with those keys set by hand."""
     plain = [k for k in SYNTHETIC if "gpu_defaults" not in k]
-    explicit = [k for k in FAST if "lm_update_early" not in k]
     defaults = Trainer(tiny_config(tmp_path / "defaults", *plain, "--train.steps=6"))
     assert defaults.cfg.precision.master_weights and defaults.cfg.perf.compile
     ran = [defaults.train_step(i)["loss"] for i in range(6)]
-    by_hand, _ = _step_losses(tmp_path / "by_hand", 6, *explicit)
+    by_hand, _ = _step_losses(tmp_path / "by_hand", 6, *FAST)
     for i, (a, b) in enumerate(zip(ran, by_hand)):
         assert abs(a - b) <= 1e-3 * b, (i, a, b)
 

@@ -51,27 +51,6 @@ def check_accumulated_hand_set_and_missing_gradients(inputs: int = 8, atol: floa
         torch.testing.assert_close(b, a, rtol=1.3e-6, atol=atol)
 
 
-def check_first_parameters_updated_in_backward(inputs: int = 8, atol: float = 1e-5, **opt_kwargs) -> None:
-    """The last two layers' gradients are complete before the first layer's: their update starts in the hook
-    of the last of them (inside backward) and the result is torch's AdamW after backward. In the step where
-    layer 2 is not used, the group never completes and step() updates layer 1 and skips layer 2. Also run in
-    Triton's interpreter with grad_table (tests/unit/test_adamw_triton.py)."""
-    ref, fast = _three_layer_twins(inputs)
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
-    opt = MasterAdamW(fast.parameters(), lr=1e-2, weight_decay=0.1, dtype=torch.float32,
-                      first=[*fast[1].parameters(), *fast[2].parameters()], **opt_kwargs)
-    assert opt.params[0] is fast[1].weight  # the first parameters lead the flat buffers
-    for step in range(3):
-        x = torch.randn(6, inputs)
-        for model in (ref, fast):
-            h = model[1](model[0](x))
-            (model[2](h) if step != 1 else h).square().sum().backward()
-        assert opt.launched == (step != 1)
-        step_both(opt_ref, opt)
-        for a, b in zip(ref.parameters(), fast.parameters()):
-            torch.testing.assert_close(b, a, rtol=1.3e-6, atol=atol)
-
-
 def check_parameters_without_gradients_are_skipped(inputs: int = 8, atol: float = 1e-5, **opt_kwargs) -> None:
     """Layers left out of some steps (layer 0 in step 1, layer 2 in step 2) keep their weights, moments and step
     counts there, exactly, as torch's AdamW keeps them; in step 3 every layer has taken a different number of

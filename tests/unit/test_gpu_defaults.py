@@ -43,7 +43,6 @@ def test_one_process_takes_every_gpu_default():
     cfg, applied = set_by_defaults(written, None)
     assert applied == EVERY_KEY
     assert {k: config_value(cfg, k) for k in EVERY_KEY} == EVERY_KEY
-    assert cfg.perf.lm_update_early is False  # opt-in only
     assert not written.perf.compile and written.precision.dtype == "float32"  # the config as written is left alone
 
 
@@ -128,17 +127,16 @@ def test_the_note_names_each_key_its_value_and_why():
 
 
 
-@pytest.mark.parametrize("opt_in", [["--perf.grad_table=true"], ["--perf.lm_update_early=true", "--optim.clip=0"]])
-def test_a_key_needing_master_weights_takes_them_from_the_gpu_defaults(opt_in, monkeypatch):
+def test_a_key_needing_master_weights_takes_them_from_the_gpu_defaults(monkeypatch):
     """Left unset, precision.dtype and precision.master_weights are the GPU defaults' to set: the config-alone check
     leaves what needs them to the gate, which checks it after the defaults."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cfg = cuda_config(*opt_in)
+    cfg = cuda_config("--perf.grad_table=true")
     assert not cfg.precision.master_weights  # load_config leaves it to the gate's GPU defaults
     run, _ = validate_run(cfg, 1)
     assert run.precision.dtype == "bfloat16" and run.precision.master_weights is True
     with pytest.raises(ConfigError, match=r"works on MasterAdamW's update: set precision.master_weights = true"):
-        cuda_config(*opt_in, "--perf.gpu_defaults=false")
+        cuda_config("--perf.grad_table=true", "--perf.gpu_defaults=false")
 
 
 def test_the_gate_refuses_a_key_whose_master_weights_the_defaults_could_not_set(monkeypatch):

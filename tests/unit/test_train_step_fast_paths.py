@@ -1,10 +1,11 @@
 """The step's fast paths of `mimo train` on one CPU process against the plain fp32 trainer: `perf.loss_rows_only`
 (with and without the chunked loss), `perf.encoder_compile = "whole"` and `perf.attention_backend` leave every
 loss within 1e-5 relative; `precision.master_weights` (bf16 weights, fp32 master weights and moments) stays within the
-loss check's bound (max(1%, 1.5 x the gap of bf16 autocast over fp32 weights), benchmarks/loss_check.py), and its
-early language-model update (`perf.lm_update_early`, inside backward) changes nothing against it. Keys that
+loss check's bound (max(1%, 1.5 x the gap of bf16 autocast over fp32 weights), benchmarks/loss_check.py). Keys that
 cannot work in a setting are refused naming the field. (The CUDA-only key, `grad_table`:
 tests/gpu/test_fast_paths_gpu.py.)"""
+
+import dataclasses
 
 import pytest
 import torch
@@ -39,16 +40,13 @@ def test_numerics_neutral_switches_train_like_the_plain_trainer(tmp_path, switch
     torch.compiler.reset()
 
 
-def test_master_weights_stay_within_the_loss_checks_bound_and_the_early_update_changes_nothing(tmp_path):
+def test_master_weights_stay_within_the_loss_checks_bound(tmp_path):
     fp32 = losses(tmp_path, "fp32")
     autocast = losses(tmp_path, "autocast", "--precision.dtype=bfloat16")
     master = losses(tmp_path, "master", "--precision.dtype=bfloat16", "--precision.master_weights=true",
                     "--perf.loss_rows_only=true", "--perf.chunked_loss=true")
-    early = losses(tmp_path, "early", "--precision.dtype=bfloat16", "--precision.master_weights=true",
-                   "--perf.loss_rows_only=true", "--perf.chunked_loss=true", "--perf.lm_update_early=true")
     assert master != fp32  # the bf16 path really ran
     assert worst_gap(master, fp32) <= max(1e-2, 1.5 * worst_gap(autocast, fp32)), (master, autocast, fp32)
-    assert worst_gap(early, master) <= 1e-5, (early, master)
 
 
 @pytest.mark.parametrize("switches, message", [
@@ -57,11 +55,6 @@ def test_master_weights_stay_within_the_loss_checks_bound_and_the_early_update_c
     (["--perf.grad_table=true"], r"perf.grad_table = true works on MasterAdamW's update: set precision.master_weights"),
     (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.grad_table=true"],
      r"perf.grad_table = true needs a GPU \(train.device = \"cuda\", got \"cpu\"\)"),
-    (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.lm_update_early=true",
-      "--optim.clip=1.0"],
-     r"perf.lm_update_early = true updates the weights inside the step, .* set optim.clip = 0"),
-    (["--precision.dtype=bfloat16", "--precision.master_weights=true", "--perf.lm_update_early=true", "--optim.clip=0",
-      "--parallel.microbatches=2"], r"takes parallel.microbatches = 1 \(got 2\)"),
     (["--perf.encoder_compile=graphs"], r"perf.encoder_compile = 'graphs'; choose one of 'blocks', 'whole'"),
     (["--perf.attention_backend=fa4"], r"perf.attention_backend = 'fa4'; choose one of 'default', 'cudnn'"),
 ])
@@ -73,9 +66,9 @@ def test_a_key_that_cannot_work_is_refused_naming_it(tmp_path, switches, message
 def test_layouts_refuse_what_they_cannot_run(tmp_path):
     cfg = tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.master_weights=true")
     check_fast_path_layout(cfg, Layout.from_config({}, cfg.model.module_names, 2))  # ZeRO-1 over 2 lanes
-    cfg = tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.master_weights=true",
-                      "--perf.lm_update_early=true", "--optim.clip=0")
-    with pytest.raises(ConfigError, match=r"perf.lm_update_early = true runs on one process only"):
+    cfg = tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.master_weights=true")
+    cfg = dataclasses.replace(cfg, perf=dataclasses.replace(cfg.perf, grad_table=True))  # as on a GPU
+    with pytest.raises(ConfigError, match=r"perf.grad_table = true runs on one process only"):
         check_fast_path_layout(cfg, Layout.from_config({}, cfg.model.module_names, 2))
     cfg = tiny_config(tmp_path, "--precision.dtype=bfloat16", "--precision.master_weights=true",
                       "--parallel.modules.images.offset=0", "--parallel.modules.images.size=1",
