@@ -14,7 +14,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from mimo.train.optim import MimoOptimizer, lr_factor
+from mimo.train.optim import StepOptimizer
 
 
 class RunAborted(RuntimeError):
@@ -83,7 +83,7 @@ class StepGuard:
         return 0 < self.max_bad_steps <= self.consecutive_bad
 
 
-def skip_step(optimizer: MimoOptimizer, step: int) -> tuple[bool, float, float]:
-    """Drop this step's gradients without updating anything; same return shape as `MimoOptimizer.step`."""
+def skip_step(optimizer: StepOptimizer, step: int) -> tuple[bool, float, float]:
+    """Drop this step's gradients without updating anything; same return shape as `StepOptimizer.step`."""
     optimizer.zero_grad()
-    return False, float("nan"), lr_factor(step, optimizer.total_steps, optimizer.cfg) * optimizer.cfg.lr
+    return False, float("nan"), optimizer.lr(step)

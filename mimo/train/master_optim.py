@@ -32,10 +32,10 @@ from torch.distributed import ProcessGroup
 from mimo.config.schema import OptimConfig
 from mimo.parallel.data import NormReducer
 from mimo.perf.master_adamw import MasterAdamW
-from mimo.train.optim import local_grad_sq, lr_factor, param_groups
+from mimo.train.optim import StepOptimizer, local_grad_sq, lr_factor, param_groups
 
 
-class MasterOptimizer:
+class MasterOptimizer(StepOptimizer):
     """Per module and decay group, a MasterAdamW; the global gradient norm, clipping and the skip on a
     non-finite norm as in MimoOptimizer. `groups` maps a
     module to the (parameters, group) pairs its master state is sharded over, which together hold all its
@@ -88,9 +88,6 @@ class MasterOptimizer:
         {"rank<N>": {"<part>": MasterAdamW.state()}}."""
         parts = {str(i): opt.state() for i, (_, opt) in enumerate(self.parts)}
         return {f"rank{rank:05d}": parts} if parts else {}
-
-    def lr(self, step: int) -> float:
-        return lr_factor(step, self.total_steps, self.cfg) * self.cfg.lr
 
     def begin(self, step: int) -> None:
         """Write step `step`'s learning rates to the device, before the step's forward is queued."""

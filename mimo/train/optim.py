@@ -2,12 +2,15 @@
 
 One AdamW per module (language model, each modality) so that modules can have their own learning
 rate, be frozen, and later live on their own process groups. The gradient norm is global across
-modules, and clipping uses it; a non-finite norm skips the step for every module.
+modules, and clipping uses it; a non-finite norm skips the step for every module. `StepOptimizer` is what
+the trainer, its fault handling and its checkpoints ask of an optimizer: MimoOptimizer here, MasterOptimizer
+(mimo.train.master_optim) under precision.master_weights.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -55,7 +58,35 @@ def lr_factor(step: int, total: int, cfg: OptimConfig) -> float:
     return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-class MimoOptimizer:
+class StepOptimizer(Protocol):
+    """The one optimizer protocol. Every rank calls `begin(step)` before the step's forward and then `step(step)`
+    (collective where gradients are sharded or reduced) or, for a step every rank skips, `zero_grad()`."""
+
+    cfg: OptimConfig
+    total_steps: int
+    optimizers: dict[str, torch.optim.Optimizer]
+    """By module name, the torch optimizers whose state a checkpoint saves per parameter."""
+
+    def begin(self, step: int) -> None:
+        """Before step `step`'s forward is queued: anything the update reads on the device (its learning rate)."""
+
+    def step(self, step: int) -> tuple[bool, float, float]:
+        """Clip by the global gradient norm and update every module, or skip a step whose norm is not finite; then
+        drop the gradients. Returns (stepped, grad_norm, lr)."""
+
+    def zero_grad(self) -> None:
+        """Drop every gradient."""
+
+    def lr(self, step: int) -> float:
+        """The schedule's learning rate (optim.lr's) at `step`."""
+        return lr_factor(step, self.total_steps, self.cfg) * self.cfg.lr
+
+    def master_state(self, rank: int) -> dict:
+        """The state kept outside `optimizers` that a checkpoint saves and loads in place, under keys unique to
+        `rank`; {} where there is none."""
+
+
+class MimoOptimizer(StepOptimizer):
     """AdamW per module with a shared schedule, global-norm clipping and a skip on non-finite norms.
 
     `norm_sq_reduce` turns this rank's per-module squared-norm shares (see `local_grad_sq`) into the
@@ -83,7 +114,7 @@ class MimoOptimizer:
         self.params = [p for ps in self.module_params.values() for p in ps]
 
     def begin(self, step: int) -> None:
-        """Nothing before a step's forward: the learning rate is set in `step` (MasterOptimizer's hook)."""
+        """Nothing before a step's forward: the learning rate is set in `step`."""
 
     def grad_norm(self) -> torch.Tensor:
         """Global L2 norm of all gradients of all modules (a collective when a reducer is set)."""
@@ -117,10 +148,3 @@ class MimoOptimizer:
     def master_state(self, rank: int) -> dict:
         """State outside torch's optimizers for checkpoints: none here (MasterOptimizer's fp32 shards)."""
         return {}
-
-    def state_dict(self) -> dict[str, dict]:
-        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
-
-    def load_state_dict(self, state: dict[str, dict]) -> None:
-        for name, opt in self.optimizers.items():
-            opt.load_state_dict(state[name])

@@ -44,7 +44,7 @@ from mimo.train.host_memory import set_mmap_threshold
 from mimo.train.master_optim import MasterOptimizer
 from mimo.train.metrics import MetricsLogger, to_json
 from mimo.train.module_time import ModuleTime
-from mimo.train.optim import MimoOptimizer
+from mimo.train.optim import MimoOptimizer, StepOptimizer
 from mimo.train.plot import plot_curve, run_curve
 from mimo.train.precision import step_autocast, with_module_precision
 from mimo.train.router_loss import ROUTER_KEYS, RouterLosses
@@ -126,7 +126,7 @@ class Trainer:
         runtime = with_module_precision(self.cfg, model, apply_fast_paths(self.cfg, model, runtime, lm_tp))
         return dataclasses.replace(runtime, module_clock=self.module_time)
 
-    def build_optimizer(self) -> MimoOptimizer | MasterOptimizer:
+    def build_optimizer(self) -> StepOptimizer:
         """MimoOptimizer (fp32 weights), or MasterOptimizer under precision.master_weights (turns them bf16)."""
         f = self.cfg.perf
         if self.cfg.precision.master_weights:

@@ -42,7 +42,7 @@ from mimo.train.checkpoint.store import (
 )
 from mimo.train.checkpoint.weights import load_training_state, save_training_state, training_state
 from mimo.train.faults import RunAborted, StepGuard
-from mimo.train.optim import MimoOptimizer
+from mimo.train.optim import StepOptimizer
 from mimo.train.rng import capture_rng, check_rng, restore_rng
 
 STATE = "state.json"
@@ -116,7 +116,7 @@ class RunCheckpointer:
     (JSON-able counters of a real-data reader); `plan` the run's ParallelPlan, whose TP meshes let
     tensor-parallel chunks be saved and resharded (none on one process: every tensor saved whole)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, modules: dict[str, nn.Module], optimizer: MimoOptimizer,
+    def __init__(self, cfg: Config, run_dir: Path, modules: dict[str, nn.Module], optimizer: StepOptimizer,
                  guard: StepGuard, plan: ParallelPlan, data: object = None):
         self.cfg, self.run_dir, self.modules, self.optimizer = cfg, Path(run_dir), modules, optimizer
         self.guard, self.rank, self.data = guard, plan.rank, data
