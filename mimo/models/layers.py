@@ -277,9 +277,7 @@ class SelfAttention(nn.Module):
         # parallel attends local queries to keys and values gathered over its group).
         self.attention_fn = attention if not softcap else functools.partial(softcapped_attention, cap=softcap)
         self.layout_attention: Callable[..., torch.Tensor] | None = None
-        # Set from outside (mimo.perf.fuse_qkv): q, k and v from one product over their weights concatenated
-        # at each call; the parameters stay three linears.
-        self.fused_qkv = False
+        self.fused_qkv = False  # `fuse_qkv()`
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 causal: bool = True, mask: torch.Tensor | None = None,
@@ -307,6 +305,11 @@ class SelfAttention(nn.Module):
         if rows is not None:
             out = out.flatten(0, 1).index_select(0, rows)
         return self.o_proj(out)
+
+    def fuse_qkv(self) -> None:
+        """From now on q, k and v come from one product over their weights concatenated at each call (the fast
+        path mimo.perf.fused_qkv installs); the parameters stay three linears."""
+        self.fused_qkv = True
 
     def _qkv_in_one_product(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as slices of one product: one wider GEMM each way instead of three, and the input's

@@ -3,8 +3,9 @@ sigmoid routing): a top-k router, E routed SwiGLU experts with stacked weights, 
 
 Single-device code. The forward is `route` (which experts, with which weights), then `dispatcher`
 (default `local_dispatch`: sort the token copies by expert, `expert_compute`, unsort, weighted sum over each
-token's k experts). Expert parallelism replaces `dispatcher` from outside and shards the stacked weights
-along dim 0 (the expert), keeping `route` and `expert_compute`.
+token's k experts). Expert parallelism keeps a slice of the stacked weights along dim 0 (the expert) and gives
+its own dispatcher (`keep_experts`), keeping `route` and `expert_compute`. Everything set from outside goes
+through a method here: `keep_experts`, `share_rows`, `set_loss_scale`, `clear_step_stats`, `move_bias`.
 
 Router losses (contract). They are defined per *row* of the LM's input (one sequence, `[B, S, H]`'s b) so
 that any split of the global batch by rows gives the same objective. For row s of T_s tokens, c_se the
@@ -26,8 +27,8 @@ layout and microbatch split computes what one process does. The loss reaches the
 `loss_scale`: it needs no path through the model's outputs (pipeline stages, activation checkpointing and
 compiled blocks keep their signatures). Where a row is split over ranks (sequence or context parallel), the
 per-row sums `[B, 2E + 1]` pass `row_stats` (identity here; an all-reduce there whose backward is an
-all-reduce, the exact adjoint: mimo.parallel.expert.rows) and every rank then divides its rows' losses by
-`row_shards`, so the ranks together count each row once.
+all-reduce, the exact adjoint: mimo.parallel.expert.rows, through `share_rows`) and every rank then divides its
+rows' losses by `row_shards`, so the ranks together count each row once.
 
 Every training forward (grad enabled, not an activation-checkpoint recompute) adds its expert loads and
 router losses to `step_stats` for the trainer's log (mimo.train.router_loss), divided by `logged_shards`:
@@ -47,6 +48,8 @@ from mimo.models import init
 from mimo.models.layers import SwiGLU, activation
 
 Dispatcher = Callable[["MoEFeedForward", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
+"""The stacked expert weights of a MoEFeedForward, dim 0 the expert."""
 
 
 def local_dispatch(moe: MoEFeedForward, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor,
@@ -113,14 +116,48 @@ class MoEFeedForward(nn.Module):
         self.shared_gate = nn.Linear(h, 1, bias=False) if cfg.moe_shared_gate else None
         self.register_buffer("expert_bias", torch.zeros(e) if cfg.moe_gating == "sigmoid" else None)
         init.zeros_(self.expert_bias)
-        # Hooks and settings from outside (see the module docstring); the defaults are one process's.
+        # Settings from outside, each through its method (see the module docstring); the defaults are one process's.
         self.dispatcher: Dispatcher = local_dispatch
         self.expert_offset = 0  # the global id of w_*[0]: expert parallelism keeps a slice of the experts
+        self.expert_shard: tuple[int, int] | None = None  # (rank, ep) once `keep_experts` sliced them
         self.row_stats: Callable[[torch.Tensor], torch.Tensor] = lambda stats: stats
         self.row_shards = self.logged_shards = 1
         self.loss_scale: float | None = None  # None: 1 / (moe_layers * rows of this forward)
         self.moe_layers = moe_layers
         self.step_stats: dict[str, torch.Tensor] = {}
+
+    def keep_experts(self, rank: int, ep: int, dispatcher: Dispatcher) -> None:
+        """Keep experts [rank * E/ep, (rank + 1) * E/ep) of the stacked weights (E divisible by ep; each a new
+        Parameter with the full one's attributes, on the meta device while unmaterialised) and route the token
+        copies through `dispatcher` (expert parallelism's exchange between ranks). Not collective."""
+        local = self.num_experts // ep
+        for name in EXPERT_WEIGHTS:
+            full = getattr(self, name)
+            piece = full.detach()[rank * local:(rank + 1) * local]
+            piece = torch.empty_like(piece) if piece.is_meta else piece.clone()
+            param = nn.Parameter(piece, requires_grad=full.requires_grad)
+            param.__dict__.update(vars(full))  # tags set from outside (e.g. replica counts) and the init rule
+            setattr(self, name, param)
+        self.expert_offset, self.expert_shard, self.dispatcher = rank * local, (rank, ep), dispatcher
+
+    def share_rows(self, row_stats: Callable[[torch.Tensor], torch.Tensor], shards: int, logged_shards: int) -> None:
+        """Rows split over `shards` ranks: their per-row sums pass `row_stats` (the sum over those ranks), and
+        `logged_shards` of them are summed again by the trainer's log (see the module docstring)."""
+        self.row_stats, self.row_shards, self.logged_shards = row_stats, shards, logged_shards
+
+    def set_loss_scale(self, scale: float) -> None:
+        """The router losses' weight per row in the objective (the trainer's 1 / (|L| data.global_batch))."""
+        self.loss_scale = scale
+
+    def clear_step_stats(self) -> None:
+        """Before a step's forwards: start its `step_stats` afresh."""
+        self.step_stats = {}
+
+    @torch.no_grad()
+    def move_bias(self, load: torch.Tensor, rate: float) -> None:
+        """Sigmoid routing's balancing step after an update: each expert's bias moves by `rate` towards the mean of
+        the step's global loads `load` `[E]` (up when under it, down when over it)."""
+        self.expert_bias += rate * torch.sign(load.mean() - load).to(self.expert_bias)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`x` `[T, H]` -> (weights `[T, k]` fp32, expert_ids `[T, k]` int64, router_logits `[T, E]` fp32)."""

@@ -1,4 +1,4 @@
-"""One product for each attention's q, k and v (`SelfAttention.fused_qkv`).
+"""One product for each attention's q, k and v (`SelfAttention.fuse_qkv`).
 
 Three products of the same input leave the GPU partly idle on the narrow ones (k and v under grouped-query
 attention) and make the norm's backward read and sum three input gradients. Concatenating the three weights
@@ -38,6 +38,6 @@ def fuse_qkv(model: nn.Module) -> int:
             continue
         if len({lin.weight.dtype for lin in linears}) != 1:
             raise ValueError(f"fuse_qkv: {name}'s q/k/v projections differ in dtype; leave fuse_qkv off")
-        module.fused_qkv = True
+        module.fuse_qkv()
         count += 1
     return count

@@ -43,11 +43,11 @@ class RouterLosses:
         self.bias_rate = llm.moe_bias_rate
         self.loads: torch.Tensor | None = None
         for m in self.layers.values():
-            m.loss_scale = self.scale
+            m.set_loss_scale(self.scale)
 
     def begin(self) -> None:
         for m in self.layers.values():
-            m.step_stats = {}
+            m.clear_step_stats()
 
     def end(self, reduce: Reduce) -> tuple[float, dict]:
         """Collective (`reduce`: `ParallelPlan.sum_lm_rows`, which every rank joins) for an MoE LM: (the step's
@@ -74,8 +74,6 @@ class RouterLosses:
         """Move the sigmoid routers' balancing biases by the step's global loads (after a taken step only)."""
         if not (stepped and self.bias_rate and self.loads is not None):
             return
-        with torch.no_grad():
-            for i, m in self.layers.items():
-                if m.expert_bias is not None:
-                    load = self.loads[i]
-                    m.expert_bias += self.bias_rate * torch.sign(load.mean() - load).to(m.expert_bias)
+        for i, m in self.layers.items():
+            if m.expert_bias is not None:
+                m.move_bias(self.loads[i], self.bias_rate)

@@ -38,7 +38,7 @@ def _config(lm: tuple[int, int, int], ep: int) -> Config:
 def _prepare(model) -> None:
     layers = moe_layers(model)
     for moe in layers.values():
-        moe.loss_scale = 1.0 / (3 * PER_MB * MICRO)  # 3 MoE layers of the whole LM, whatever this stage holds
+        moe.set_loss_scale(1.0 / (3 * PER_MB * MICRO))  # 3 MoE layers of the whole LM, whatever this stage holds
     freeze_key_biases(model)
 
 

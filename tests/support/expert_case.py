@@ -39,7 +39,7 @@ def moe_prepare(model, router: str) -> None:
     """The same router-loss scale on every layout (what the trainer sets), and the imbalanced router's bias."""
     layers = moe_layers(model)
     for moe in layers.values():
-        moe.loss_scale = 1.0 / (len(layers) * N)
+        moe.set_loss_scale(1.0 / (len(layers) * N))
         if router == "all_to_one":
             moe.expert_bias[0] = 100.0
     freeze_key_biases(model)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mimo.models.moe import MoEFeedForward, grouped_experts
+from mimo.models.moe import MoEFeedForward, grouped_experts, local_dispatch
 from tests.support.configs import tiny_llm
 
 H = 32
@@ -122,7 +122,7 @@ def by_hand(ids: torch.Tensor, logits: torch.Tensor, e: int, k: int) -> tuple[fl
 
 def test_router_losses_match_their_formulas_and_reach_the_gradients():
     moe = make_moe(moe_aux_loss_weight=0.5, moe_z_loss_weight=0.25).train()
-    moe.loss_scale = 0.125
+    moe.set_loss_scale(0.125)
     x = torch.randn(3, 6, H)
     weights, ids, logits = moe.route(x.reshape(-1, H))
     balance, z = by_hand(ids.view(3, 6, 2), logits.view(3, 6, 4), 4, 2)
@@ -161,7 +161,7 @@ def test_all_tokens_on_one_expert_costs_the_number_of_experts():
 def test_router_loss_gradients_do_not_depend_on_how_the_rows_are_split():
     """Two forwards of two rows each, with the trainer's fixed scale, give one forward of four rows' gradients."""
     moe = make_moe(moe_aux_loss_weight=0.3, moe_z_loss_weight=0.1).train()
-    moe.loss_scale = 1 / 4
+    moe.set_loss_scale(1 / 4)
     x = torch.randn(4, 5, H)
     moe(x).sum().backward()
     whole = {n: p.grad.clone() for n, p in moe.named_parameters()}
@@ -182,14 +182,12 @@ def test_no_statistics_outside_training():
 
 
 def test_expert_compute_takes_global_expert_ids_on_a_slice_of_the_experts():
-    """A module holding experts 2..3 only (expert_offset 2, as expert parallelism keeps them) computes what the
-    whole module computes for the same global ids."""
+    """A module holding experts 2..3 only (`keep_experts(1, 2, ...)`, as expert parallelism keeps them) computes
+    what the whole module computes for the same global ids."""
     moe = make_moe()
     part = make_moe()
-    with torch.no_grad():
-        for name in ("w_gate", "w_up", "w_down"):
-            setattr(part, name, torch.nn.Parameter(getattr(moe, name)[2:].clone()))
-    part.expert_offset = 2
+    part.keep_experts(1, 2, local_dispatch)
+    assert (part.expert_offset, part.expert_shard, part.w_up.shape[0]) == (2, (1, 2), 2)
     rows, counts = torch.randn(5, H), torch.tensor([3, 2])
     torch.testing.assert_close(part.expert_compute(rows, counts, 2), moe.expert_compute(rows, counts, 2))
 

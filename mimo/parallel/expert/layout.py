@@ -7,29 +7,22 @@ summed, and nowhere else. Everything that is not an expert weight (attention, ro
 embeddings) stays data parallel over the LM's full dp x cp as before.
 
 `shard_experts` keeps this rank's slice of dim 0 of each `w_gate`, `w_up`, `w_down` (on meta or real
-tensors) and installs the all-to-all dispatcher; the owner module records its slice under EXPERT_SLICE so
-materialisation, gathers and checkpoints find where a piece sits in the full tensor (`expert_slice`).
+tensors) with the all-to-all dispatcher (`MoEFeedForward.keep_experts`); the module's `expert_shard` tells
+materialisation, gathers and checkpoints where a piece sits in the full tensor (`expert_slice`).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from mimo.config.schema import LANGUAGE, Config, ConfigError
-from mimo.models.moe import MoEFeedForward
+from mimo.models.moe import EXPERT_WEIGHTS, MoEFeedForward
 from mimo.parallel.comm import collective_device
 from mimo.parallel.expert.dispatch import ExpertParallelDispatch
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-
-EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
-"""The stacked expert weights of a MoEFeedForward, dim 0 the expert."""
-
-EXPERT_SLICE = "_mimo_expert_slice"
-"""MoEFeedForward attribute: (this rank's index in its ep group, ep) once its experts are sharded."""
 
 
 def shard_experts(lm: nn.Module, rank: int, ep: int, group: ProcessGroup) -> None:
@@ -37,26 +30,15 @@ def shard_experts(lm: nn.Module, rank: int, ep: int, group: ProcessGroup) -> Non
     `group` (the ep group, this rank `rank` of `ep`). Not collective; E divides by ep (the gate's check). Run
     after tensor parallelism: the slices keep the full weights' attributes (e.g. REPLICAS = tp)."""
     for moe in lm.modules():
-        if not isinstance(moe, MoEFeedForward):
-            continue
-        local = moe.num_experts // ep
-        assert local * ep == moe.num_experts, "validate_expert_parallel"
-        for name in EXPERT_WEIGHTS:
-            full = getattr(moe, name)
-            piece = full.detach()[rank * local:(rank + 1) * local]
-            piece = torch.empty_like(piece) if piece.is_meta else piece.clone()
-            param = nn.Parameter(piece, requires_grad=full.requires_grad)
-            param.__dict__.update(vars(full))  # REPLICAS (TP-replicated copies), TP_PARTIAL_GRAD, the init rule
-            setattr(moe, name, param)
-        setattr(moe, EXPERT_SLICE, (rank, ep))
-        moe.expert_offset = rank * local
-        moe.dispatcher = ExpertParallelDispatch(group)
+        if isinstance(moe, MoEFeedForward):
+            assert moe.num_experts % ep == 0, "validate_expert_parallel"
+            moe.keep_experts(rank, ep, ExpertParallelDispatch(group))
 
 
 def expert_slice(owner: nn.Module, pname: str) -> tuple[int, int] | None:
     """(rank, ep) where `pname` is an expert weight of `owner` sharded over ep ranks (dim 0), else None."""
-    if pname.rsplit(".", 1)[-1] in EXPERT_WEIGHTS and hasattr(owner, EXPERT_SLICE):
-        return getattr(owner, EXPERT_SLICE)
+    if pname.rsplit(".", 1)[-1] in EXPERT_WEIGHTS and isinstance(owner, MoEFeedForward):
+        return owner.expert_shard
     return None
 
 
@@ -68,7 +50,7 @@ def expert_fsdp_units(lm: nn.Module, dp_mesh: DeviceMesh, edp: ProcessGroup) -> 
     edp_mesh = DeviceMesh.from_group(edp, dp_mesh.device_type, mesh_dim_names=("edp",))
     units = []
     for moe in lm.modules():
-        if hasattr(moe, EXPERT_SLICE):
+        if isinstance(moe, MoEFeedForward) and moe.expert_shard is not None:
             units += [(m, dp_mesh) for m in (moe.router, moe.shared, moe.shared_gate) if m is not None]
             units.append((moe, edp_mesh))
     return units
@@ -90,7 +72,8 @@ def expert_mesh(grid: Grid, ep: int, rank: int, groups: tuple[ProcessGroup, Proc
 
 def expert_params(module: nn.Module) -> list[nn.Parameter]:
     """The sharded expert weights of `module`, in module order."""
-    return [getattr(m, n) for m in module.modules() if hasattr(m, EXPERT_SLICE) for n in EXPERT_WEIGHTS]
+    return [getattr(m, n) for m in module.modules() if isinstance(m, MoEFeedForward) and m.expert_shard is not None
+            for n in EXPERT_WEIGHTS]
 
 
 def is_expert_key(key: str) -> bool:

@@ -41,5 +41,4 @@ def share_row_stats(lm: torch.nn.Module, group: ProcessGroup, shards: int, logge
     every MoE layer's training forward) in every MoE layer of `lm`; `logged_shards` of them are summed by the
     trainer's log reduction (the CP ranks). Not collective itself."""
     for moe in moe_layers(lm).values():
-        moe.row_stats = lambda stats, group=group: _SumRows.apply(stats, group)
-        moe.row_shards, moe.logged_shards = shards, logged_shards
+        moe.share_rows(lambda stats, group=group: _SumRows.apply(stats, group), shards, logged_shards)
