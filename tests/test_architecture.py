@@ -10,6 +10,8 @@
 - No file over 450 lines, no function over 60 (decorators, signature and docstring included); every folder
   of mimo/ is a package.
 - A file under tests/ imports from tests/support/ only, never from a test file: shared helpers live there.
+- No model is changed from outside mimo/models/ by binding methods (`types.MethodType`) or by storing into the
+  attributes of a model or of any of its parts (`model_patches`), but through its runtime and its own methods.
 """
 
 from __future__ import annotations
@@ -269,17 +271,53 @@ RUNTIME_ATTRIBUTES = {"forward", "runtime", "bridges", "output_bridges", "shard_
 """Attributes through which a model computes: set on nothing outside mimo/models/, whatever it is called."""
 
 
-def _is_child_swap(node: ast.AST) -> bool:
-    """`x.child = None` or `x.child = SomeModule(...)`: replacing or dropping a child module, PyTorch's module
-    surgery (how a layout applies tensor parallelism or cuts a pipeline stage, as torchtitan's does)."""
+def module_classes(sources: list[str]) -> frozenset[str]:
+    """The names of the classes in `sources` that are `nn.Module`s: those whose base is one of torch's module
+    classes (`nn.Module`, `nn.Linear`, ...) or, transitively, another such class."""
+    bases = {cls.name: [ast.unparse(b).rsplit(".", 1)[-1] for b in cls.bases] for src in sources
+             for cls in ast.walk(ast.parse(src)) if isinstance(cls, ast.ClassDef)}
+    found = {"Module", "Linear", "Embedding", "LayerNorm", "Conv1d", "Conv2d", "ModuleList", "ModuleDict",
+             "Sequential", "Identity", "Parameter"}  # torch's (a Parameter swapped in is surgery too)
+    while grown := {name for name, of in bases.items() if name not in found and found & set(of)}:
+        found |= grown
+    return frozenset(found)
+
+
+def model_attributes(model_sources: list[str], all_sources: list[str]) -> frozenset[str]:
+    """What a model part holds: the attributes the `nn.Module` classes of `model_sources` (mimo/models/) store on
+    `self` or register as buffers and parameters, less every field name of a dataclass or NamedTuple in
+    `all_sources` (a config or output object with such a field is no model part)."""
+    modules, names, fields = module_classes(all_sources), set(), set()
+    for src in all_sources:
+        for cls in (n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef)):
+            if any("dataclass" in ast.unparse(d) for d in cls.decorator_list) or \
+                    any(ast.unparse(b).endswith("NamedTuple") for b in cls.bases):
+                fields |= {s.target.id for s in cls.body
+                           if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    for src in model_sources:
+        for cls in (n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef) and n.name in modules):
+            for node in ast.walk(cls):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _receiver_name(node.value) \
+                        == "self" and isinstance(node.value, ast.Name):
+                    names.add(node.attr)
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args and \
+                        node.func.attr in {"register_buffer", "register_parameter"} and \
+                        isinstance(node.args[0], ast.Constant):
+                    names.add(node.args[0].value)
+    return frozenset(names - fields)
+
+
+def _is_child_swap(node: ast.AST, modules: frozenset[str]) -> bool:
+    """`x.child = None` or `x.child = SomeModule(...)` (a class of `modules`): replacing or dropping a child
+    module or parameter, PyTorch's module surgery (how a layout applies tensor parallelism or cuts a pipeline
+    stage, as torchtitan's does)."""
     if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Attribute):
         return False
     value = node.value
     if isinstance(value, ast.Constant) and value.value is None:
         return True
     func = value.func if isinstance(value, ast.Call) else None
-    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-    return name[:1].isupper() and name not in {"MethodType", "FunctionType"}
+    return (func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "") in modules
 
 
 def _receiver_name(node: ast.expr) -> str:
@@ -287,34 +325,45 @@ def _receiver_name(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
-def model_patches(source: str, where: str) -> list[str]:
-    """Where a file outside mimo/models/ sets (or deletes) an attribute of a model or one through which a model
-    computes: any store into `<model>.x` or `<model>.x[...]`, `x.forward`, `x.loss_fn`..., `setattr`/`delattr`
-    of such names, and `x.__dict__[...] =`. An object's own attributes (`self.x`) and replacing or dropping a
-    child module (`_is_child_swap`) are not patching."""
-    tree, out = ast.parse(source, filename=where), []
-    swaps = {id(n.targets[0]) for n in ast.walk(tree) if _is_child_swap(n)}
+def _stores(tree: ast.AST) -> list[tuple[ast.AST, str, str]]:
+    """Every (node, owner, attribute) that sets or deletes an attribute: `o.a = / del o.a / o.a += ...`,
+    `o.a[...] =`, `setattr(o, "a", ...)` / `delattr` (a computed name reads `<computed>`)."""
+    out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            owner, attr = _receiver_name(node.value), node.attr
+            out.append((node, _receiver_name(node.value), node.attr))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"setattr", "delattr"}:
-            owner = _receiver_name(node.args[0]) if node.args else ""
             given = node.args[1] if len(node.args) > 1 else None
             attr = given.value if isinstance(given, ast.Constant) and isinstance(given.value, str) else "<computed>"
+            out.append((node, _receiver_name(node.args[0]) if node.args else "", attr))
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)) and \
                 isinstance(node.value, ast.Attribute):
-            owner, attr = _receiver_name(node.value.value), node.value.attr
-        else:
-            continue
+            out.append((node, _receiver_name(node.value.value), node.value.attr))
+    return out
+
+
+def model_patches(source: str, where: str, attributes: frozenset[str] = frozenset(),
+                  modules: frozenset[str] = frozenset()) -> list[str]:
+    """Where a file outside mimo/models/ sets (or deletes) an attribute of a model or of one of its parts: any
+    store into `<model>.x` or `<model>.x[...]`; into `x.forward`, `x.loss_fn`... (those through which a model
+    computes) or `x.<a>` for any attribute a model part holds (`attributes`, `model_attributes`: e.g.
+    `moe.expert_offset`, `attn.fused_qkv`), whatever `x` is called; `setattr`/`delattr` of such names, and
+    `x.__dict__[...] =`. An object's own attributes (`self.x`) and replacing or dropping a child module (a class
+    of `modules` or of this file, `_is_child_swap`) are not patching."""
+    tree, out = ast.parse(source, filename=where), []
+    modules = modules | module_classes([source])
+    swaps = {id(n.targets[0]) for n in ast.walk(tree) if _is_child_swap(n, modules)}
+    for node, owner, attr in _stores(tree):
         own = isinstance(node, (ast.Attribute, ast.Subscript)) and _receiver_name(
             node.value if isinstance(node, ast.Attribute) else node.value.value) in {"self", "cls"}
         own = own and not (isinstance(node, ast.Subscript) and attr == "__dict__")
-        if own or id(node) in swaps or (owner not in MODEL_NAMES and attr not in RUNTIME_ATTRIBUTES | {"__dict__"}):
+        watched = RUNTIME_ATTRIBUTES | attributes | {"__dict__"}
+        if own or id(node) in swaps or (owner not in MODEL_NAMES and attr not in watched):
             continue
         out.append(f"{where}:{node.lineno} sets `{owner}.{attr}` from outside mimo/models/: a model is changed "
-                   "only through its runtime (MimoModel.set_runtime / MimoModel.running, mimo.models.runtime), by "
-                   "PyTorch's module APIs (hooks, composable checkpoint, compile, fully_shard) or by replacing a "
-                   "child module")
+                   "only through its runtime (MimoModel.set_runtime / MimoModel.running, mimo.models.runtime), its "
+                   "own methods (e.g. MoEFeedForward.keep_experts, SelfAttention.fuse_qkv), PyTorch's module APIs "
+                   "(hooks, composable checkpoint, compile, fully_shard) or by replacing a child module")
     return out
 
 
@@ -331,10 +380,15 @@ def test_no_bound_methods_are_installed():
     assert not found, "\n".join(found)
 
 
+def _sources(under: Path) -> list[str]:
+    return [path.read_text() for path in sorted(under.rglob("*.py"))]
+
+
 def test_models_are_not_patched_from_outside():
     models = ROOT / "models"
+    attributes, modules = model_attributes(_sources(models), _sources(ROOT)), module_classes(_sources(ROOT))
     found = [p for path in sorted(ROOT.rglob("*.py")) if models not in path.parents
-             for p in model_patches(path.read_text(), str(path.relative_to(ROOT.parent)))]
+             for p in model_patches(path.read_text(), str(path.relative_to(ROOT.parent)), attributes, modules)]
     assert not found, "\n".join(found)
 
 
@@ -345,7 +399,7 @@ def test_the_patch_rule_sees_patches():
             "x.forward = g\nsetattr(lm, 'chunked', f)\ndel model.shard_sequence\nm.__dict__['forward'] = g\n"
             "self.__dict__['x'] = 1\nmodel.runtime.loss_fn = f\nx.runtime.bridges['a'] = b\n"
             "lm.lm_head = Head(lm.lm_head)\nlm.norm = None\nmodule.weight_scale = 2\nself.bridges = {}\n"
-            "lm.head = types.MethodType(f, lm)\n")
+            "lm.head = types.MethodType(f, lm)\nclass Head(nn.Module):\n    pass\n")
     lines = sorted(int(p.split(":")[1].split()[0]) for p in model_patches(code, "sample.py"))
     assert lines == [1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16], lines
 
@@ -380,3 +434,23 @@ def test_the_plan_rule_sees_tests_for_none():
             "if plan:\n    pass\nw = self.plan.pipeline is None\n")
     lines = sorted(int(p.split(":")[1].split()[0]) for p in plan_tests(code, "sample.py"))
     assert lines == [1, 3, 4, 5, 6], lines
+
+
+def test_the_patch_rule_sees_a_model_parts_own_attributes_and_not_a_configs():
+    """Stores into what a model part holds, under any name (`moe`, `module`, `m`), fail; the same statement on a
+    config or output object (a dataclass field, even one a module also stores) or a tensor passes."""
+    model = ("class Attn(nn.Module):\n    def __init__(self):\n        self.fused_qkv = False\n        self.heads = 2\n"
+             "        self.register_buffer('expert_bias', None)\nclass Moe(Attn):\n    def f(self):\n"
+             "        self.expert_offset = self.dispatcher = 0\n")
+    config = "@dataclass\nclass Cfg:\n    heads: int = 2\n"
+    attributes = model_attributes([model], [model, config])
+    assert attributes == {"fused_qkv", "expert_bias", "expert_offset", "dispatcher"}, attributes
+    code = ("moe.expert_offset = 3\nmodule.fused_qkv = True\nm.expert_bias += d\nsetattr(moe, 'dispatcher', f)\n"
+            "moe.dispatcher = Dispatch(group)\ncfg.heads = 4\nm.heads = 4\np.grad = None\nout.loss_sum = s\n"
+            "attn.o_proj = RowParallel(attn.o_proj)\nmoe.w_up = nn.Parameter(w)\nclass RowParallel(nn.Linear):\n"
+            "    pass\n")
+    lines = sorted(int(p.split(":")[1].split()[0]) for p in model_patches(code, "sample.py", attributes))
+    assert lines == [1, 2, 3, 4, 5], lines
+    real = model_attributes(_sources(ROOT / "models"), _sources(ROOT))
+    assert {"expert_offset", "fused_qkv", "loss_scale", "row_stats", "expert_bias"} <= real
+    assert not {"heads", "offset", "hidden", "layers"} & real  # config fields: no false alarms on configs
