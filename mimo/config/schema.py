@@ -98,8 +98,8 @@ class DataConfig:
     seq_len: int = doc(64, "Tokens per row of real and synthetic data (a multiple of 8).")
     workers: int = doc(0, "Reader processes (0 reads in the training process).")
     packing: bool = doc(False, "Pack each step's samples into rows of pack_length tokens, each sample attending "
-                               "only to itself.")
-    pack_length: int = doc(0, "Tokens per packed row; holds the longest sample.")
+                               "only to itself (on a GPU left unset: on where accepted, rows of seq_len).")
+    pack_length: int = doc(0, "Tokens per packed row; holds the longest sample (0: seq_len on a GPU default).")
     balance_lanes: bool = doc(False, "Reorder each step's rows so every data lane and microbatch gets about the "
                                      "same work (same loss and gradients).")
     images_per_sample: int = doc(1, "shapes and synthetic: images per sample (the most, with "

@@ -185,3 +185,22 @@ def test_the_run_trains_with_prints_once_and_writes_the_resolved_config(tmp_path
     written = load_config(tmp_path / "tiny" / "config.toml")
     assert written.perf.fuse_qkv and written.train == cfg.train
     assert capsys.readouterr().err.count("  perf.fuse_qkv = true  (GPU default: q, k and v from one matmul)") == 1
+
+
+def test_packing_takes_the_row_length_unless_the_user_named_one():
+    cfg, applied = set_by_defaults(cuda_config("--data.seq_len=96"), None)
+    assert applied["data.packing"] is True and cfg.data.pack_length == 96
+    cfg, _ = set_by_defaults(cuda_config("--data.pack_length=256"), None)
+    assert cfg.data.packing and cfg.data.pack_length == 256
+    kept, applied = set_by_defaults(cuda_config("--data.packing=false"), None)
+    assert "data.packing" not in applied and not kept.data.packing and kept.data.pack_length == 0
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    (["--data.name=synthetic"], "synthetic rows are full"),
+    (["--model.llm.moe_experts=4", "--model.llm.moe_mlp=32", "--model.llm.moe_aux_loss_weight=0.01"], "router losses"),
+])
+def test_packing_stays_off_where_the_gate_refuses_it(overrides, reason):
+    cfg, notes = resolve_gpu_defaults(cuda_config(*overrides), None)
+    assert not cfg.data.packing and cfg.data.pack_length == 0
+    assert any(k == "data.packing" and "refused" in why and reason in why for k, _, why in notes), notes
