@@ -130,6 +130,18 @@ def _template(modules: dict[str, nn.Module], optimizers: dict[str, torch.optim.O
     return {"model": model, "optim": optim}
 
 
+def _scalar_step_counts(master: dict, saved: dict) -> None:
+    """Let `master` (a fresh template of MasterOptimizer.master_state) load a checkpoint that holds a part's update
+    count as one scalar "step" (every parameter of the part updated that many times) instead of one per parameter:
+    that part's "step" becomes a scalar placeholder, which `_copy_into` broadcasts to every parameter's count.
+    `saved`: the checkpoint's DCP state_dict_metadata."""
+    for rank, parts in master.items():
+        for part, state in parts.items():
+            entry = saved.get(f"master.{rank}.{part}.step")
+            if entry is not None and tuple(entry.size) == ():
+                state["step"] = state["step"].new_empty(())
+
+
 def load_training_state(directory: Path, modules: dict[str, nn.Module],
                         optimizers: dict[str, torch.optim.Optimizer],
                         to_dcp: Callable[[dict], dict] = lambda tree: tree, master: dict | None = None) -> None:
@@ -143,6 +155,7 @@ def load_training_state(directory: Path, modules: dict[str, nn.Module],
     template = _template(modules, optimizers, set(saved))
     if master:
         template["master"] = _fresh_like(master)
+        _scalar_step_counts(template["master"], saved)
     view = to_dcp(template)
     flat = flatten(view)
     missing = [k for k in flat if k not in saved]
