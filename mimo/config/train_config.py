@@ -74,6 +74,9 @@ class PerfConfig:
     fuse_qkv: bool = doc(False, "Each attention's q, k and v from one matmul (each rank's own shards under TP).")
     activation_checkpointing: list[str] = doc([], "Modules (\"language\", modality names) whose blocks recompute "
                                                   "their activations in the backward: less memory, one more forward.")
+    encoder_offload: list[str] = doc([], "Modalities whose encoder weights and optimizer states wait in host memory "
+                                         "during a colocated pipelined LM's pipeline (GPU only): less memory, two "
+                                         "host copies per step.")
     loss_rows_only: bool = doc(False, "The head, the loss and the LM's last layer on the labelled rows only.")
     attention_backend: Literal["default", "cudnn", "flash", "efficient", "math"] = doc(
         "default", "The only scaled-dot-product-attention backend allowed on CUDA (default: PyTorch picks).")

@@ -52,6 +52,10 @@ def validate_train(cfg: Config) -> None:
         if name not in modules:
             raise ConfigError(f"perf.activation_checkpointing names '{name}', which is no module of this model; "
                               f"choose from {modules}")
+    for name in cfg.perf.encoder_offload:
+        if name not in cfg.model.modalities:
+            raise ConfigError(f"perf.encoder_offload names '{name}', which is no modality of this model; choose from "
+                              f"{sorted(cfg.model.modalities)}")
     validate_fast_path_keys(cfg, pending)
     if cfg.metrics.peak_tflops <= 0:
         raise ConfigError(f"metrics.peak_tflops ({cfg.metrics.peak_tflops}) must be > 0: one GPU's peak TFLOP/s, "
@@ -188,6 +192,10 @@ def validate_fast_path_keys(cfg: Config, pending: frozenset[str] = frozenset()) 
     if f.grad_table and not cuda:
         raise ConfigError(f"perf.grad_table = true needs a GPU (train.device = \"cuda\", got \"{cfg.train.device}\"); "
                           "set perf.grad_table = false on a CPU")
+    if f.encoder_offload and not cuda:
+        raise ConfigError(f"perf.encoder_offload = {f.encoder_offload} moves weights from a GPU to host memory "
+                          f"(train.device = \"cuda\", got \"{cfg.train.device}\"); set perf.encoder_offload = [] "
+                          "on a CPU")
     fp32 = [m for m in cfg.model.module_names if p.autocast_of(m) == "float32"
             and (m in p.module_dtype or "precision.dtype" not in pending)]
     if cuda and f.attention_backend in HALF_ONLY_ATTENTION and fp32:

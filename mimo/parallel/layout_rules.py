@@ -13,7 +13,7 @@ from mimo.parallel.data import FSDP_REDUCES_UNUSED_PARAMS
 from mimo.parallel.expert.layout import validate_expert_parallel
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout, check_heads_divisible
-from mimo.parallel.pipeline.rules import is_pipelined, validate_pipeline
+from mimo.parallel.pipeline.rules import colocated_pipeline, is_pipelined, validate_pipeline
 from mimo.parallel.pipeline.virtual import validate_virtual_stages
 
 
@@ -40,6 +40,10 @@ def validate_plan(cfg: Config, layout: Layout) -> None:
     """Every config/layout mismatch that would otherwise surface inside a collective (pure). The fast
     paths' layout checks (mimo.perf) run beside it, in the trainer and the planner."""
     pipelined = is_pipelined(layout)
+    if cfg.perf.encoder_offload and not colocated_pipeline(layout):
+        raise ConfigError(f"perf.encoder_offload = {cfg.perf.encoder_offload} frees encoder memory during the LM's "
+                          "pipeline beside colocated encoders; set perf.encoder_offload = [], or colocate the "
+                          "modules with parallel.modules.language.pp > 1")
     if pipelined:
         validate_pipeline(cfg, layout)
     llm = cfg.model.llm

@@ -32,7 +32,7 @@ from torch.distributed import ProcessGroup
 from mimo.config.schema import OptimConfig
 from mimo.parallel.data import NormReducer
 from mimo.perf.master_adamw import MasterAdamW
-from mimo.train.optim import StepOptimizer, local_grad_sq, lr_factor, param_groups
+from mimo.train.optim import StepOptimizer, local_grad_sq, lr_factor, param_groups, torch_state_tensors
 
 
 class MasterOptimizer(StepOptimizer):
@@ -88,6 +88,12 @@ class MasterOptimizer(StepOptimizer):
         {"rank<N>": {"<part>": MasterAdamW.state()}}."""
         parts = {str(i): opt.state() for i, (_, opt) in enumerate(self.parts)}
         return {f"rank{rank:05d}": parts} if parts else {}
+
+    def state_tensors(self, name: str) -> list[torch.Tensor]:
+        """Module `name`'s optimizer state on this rank: its parts' master weights and moments, or its FSDP2
+        AdamW's moments."""
+        parts = [t for n, opt in self.parts if n == name for t in (opt.master, opt.exp_avg, opt.exp_avg_sq)]
+        return parts + torch_state_tensors(self.optimizers.get(name))
 
     def begin(self, step: int) -> None:
         """Write step `step`'s learning rates to the device, before the step's forward is queued."""

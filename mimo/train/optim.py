@@ -58,6 +58,13 @@ def lr_factor(step: int, total: int, cfg: OptimConfig) -> float:
     return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * t))
 
 
+def torch_state_tensors(opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The tensors of `opt`'s per-parameter state, step counts (0-d) left out; none without `opt`."""
+    if opt is None:
+        return []
+    return [v for state in opt.state.values() for v in state.values() if torch.is_tensor(v) and v.dim()]
+
+
 class StepOptimizer(Protocol):
     """The one optimizer protocol. Every rank calls `begin(step)` before the step's forward and then `step(step)`
     (collective where gradients are sharded or reduced) or, for a step every rank skips, `zero_grad()`."""
@@ -80,6 +87,9 @@ class StepOptimizer(Protocol):
     def lr(self, step: int) -> float:
         """The schedule's learning rate (optim.lr's) at `step`."""
         return lr_factor(step, self.total_steps, self.cfg) * self.cfg.lr
+
+    def state_tensors(self, name: str) -> list[torch.Tensor]:
+        """Module `name`'s optimizer state tensors on this rank (perf.encoder_offload moves them)."""
 
     def master_state(self, rank: int) -> dict:
         """The state kept outside `optimizers` that a checkpoint saves and loads in place, under keys unique to
@@ -144,6 +154,10 @@ class MimoOptimizer(StepOptimizer):
     def zero_grad(self) -> None:
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
+
+    def state_tensors(self, name: str) -> list[torch.Tensor]:
+        """Module `name`'s optimizer state on this rank: each parameter's moments (none before its first step)."""
+        return torch_state_tensors(self.optimizers.get(name))
 
     def master_state(self, rank: int) -> dict:
         """State outside torch's optimizers for checkpoints: none here (MasterOptimizer's fp32 shards)."""

@@ -97,6 +97,8 @@ class Trainer:
             self.data.shard_for(self.plan.microbatches if self.balancer is None else lambda batch: [batch],
                                 cfg.data.global_batch, self.plan.agree_on_data())
         self.optimizer = self.build_optimizer()
+        if cfg.perf.encoder_offload:  # the gate allows it on a colocated pipelined layout only
+            self.plan.pipeline.offload_states(self.optimizer.state_tensors)
         self.guard = StepGuard(cfg.train.max_bad_steps, self.device)
         self.out_loss = OutPathLoss(cfg.model)
         self.router_losses = RouterLosses(self.model, cfg, self.device)

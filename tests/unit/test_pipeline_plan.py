@@ -3,6 +3,7 @@
 import pytest
 
 from mimo.config.schema import ConfigError, ModuleLayoutConfig
+from mimo.config.validate import validate
 from mimo.parallel.bridge.colocated_pipelined import ColocatedPipelineBridge
 from mimo.parallel.bridge.pipelined import lane_overlaps
 from mimo.parallel.grid import Grid
@@ -70,6 +71,27 @@ def test_a_colocated_pipeline_passes_the_gate_and_refuses_a_sharded_out_path():
         validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
     cfg.parallel.modules["images"].fsdp = False
     validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
+
+
+def test_encoder_offload_is_refused_where_it_frees_nothing():
+    """perf.encoder_offload: a modality's, on a GPU, beside a pipelined LM on the encoders' ranks only."""
+    cfg = pipeline_config((1, 1, 1), (1, 1, 1), False)
+    cfg.perf.encoder_offload = ["images"]
+    names, beside = ["language", "images"], r"perf.encoder_offload = \['images'\] frees encoder memory during the LM"
+    for modules in ({"images": ModuleLayoutConfig(), "language": ModuleLayoutConfig()},
+                    {"images": pipeline_module(0, 1, 1, 2), "language": pipeline_module(2, 1, 2, 1)}):
+        with pytest.raises(ConfigError, match=beside):
+            validate_plan(cfg, Layout.from_config(modules, names, 4))
+    cfg.parallel.modules = {"images": ModuleLayoutConfig(), "language": ModuleLayoutConfig(pp=2)}
+    validate_plan(cfg, Layout.from_config(cfg.parallel.modules, names, 4))
+    with pytest.raises(ConfigError, match=r"perf.encoder_offload = \['images'\] moves weights from a GPU to host "
+                                          r'memory \(train.device = "cuda", got "cpu"\)'):
+        validate(cfg)
+    cfg.train.device = "cuda"
+    validate(cfg)
+    cfg.perf.encoder_offload = ["language"]
+    with pytest.raises(ConfigError, match="perf.encoder_offload names 'language', which is no modality"):
+        validate(cfg)
 
 
 def test_colocated_pipeline_bridge_routes_rows_by_sample():

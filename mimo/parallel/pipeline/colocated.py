@@ -10,6 +10,9 @@ A step runs in three phases on every rank:
    that bridge;
 3. one exchange hands each encoder lane its rows' gradients, then every encoder microbatch's backward.
 
+With `perf.encoder_offload`, the named encoders' weights and optimizer states wait in host memory during phase 2
+(mimo.parallel.pipeline.offload): moved out after phase 1's exchange, back before phase 3's.
+
 The encoders' activations live across the LM's pipeline. `ColocatedPipelinePlan` is `PipelinePlan` with the
 LM as the rank's pipelined module, these bridges, these phases and its own reads and split; finalisation,
 gathers, tied embeddings and the step's report are `PipelinePlan`'s.
@@ -22,15 +25,18 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from mimo.config.schema import LANGUAGE
+from mimo.config.schema import LANGUAGE, Config
 from mimo.data.batching import split_microbatches
 from mimo.data.checks import check_batch
 from mimo.models.flops import train_step_flops
 from mimo.models.multimodal import MimoModel
 from mimo.parallel.bridge.colocated_pipelined import ColocatedPipelineBridge
 from mimo.parallel.data import REPLICAS
+from mimo.parallel.grid import GridGroups
+from mimo.parallel.layout import Layout
 from mimo.parallel.p2p import Outbox
 from mimo.parallel.pipeline.microbatches import encoder_microbatches
+from mimo.parallel.pipeline.offload import HostOffload
 from mimo.parallel.pipeline.plan import PipelinePlan
 from mimo.parallel.pipeline.schedule import run_forwards
 from mimo.parallel.pipeline.split import drop_parameters, only_encoder, out_path_parts, split_lm
@@ -42,6 +48,16 @@ class ColocatedPipelinePlan(PipelinePlan):
     """One rank's view of a colocated layout with a pipelined LM: its LM stage (`PipelinePlan`'s links, tied
     embeddings and report) and every encoder whole. Construct on every rank in the same order after the grids'
     groups (collective: the LM's links and embedding groups)."""
+
+    def __init__(self, cfg: Config, layout: Layout, groups: dict[str, GridGroups], rank: int):
+        super().__init__(cfg, layout, groups, rank)
+        self.host = HostOffload()
+        self.states: Callable[[str], list[torch.Tensor]] = lambda name: []
+
+    def offload_states(self, states: Callable[[str], list[torch.Tensor]]) -> None:
+        """`perf.encoder_offload` moves `states(name)`, module `name`'s optimizer state tensors on this rank, with
+        the encoder's weights."""
+        self.states = states
 
     def _stage_module(self, modules: tuple[str, ...]) -> str:
         return LANGUAGE
@@ -100,8 +116,10 @@ class ColocatedPipelinePlan(PipelinePlan):
             run_forwards(stage, m)
         for bridge in self.bridges.values():
             bridge.exchange_forward(device)
+        self._offload(model, backward)
         lm, local_tokens, tokens = self._lm_step_stage(model, text, device, backward, kw)
         self._run_schedule(lm, backward)
+        self.host.back()
         if backward:
             for bridge in self.bridges.values():
                 bridge.exchange_backward(device)
@@ -111,6 +129,18 @@ class ColocatedPipelinePlan(PipelinePlan):
         outbox.drain()
         flops = train_step_flops(self.cfg.model, batch) if self.first and self.is_lead else 0
         return self._report(lm, local_tokens, tokens, flops, device)
+
+    def _offload(self, model: MimoModel, backward: bool) -> None:
+        """Where the step has a backward: the weights of `perf.encoder_offload`'s encoders and input projections
+        and their modules' optimizer states to the host, except storage that the LM phase reads. Not collective."""
+        names = self.cfg.perf.encoder_offload
+        if not names or not backward:
+            return
+        subs = [model.modality_submodules[n] for n in names]
+        moved = [p for sub in subs for part in (sub.encoders, sub.input_projections) for p in part.parameters()]
+        ids = {id(p) for p in moved}
+        self.host.out(moved + [t for n in names for t in self.states(n)],
+                      keep=[p for p in model.parameters() if id(p) not in ids])
 
     def _sample_rows(self, model: MimoModel, batch: dict, name: str) -> list[list[int]]:
         """Per microbatch of `batch`, each sample's rows of modality `name`: its placeholders, on the host."""
