@@ -20,14 +20,18 @@ import torch
 from mimo.config.load import load_config
 from mimo.config.schema import Config, ModuleLayoutConfig
 from mimo.data.make_shards import main as make_shards_main
+from mimo.models.build import build_model
+from mimo.parallel.bridge import colocated_pipelined
 from mimo.parallel.layout import Layout
 from mimo.parallel.layout_rules import validate_plan
+from mimo.parallel.plan import ParallelPlan
 from mimo.train.trainer import Trainer
 from tests.support.configs import AVLM, T2I, TINY_AVLM, TINY_T2I, image_text_batch, tiny_llm, tiny_vit, tiny_vlm
 from tests.support.data_folders import data_overrides, make_folder
 from tests.support.dist import rank_device, run_distributed
 from tests.support.parity import (
     assert_trains_like,
+    freeze_key_biases,
     reference_and_parallel_copy,
     step_matches_reference,
     trainer_steps,
@@ -74,6 +78,53 @@ def test_colocated_pipeline_equals_single_process(world):
     worst = run_distributed(_all_cases, world, timeout=300)[0]
     for case, w in zip(LAYOUTS[world], worst):
         print(f"{case}: max relative diff {w:.2e}")
+
+
+def _wire_step(rank: int, world: int, dtype: str, wire: torch.dtype | None) -> tuple:
+    """One step of images dp4 + LM pp2 x dp2 under `dtype` autocast, its bridge forced to cross in `wire` if
+    given: (the loss, the gradients gathered on rank 0, the dtypes of the rows and gradients this rank got)."""
+    cfg = _config(*LAYOUTS[4][0])
+    cfg.precision.dtype = dtype
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    freeze_key_biases(model)
+    plan = ParallelPlan(cfg, rank, world)
+    plan.parallelize(model)
+    for bridge in plan.pipeline.bridges.values():
+        bridge.wire = wire or bridge.wire
+    crossed, exchange = set(), colocated_pipelined._exchange
+
+    def recorded(*args):
+        got = exchange(*args)
+        crossed.update(piece.dtype for parts in got for piece in parts)
+        return got
+
+    colocated_pipelined._exchange = recorded
+    batch = image_text_batch(torch.tensor(IMAGES), S, IMG, torch.Generator().manual_seed(7))
+    try:
+        loss = plan.pipeline.train_step(model, batch, torch.device("cpu"), lambda: torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")).loss
+    finally:
+        colocated_pipelined._exchange = exchange
+    plan.finalize_grads(model)
+    return loss, plan.gather_full(model, grads=True), crossed
+
+
+def _wire_cases(rank: int, world: int) -> None:
+    for dtype, wire in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        loss, grads, crossed = _wire_step(rank, world, dtype, None)
+        assert crossed == {wire}, f"{dtype}: rows and gradients crossed in {crossed}"
+        wide_loss, wide_grads, _ = _wire_step(rank, world, dtype, torch.float32)
+        assert loss == wide_loss, f"{dtype}: loss {loss} vs {wide_loss} with float32 on the wire"
+        for name in wide_grads:
+            assert torch.equal(grads[name], wide_grads[name]), f"{dtype}: gradient of {name}"
+
+
+def test_rows_cross_in_the_encoders_dtype_and_change_nothing():
+    """Under bf16 autocast the encoder's rows and their gradients cross as bf16 (half float32's bytes), under fp32
+    as fp32; the loss and every gradient equal bitwise those of rows crossing as float32, which the LM's
+    alignment widens them to anyway."""
+    run_distributed(_wire_cases, 4, timeout=300)
 
 
 TRAIN = ["--model.llm.layers=2", "--train.steps=4", "--data.global_batch=8", "--data.min_images_per_sample=0",

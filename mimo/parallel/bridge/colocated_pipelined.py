@@ -15,9 +15,11 @@ first-stage rank of lane j (its TP and CP ranks all build the whole sequence). B
 TP and CP rank 0 sends their gradient (its TP and CP ranks hold the same one, CP's crossing hook having summed
 it) to every rank of lane i, so an encoder replica gets the gradient of its own rows, never a sum of copies.
 Every rank reads the whole global batch, so each sample's rows are known on the host from its placeholders
-(`begin`): no sizes travel and nothing waits on the device. Rows travel, and reach the LM, in float32: the
-alignment casts them to the embeddings' dtype as it would the encoder's own (bf16 values convert exactly),
-and the encoder casts the gradient back to its rows' dtype.
+(`begin`): no sizes travel and nothing waits on the device. Rows and their gradients travel in `wire_dtype`:
+bfloat16 where the encoder's rows are bfloat16 (widened exactly) or the LM embeddings are (the alignment
+narrows the rows to them anyway), else float32. The LM's first stage takes them in the embeddings' dtype, which
+the alignment casts them to anyway, so their gradient is summed (over CP) as before the crossing; the encoder
+casts it back to its rows' dtype.
 """
 
 from __future__ import annotations
@@ -30,15 +32,19 @@ import torch.distributed as dist
 from mimo.parallel.grid import Grid
 from mimo.parallel.p2p import Outbox
 
-WIRE = torch.float32
+
+def wire_dtype(rows: torch.dtype, embeddings: torch.dtype) -> torch.dtype:
+    """The dtype rows cross in, given the encoder's rows' dtype and the LM embeddings' (which the alignment casts
+    the rows to): bfloat16 where either is, so the crossing rounds nothing the alignment would not."""
+    return torch.bfloat16 if torch.bfloat16 in (rows, embeddings) else torch.float32
 
 
-def _exchange(send: list[list[torch.Tensor]], recv: list[list[int]], hidden: int,
-              device: torch.device) -> list[list[torch.Tensor]]:
-    """Collective over the world: the pieces `send[d]` (row blocks `[n, hidden]`) to rank d, in order; returns the
-    pieces received from each rank s, of the sizes `recv[s]`."""
-    flat = [p.detach().to(WIRE) for parts in send for p in parts]
-    x = torch.cat(flat) if flat else torch.zeros(0, hidden, dtype=WIRE, device=device)
+def _exchange(send: list[list[torch.Tensor]], recv: list[list[int]], hidden: int, device: torch.device,
+              wire: torch.dtype) -> list[list[torch.Tensor]]:
+    """Collective over the world: the pieces `send[d]` (row blocks `[n, hidden]`) to rank d, in order, cast to
+    `wire`; returns the pieces received from each rank s, of the sizes `recv[s]`."""
+    flat = [p.detach().to(wire) for parts in send for p in parts]
+    x = torch.cat(flat) if flat else torch.zeros(0, hidden, dtype=wire, device=device)
     sizes = [sum(n for n in r) for r in recv]
     out = x.new_empty(sum(sizes), hidden)
     dist.all_to_all_single(out, x, output_split_sizes=sizes,
@@ -52,10 +58,14 @@ class ColocatedPipelineBridge:
     it creates no group. Per step: `begin`, then on every rank `send_forward` for each microbatch, then
     `exchange_forward` (collective over the world); the LM's first stage calls `recv_forward` and later
     `send_backward` per microbatch in order; then `exchange_backward` (collective over the world), then on
-    every rank `recv_backward` for each microbatch in order. Evaluation stops after the LM's forwards."""
+    every rank `recv_backward` for each microbatch in order. Evaluation stops after the LM's forwards. Rows
+    and gradients cross in `wire_dtype(rows, embeddings)`: the encoder's rows' dtype under its autocast and the
+    LM embeddings' dtype."""
 
-    def __init__(self, name: str, encoder: Grid, language: Grid, rank: int, hidden: int):
+    def __init__(self, name: str, encoder: Grid, language: Grid, rank: int, hidden: int,
+                 rows: torch.dtype = torch.float32, embeddings: torch.dtype = torch.float32):
         self.name, self.rank, self.hidden = name, rank, hidden
+        self.rows, self.embeddings, self.wire = rows, embeddings, wire_dtype(rows, embeddings)
         enc, lm = [encoder.coords(r) for r in encoder.ranks], [language.coords(r) for r in language.ranks]
         self.enc_dp, self.lm_dp = encoder.dp, language.dp
         self.enc_lane, self.lm_lane = [c["dp"] for c in enc], [c["dp"] for c in lm]
@@ -105,6 +115,9 @@ class ColocatedPipelineBridge:
             raise ValueError(f"Number of {self.name} tokens ({hi - lo}) does not match number of {self.name} "
                              f"embeddings ({rows.shape[0]}) in encoder lane {self.enc_lane[self.rank]}'s share of "
                              f"microbatch {len(self.sent)}")
+        if rows.numel() and self.wire not in (rows.dtype, self.embeddings):  # an encoder's invariant too
+            raise ValueError(f"{self.name} rows in {rows.dtype} would round to {self.wire} on the way to the LM; "
+                             f"the encoder's rows are expected in {self.rows}")
         self.sent.append(rows)
 
     def exchange_forward(self, device: torch.device) -> None:
@@ -116,7 +129,7 @@ class ColocatedPipelineBridge:
                 if self.writer[me] and self.first[d] else [] for d in ranks]
         recv = [self._sizes(self.enc_lane[s], self.lm_lane[me]) if self.writer[s] and self.first[me] else []
                 for s in ranks]
-        got = _exchange(send, recv, self.hidden, device)
+        got = _exchange(send, recv, self.hidden, device, self.wire)
         self.sent = []  # the encoder stages keep their rows for the backward; the bridge needs them no more
         if self.first[me]:
             self.received = [torch.cat([parts[t] for parts in got if parts]) for t in range(len(self.ends))]
@@ -129,8 +142,8 @@ class ColocatedPipelineBridge:
     # LM side -----------------------------------------------------------------------------------------
     def recv_forward(self, expected: torch.Tensor, hidden: int, device: torch.device) -> torch.Tensor:
         """LM first stage, per microbatch in order: the rows of this LM lane's samples (`expected`, each sample's
-        placeholders, is what `begin` was given), a fresh float32 leaf that requires grad."""
-        return self.received.pop(0).requires_grad_()
+        placeholders, is what `begin` was given), a fresh leaf in the embeddings' dtype that requires grad."""
+        return self.received.pop(0).to(self.embeddings).requires_grad_()
 
     def send_backward(self, grad: torch.Tensor | None, rows: torch.Tensor, outbox: Outbox) -> None:
         """LM first stage, per microbatch in order: the gradient of the rows `recv_forward` returned, kept until
@@ -144,6 +157,6 @@ class ColocatedPipelineBridge:
         send = [self._pieces(self.grads, self.lm_dp, lane, self.enc_lane[d], lane) if self.lead[me] else []
                 for d in ranks]
         recv = [self._sizes(self.enc_lane[me], self.lm_lane[s]) if self.lead[s] else [] for s in ranks]
-        got = _exchange(send, recv, self.hidden, device)
+        got = _exchange(send, recv, self.hidden, device, self.wire)
         self.grad_rows = [torch.cat([parts[t] for parts in got if parts]) for t in range(len(self.ends))]
         self.grads = []

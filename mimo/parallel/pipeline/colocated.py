@@ -66,9 +66,13 @@ class ColocatedPipelinePlan(PipelinePlan):
         return 0  # the encoders run before and after the LM's pipeline, not as stages of it
 
     def _build_bridges(self) -> dict[str, ColocatedPipelineBridge]:
-        hidden = self.cfg.model.llm.hidden
+        """Each modality's bridge, told its rows' dtype (its autocast's: the projection's last linear gives it)
+        and the LM embeddings' (bf16 under master weights)."""
+        hidden, p = self.cfg.model.llm.hidden, self.cfg.precision
+        embeddings = torch.bfloat16 if p.master_weights else torch.float32
         return {name: ColocatedPipelineBridge(name, self.layout.grids[name], self.layout.grids[LANGUAGE], self.rank,
-                                              hidden) for name in self.cfg.model.modalities}
+                                              hidden, getattr(torch, p.autocast_of(name)), embeddings)
+                for name in self.cfg.model.modalities}
 
     @property
     def needs_data(self) -> bool:
