@@ -6,7 +6,13 @@ free and its inputs have arrived:
 
 - `F(t)` at vstage v: after `F(t)` of every predecessor of v, plus that predecessor's send time;
 - `B(t)` at vstage v: after `B(t)` of every successor of v, plus v's send time (the gradient comes back
-  over the same link); at a vstage without successors (the loss), after its own `F(t)`.
+  over the same link); at a vstage without successors (the loss), after its own `F(t)`;
+- `C(i)`: collective i, on every rank that lists it, at once: it starts when the last of them reaches it;
+- `H(i)`: host copy i, on its rank alone, when the rank is free (no inputs).
+
+A colocated layout whose LM is pipelined runs three phases on every rank (`colocated_pipeline_ops`): its
+encoders' forwards of every microbatch, one collective handing the rows to the LM's first stage, the LM's
+pipeline, one collective handing their gradients back, then the encoders' backwards.
 
 The ops of the multi-module 1F1B are mimo's own (`mimo.parallel.pipeline.schedule.run_1f1b`, driven with a
 recording stage, so the simulated order is the trained one by construction); so is the interleaved order
@@ -21,7 +27,7 @@ from dataclasses import dataclass, field
 from mimo.parallel.pipeline.schedule import interleaved_order, run_1f1b, warmup_microbatches
 
 Op = tuple[str, int, int]
-"""("F" or "B", microbatch, vstage)."""
+"""("F" or "B", microbatch, vstage), or ("C" or "H", index, -1): a collective or a host copy."""
 
 
 @dataclass
@@ -69,6 +75,26 @@ def interleaved_ops(rank: int, pp: int, chunks: int, microbatches: int) -> list[
     return [(kind, t, chunk * pp + rank) for kind, t, chunk in interleaved_order(rank, pp, chunks, microbatches)]
 
 
+def colocated_pipeline_ops(pp: int, chunks: int, microbatches: int,
+                           offload: bool = False) -> tuple[list[list[Op]], dict[int, list[int]]]:
+    """(each LM stage's rank's ops, every vstage's predecessors) of one step of a colocated layout whose LM is
+    pipelined over `pp` ranks of `chunks` model chunks each: the LM's vstages are 0 .. pp x chunks - 1 (plain
+    1F1B, or `interleaved_ops`), rank r's encoders (all of them, one after the other) vstage pp x chunks + r.
+    Rank r runs its encoders' forwards of every microbatch, collective 0 (the rows to the LM's first stage),
+    the LM's ops, collective 1 (their gradients back), its encoders' backwards; with `offload` host copy 0 (the
+    encoders' states to the host) right after collective 0 and host copy 1 (back) right before collective 1."""
+    vstages = pp * chunks
+    ranks = []
+    for r in range(pp):
+        enc = vstages + r
+        lm = interleaved_ops(r, pp, chunks, microbatches) if chunks > 1 else one_f_one_b_ops(r, pp, microbatches)
+        out, back = [("H", 0, -1)] if offload else [], [("H", 1, -1)] if offload else []
+        ranks.append([("F", t, enc) for t in range(microbatches)] + [("C", 0, -1)] + out + lm + back
+                     + [("C", 1, -1)] + [("B", t, enc) for t in range(microbatches)])
+    preds = {v: [v - 1] if v else [] for v in range(vstages)} | {vstages + r: [] for r in range(pp)}
+    return ranks, preds
+
+
 def schedule_bubble(pp: int, chunks: int, microbatches: int) -> tuple[float, float]:
     """(idle, busy) time of the worst rank of an LM pipeline of `pp` ranks under the runtime's own schedule
     (plain 1F1B for one chunk, else interleaved over `chunks`), every stage costing the same: one unit is a
@@ -86,10 +112,12 @@ def schedule_bubble(pp: int, chunks: int, microbatches: int) -> tuple[float, flo
 
 
 def simulate(rank_ops: list[list[Op]], preds: dict[int, list[int]], forward_s: dict[int, float],
-             backward_s: dict[int, float], send_s: dict[int, float] | None = None) -> Timeline:
+             backward_s: dict[int, float], send_s: dict[int, float] | None = None,
+             fixed_s: dict[tuple[str, int], float] | None = None) -> Timeline:
     """Run every rank's ops on a clock. `preds[v]`: the vstages feeding v; `send_s[v]`: the time of v's
-    message to each successor (and of the gradient back). Raises on an order that cannot finish."""
-    send_s = send_s or {}
+    message to each successor (and of the gradient back); `fixed_s[(kind, i)]`: the time of collective or host
+    copy i. Raises on an order that cannot finish."""
+    send_s, fixed_s = send_s or {}, fixed_s or {}
     succs: dict[int, list[int]] = {v: [] for v in preds}
     for v, ps in preds.items():
         for p in ps:
@@ -99,23 +127,37 @@ def simulate(rank_ops: list[list[Op]], preds: dict[int, list[int]], forward_s: d
     nxt = [0] * len(rank_ops)
     events: list[list[tuple[Op, float, float]]] = [[] for _ in rank_ops]
     busy = [0.0] * len(rank_ops)
+
+    def run(r: int, start: float, seconds: float) -> None:
+        op = rank_ops[r][nxt[r]]
+        done[op], free[r] = start + seconds, start + seconds
+        events[r].append((op, start, start + seconds))
+        busy[r] += seconds
+        nxt[r] += 1
+
     remaining = sum(map(len, rank_ops))
     while remaining:
         progressed = False
         for r, ops in enumerate(rank_ops):
             while nxt[r] < len(ops):
-                op = ops[nxt[r]]
-                ready = _ready(op, preds, succs, send_s, done)
-                if ready is None:
-                    break
-                kind, _, v = op
-                start = max(free[r], ready)
-                end = start + (forward_s[v] if kind == "F" else backward_s[v])
-                done[op], free[r] = end, end
-                events[r].append((op, start, end))
-                busy[r] += end - start
-                nxt[r] += 1
-                remaining -= 1
+                kind, i, v = op = ops[nxt[r]]
+                if kind == "C":
+                    members = [q for q, o in enumerate(rank_ops) if op in o]
+                    if any(nxt[q] >= len(rank_ops[q]) or rank_ops[q][nxt[q]] != op for q in members):
+                        break
+                    start = max(free[q] for q in members)
+                    for q in members:
+                        run(q, start, fixed_s[(kind, i)])
+                    remaining -= len(members)
+                elif kind == "H":
+                    run(r, free[r], fixed_s[(kind, i)])
+                    remaining -= 1
+                else:
+                    ready = _ready(op, preds, succs, send_s, done)
+                    if ready is None:
+                        break
+                    run(r, max(free[r], ready), forward_s[v] if kind == "F" else backward_s[v])
+                    remaining -= 1
                 progressed = True
         if not progressed:
             stuck = {r: ops[nxt[r]] for r, ops in enumerate(rank_ops) if nxt[r] < len(ops)}

@@ -6,7 +6,7 @@ import pytest
 
 from mimo.planner.calibrate import fit_line
 from mimo.planner.network import Network
-from mimo.planner.simulate import interleaved_ops, one_f_one_b_ops, simulate
+from mimo.planner.simulate import colocated_pipeline_ops, interleaved_ops, one_f_one_b_ops, simulate
 
 
 def _chain(p: int) -> dict[int, list[int]]:
@@ -109,3 +109,48 @@ def test_two_stage_pipeline_with_a_slow_last_stage():
     t = simulate(ops, _chain(2), {0: fe, 1: fl}, {0: be, 1: bl}, {0: c, 1: 0.0})
     assert t.makespan == pytest.approx(fe + c + micro * (fl + bl) + c + be)
     assert t.bubble(1) == pytest.approx(fe + be + 2 * c)
+
+
+def _colocated_pipeline(offload: bool = False):
+    """pp2, 4 microbatches: encoder forward 1, backward 2; each LM stage forward 2, backward 4; free sends;
+    both collectives 1; host copies 3."""
+    ops, preds = colocated_pipeline_ops(2, 1, 4, offload)
+    times = {0: (2.0, 4.0), 1: (2.0, 4.0), 2: (1.0, 2.0), 3: (1.0, 2.0)}  # LM stages 0, 1; rank 0's, rank 1's encoders
+    fixed = {("C", 0): 1.0, ("C", 1): 1.0, ("H", 0): 3.0, ("H", 1): 3.0}
+    return simulate(ops, preds, {v: f for v, (f, _) in times.items()}, {v: b for v, (_, b) in times.items()},
+                    fixed_s=fixed)
+
+
+def test_a_colocated_pipeline_step_by_hand():
+    """Counted by hand, (start, end) of each op:
+    phase 1, both ranks: encoder F0..F3 at 0-1, 1-2, 2-3, 3-4; collective 0 at 4-5.
+    phase 2, 1F1B (stage 0: F0 F1 B0 F2 B1 F3 B2 B3; stage 1: F0 B0 F1 B1 F2 B2 F3 B3):
+      stage 0: F0 5-7, F1 7-9, (idle 9-13), B0 13-17, F2 17-19, B1 19-23, F3 23-25, B2 25-29, (idle 29-31), B3 31-35
+      stage 1: (idle 5-7), F0 7-9, B0 9-13, F1 13-15, B1 15-19, F2 19-21, B2 21-25, F3 25-27, B3 27-31, (idle 31-35)
+    collective 1 waits for stage 0: 35-36; phase 3, both ranks: encoder B0..B3 at 36-38, 38-40, 40-42, 42-44.
+    Step 44 s; each rank busy 4 + 1 + 4 x 6 + 1 + 8 = 38 s, idle 6 = (pp - 1)(f + b) of the LM."""
+    t = _colocated_pipeline()
+    assert t.makespan == pytest.approx(44.0)
+    stage0 = [(op, s, e) for op, s, e in t.events[0]]
+    expected0 = ([(("F", i, 2), i, i + 1) for i in range(4)] + [(("C", 0, -1), 4, 5)]
+                 + [(("F", 0, 0), 5, 7), (("F", 1, 0), 7, 9), (("B", 0, 0), 13, 17), (("F", 2, 0), 17, 19),
+                    (("B", 1, 0), 19, 23), (("F", 3, 0), 23, 25), (("B", 2, 0), 25, 29), (("B", 3, 0), 31, 35)]
+                 + [(("C", 1, -1), 35, 36)] + [(("B", i, 2), 36 + 2 * i, 38 + 2 * i) for i in range(4)])
+    assert stage0 == expected0
+    expected1 = [(("F", 0, 1), 7, 9), (("B", 0, 1), 9, 13), (("F", 1, 1), 13, 15), (("B", 1, 1), 15, 19),
+                 (("F", 2, 1), 19, 21), (("B", 2, 1), 21, 25), (("F", 3, 1), 25, 27), (("B", 3, 1), 27, 31)]
+    assert [e for e in t.events[1] if e[0][2] == 1] == expected1
+    assert t.events[1][-5][0] == ("C", 1, -1) and t.events[1][-5][1:] == (35, 36)
+    assert t.busy == [38.0, 38.0] and t.bubble(0) == t.bubble(1) == 6.0
+
+
+def test_a_colocated_pipeline_step_with_offload_by_hand():
+    """The same step with host copies of 3 s: out right after collective 0 (5-8 on both ranks, the LM starts at 8),
+    back right after each rank's LM ops: stage 1 ends its LM at 34 and copies back at 34-37 while stage 0 still
+    runs; stage 0 ends at 38 and copies back at 38-41, so collective 1 runs 41-42 and the step ends at 50: the
+    copy out costs 3 s on the critical path, the copy back 3 s on stage 0 (stage 1 hides it in its idle time)."""
+    t = _colocated_pipeline(offload=True)
+    assert t.makespan == pytest.approx(50.0)
+    assert [(op, s, e) for op, s, e in t.events[0] if op[0] in "CH"] == [
+        (("C", 0, -1), 4, 5), (("H", 0, -1), 5, 8), (("H", 1, -1), 38, 41), (("C", 1, -1), 41, 42)]
+    assert [(op, s, e) for op, s, e in t.events[1] if op[0] == "H"] == [(("H", 0, -1), 5, 8), (("H", 1, -1), 34, 37)]
