@@ -41,6 +41,15 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   rank r of pp: 2 (pp - r - 1) + (v - 1) pp + 1 of them, at most v m), each 1/v of the rank's layers; an
   encoder stage before it, its warm-up (`feeder_lead`) plus one. Colocated layouts hold one microbatch at a
   time (gradient accumulation) and add up every module on each GPU.
+- **Colocated layouts whose LM is pipelined** run every encoder's forward of every microbatch, then the LM's
+  pipeline (no encoder stage in front: the LM's stage i of pp holds min(pp - i, microbatches) microbatches), then
+  the encoders' backwards. Each LM stage's GPU is costed at two moments, the worse reported: inside the LM's
+  pipeline (the encoders' activations of all microbatches held across it) and at the encoders' first backward
+  (the LM's activations gone). `EncoderRelease` frees the encoders' part: recompute holds none of their
+  activations across the pipeline and one microbatch's in the backward (their inputs are not counted); offload
+  moves their weights and optimizer states (the state bytes less the gradients, which do not exist yet) to the
+  host for the pipeline. The rows handed to the LM and their gradients (small beside the activations) are not
+  counted.
 - A fixed **2 GiB** for the CUDA context, the NCCL buffers and the allocator's workspace.
 - **Host memory of a CPU run** (`host_estimate`, per phase, checked against benchmarks/bench_memory.py in
   BENCHMARKS.md): the model is built on the meta device, so while it is built a rank holds only its own
@@ -52,7 +61,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -117,6 +126,22 @@ class Usage:
     @property
     def peak(self) -> float:
         return self.states + self.activations + FIXED_BYTES
+
+
+@dataclass(frozen=True)
+class EncoderRelease:
+    """How a colocated layout whose LM is pipelined frees its encoders' memory across the LM's pipeline, modules
+    by name: `recompute` keeps none of their activations from the forward phase and runs each microbatch's
+    forward again before its backward; `offload` copies their weights and optimizer states to the host for the
+    LM's pipeline and back. Planner-internal: the trainer has no config keys for them yet."""
+
+    recompute: frozenset[str] = field(default_factory=frozenset)
+    offload: frozenset[str] = field(default_factory=frozenset)
+
+
+def is_colocated_pipeline(layout: Layout) -> bool:
+    """Several modules on the same ranks, the LM pipelined: encoders' forwards, LM pipeline, encoders' backwards."""
+    return len(layout.grids) > 1 and layout.colocated and layout.grids[LANGUAGE].pp > 1
 
 
 def with_hf_shapes(cfg: Config) -> Config:
@@ -221,10 +246,13 @@ def stage_usage(cfg: Config, name: str, size: ModuleSize, grid: Grid, flags: Mod
     return Usage(states, acts * in_flight + recompute)
 
 
-def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
-             modules: dict[str, ModuleLayoutConfig]) -> Usage:
-    """The worst GPU's estimated bytes under `layout` (see the module docstring for the model)."""
+def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize], modules: dict[str, ModuleLayoutConfig],
+             release: EncoderRelease | None = None) -> Usage:
+    """The worst GPU's estimated bytes under `layout` (see the module docstring for the model), its encoders'
+    memory freed by `release` where the layout is a colocated pipeline."""
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
+    if is_colocated_pipeline(layout):
+        return _colocated_pipeline(cfg, layout, sizes, flags, release or EncoderRelease())
     if not is_pipelined(layout):
         parts = [stage_usage(cfg, n, sizes[n], g, flags[n], 0, 1) for n, g in layout.grids.items()]
         return Usage(sum(u.states for u in parts), sum(u.activations for u in parts))
@@ -236,12 +264,46 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
     return worst
 
 
+def _colocated_pipeline(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize], flags: dict,
+                        release: EncoderRelease) -> Usage:
+    """The worst LM stage's GPU of a colocated pipeline at the worse of its two moments (module docstring)."""
+    micro, lm = cfg.parallel.microbatches, layout.grids[LANGUAGE]
+    encoders = [n for n in layout.grids if n != LANGUAGE]
+    held = {n: stage_usage(cfg, n, sizes[n], layout.grids[n], flags[n], 0, micro) for n in encoders}
+    one = {n: stage_usage(cfg, n, sizes[n], layout.grids[n], flags[n], 0, 1) for n in encoders}
+    states = sum(held[n].states for n in encoders)
+    kept = states - sum(offloaded_bytes(cfg, held[n].states, layout.grids[n], flags[n]) for n in encoders
+                          if n in release.offload)
+    across = sum(held[n].activations for n in encoders if n not in release.recompute)
+    backward = across + sum(one[n].activations for n in encoders if n in release.recompute)
+    worst = Usage(0.0, 0.0)
+    for stage in range(lm.pp):
+        u = stage_usage(cfg, LANGUAGE, sizes[LANGUAGE], lm, flags[LANGUAGE], stage, in_flight(cfg, layout, LANGUAGE,
+                                                                                               stage))
+        pipeline, after = Usage(u.states + kept, u.activations + across), Usage(u.states + states, backward)
+        worst = max(worst, pipeline, after, key=lambda x: x.peak)
+    return worst
+
+
+def gradient_bytes(cfg: Config, states: float, grid: Grid, flags: ModuleLayoutConfig) -> float:
+    """The gradients' part of `states`, a module's state bytes on one GPU (as a trainable parameter's: 4 of
+    16 bytes; 2 bf16 bytes of 4 + 12 / lanes with precision.master_weights and no FSDP)."""
+    if cfg.precision.master_weights and not flags.fsdp:
+        return states * 2 / (MASTER_WHOLE_BYTES + MASTER_SHARDED_BYTES / (grid.dp * grid.cp))
+    return states * 4 / STATE_BYTES
+
+
+def offloaded_bytes(cfg: Config, states: float, grid: Grid, flags: ModuleLayoutConfig) -> float:
+    """Bytes an encoder offload moves to the host, each way: its weights and optimizer states on one GPU."""
+    return states - gradient_bytes(cfg, states, grid, flags)
+
+
 def in_flight(cfg: Config, layout: Layout, name: str, stage: int) -> float:
     """Microbatches of activations pipeline stage `stage` of module `name` holds at its peak, as the runtime
     schedules it (`PipelinePlan._run_schedule`): a plain 1F1B stage its warm-up plus one, at most the
     microbatches; an interleaved LM's rank its peak chunks in flight (`interleaved_in_flight`) over v."""
     m, lm, v = cfg.parallel.microbatches, layout.grids[LANGUAGE], virtual_stages(cfg, LANGUAGE)
-    depth = max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
+    depth = 0 if layout.colocated else max((g.pp for n, g in layout.grids.items() if n != LANGUAGE), default=0)
     if v > 1 and name == LANGUAGE:
         return interleaved_in_flight(stage, lm.pp, v, m) / v
     if v > 1:  # an encoder stage feeding an interleaved LM

@@ -7,6 +7,7 @@ A group of n ranks moving B bytes (the size of one rank's full tensor):
     reduce-scatter   (n-1)/n B / bw + (n-1) lat          (B = the tensor before it is scattered)
     all-to-all       (n-1)/n B / bw + (n-1) lat          (B = what one rank sends and keeps; MoE dispatch)
     send             B / bw + lat                        (one pipeline or bridge message)
+    host copy        B / host_bw                         (device <-> pinned host memory, over the GPU's PCIe link)
 
 bw and lat are the NVLink figures when every rank of the group sits on one node, else the network's (one
 NIC per GPU, so a group spanning nodes runs at the per-GPU network bandwidth). Rank r sits on node
@@ -28,6 +29,7 @@ class Network:
     network_gbps: float = 45.0
     network_latency_s: float = 15e-6
     gpus_per_node: int = 8
+    host_gbps: float = 50.0
 
     def spans_nodes(self, first: int, stride: int, size: int) -> bool:
         """Whether the ranks first + stride * i (i < size) sit on more than one node."""
@@ -63,3 +65,7 @@ class Network:
             return 0.0
         bw, lat = self.link(min(src, dst), abs(dst - src), 2)
         return nbytes / bw + lat
+
+    def host_copy(self, nbytes: float) -> float:
+        """Copying `nbytes` between one GPU and pinned host memory, one way."""
+        return max(nbytes, 0.0) / (self.host_gbps * 1e9)

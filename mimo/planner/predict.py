@@ -10,7 +10,16 @@
   its broadcast to the TP group). An interleaved LM (`parallel.modules.language.virtual_stages` = v > 1) runs
   the runtime's `interleaved_order` over its pp x v virtual stages instead: a bubble of about (pp - 1) / (v m)
   of the step rather than (pp - 1) / m, for v times the boundary messages.
-- **After the backward** (both): each module's gradients are all-reduced over its dp x cp group (an
+- **Colocated layouts whose LM is pipelined**: three phases on the simulator's clock
+  (`colocated_pipeline_ops`): on every GPU each encoder's forward of every microbatch; one all-gather over the
+  world of the step's rows (each encoder lane's first TP rank contributing its rows) for the LM's first stage;
+  the LM's pipeline alone (1F1B or interleaved, its pieces and sends as above); the rows' gradients back the
+  same way; each encoder's backward of every microbatch. With `EncoderRelease.recompute` each backward runs its
+  forward again first; with `EncoderRelease.offload` the encoder's weights and optimizer states
+  (mimo.planner.memory.offloaded_bytes) go to the host after the first all-gather and come back before the
+  second, at the network's host bandwidth, each GPU on its own clock (a late LM stage copies during its idle
+  cool-down).
+- **After the backward** (all): each module's gradients are all-reduced over its dp x cp group (an
   expert-parallel LM's experts, 1/ep of them per rank, over their edp group of dp x cp / ep ranks; bf16 with
   `precision.master_weights`, which also all-gathers the updated bf16 weights; fp32 otherwise). mimo runs the
   reduction after the whole backward, so it is exposed; `overlap_dp=True` models a reduction that hides
@@ -47,10 +56,24 @@ from mimo.planner.cost import (
     lm_head,
     memory_s,
 )
-from mimo.planner.memory import STATE_BYTES, ModuleSize
+from mimo.planner.memory import (
+    STATE_BYTES,
+    EncoderRelease,
+    ModuleSize,
+    is_colocated_pipeline,
+    offloaded_bytes,
+    stage_usage,
+)
 from mimo.planner.network import Network
 from mimo.planner.profile import Profile
-from mimo.planner.simulate import Op, interleaved_ops, one_f_one_b_ops, plain_ops, simulate
+from mimo.planner.simulate import (
+    Op,
+    colocated_pipeline_ops,
+    interleaved_ops,
+    one_f_one_b_ops,
+    plain_ops,
+    simulate,
+)
 
 ADAMW_BYTES = 28
 """AdamW's traffic per parameter: read weight, gradient and two moments, write weight and moments."""
@@ -80,6 +103,7 @@ class Setting:
     profile: Profile
     network: Network
     overlap_dp: bool = False
+    release: EncoderRelease = EncoderRelease()
 
 
 def model_flops(cfg: Config, seq: int) -> float:
@@ -182,7 +206,9 @@ def _reduce_groups(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig,
 def predict(s: Setting, layout: Layout, modules: dict[str, ModuleLayoutConfig]) -> Prediction:
     """The predicted step of `layout` (see the module docstring)."""
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
-    if is_pipelined(layout):
+    if is_colocated_pipeline(layout):
+        parts = _colocated_pipeline(s, layout, flags)
+    elif is_pipelined(layout):
         parts = _pipelined(s, layout, flags)
     else:
         parts = _colocated(s, layout, flags)
@@ -257,6 +283,60 @@ def _pipelined(s: Setting, layout: Layout, flags: dict) -> tuple[float, float, f
     compute = sum(pieces[vs].forward_s + pieces[vs].backward_s for vs in held[busiest]) * micro
     comm = timeline.busy[busiest] - compute
     return compute, comm, tails[worst][0], tails[worst][1], timeline.makespan - timeline.busy[busiest]
+
+
+def _colocated_pipeline(s: Setting, layout: Layout, flags: dict) -> tuple[float, float, float, float, float]:
+    """(compute, comm, reduce, optimizer, bubble) of a colocated layout whose LM is pipelined, from its simulated
+    step (see the module docstring): one simulated GPU per LM stage (every GPU also runs every encoder's lane)."""
+    micro, lm, v = s.cfg.parallel.microbatches, layout.grids[LANGUAGE], virtual_stages(s.cfg, LANGUAGE)
+    vstages = lm.pp * v
+    encoders = {n: module_piece(s, n, g, flags[n]) for n, g in layout.grids.items() if n != LANGUAGE}
+    again = {n: p.forward if n in s.release.recompute else 0.0 for n, p in encoders.items()}
+    pieces = [module_piece(s, LANGUAGE, lm, flags[LANGUAGE], p, v) for p in range(vstages)]
+    rows = sum(_rows_s(s, layout, n) for n in encoders)
+    host = _offload_s(s, layout, flags)
+    ops, preds = colocated_pipeline_ops(lm.pp, v, micro, host > 0)
+    forward = {i: pc.forward for i, pc in enumerate(pieces)} | {
+        vstages + r: sum(p.forward for p in encoders.values()) for r in range(lm.pp)}
+    backward = {i: pc.backward for i, pc in enumerate(pieces)} | {
+        vstages + r: sum(p.backward + again[n] for n, p in encoders.items()) for r in range(lm.pp)}
+    send = {i: _send_s(s, layout, LANGUAGE, i, v) for i in range(vstages)}
+    fixed = {("C", 0): rows, ("C", 1): rows, ("H", 0): host, ("H", 1): host}
+    timeline = simulate(ops, preds, forward, backward, send, fixed)
+    own = sum(p.forward_s + p.backward_s + (p.forward_s if again[n] else 0.0) for n, p in encoders.items())
+    tails = []
+    for r in range(lm.pp):
+        lm_piece = pieces[r]
+        parts = [_tail(s, n, layout.grids[n], flags[n], 0, p.backward, (p.forward_s + p.backward_s) * micro)
+                 for n, p in encoders.items()]
+        parts.append(_tail(s, LANGUAGE, lm, flags[LANGUAGE], r, lm_piece.backward, 0.0))
+        tails.append((sum(p[0] for p in parts), sum(p[1] for p in parts)))
+    worst = max(range(lm.pp), key=lambda r: sum(tails[r]))
+    busiest = max(range(lm.pp), key=lambda r: timeline.busy[r])
+    compute = (own + sum(pieces[c * lm.pp + busiest].forward_s + pieces[c * lm.pp + busiest].backward_s
+                         for c in range(v))) * micro
+    comm = timeline.busy[busiest] - compute
+    return compute, comm, tails[worst][0], tails[worst][1], timeline.makespan - timeline.busy[busiest]
+
+
+def _offload_s(s: Setting, layout: Layout, flags: dict) -> float:
+    """One way of the encoders' offload (`EncoderRelease.offload`) on one GPU: their weights and optimizer states
+    over its host link."""
+    nbytes = 0.0
+    for name in sorted(s.release.offload & (set(layout.grids) - {LANGUAGE})):
+        grid = layout.grids[name]
+        states = stage_usage(s.cfg, name, s.sizes[name], grid, flags[name], 0, 1).states
+        nbytes += offloaded_bytes(s.cfg, states, grid, flags[name])
+    return s.network.host_copy(nbytes)
+
+
+def _rows_s(s: Setting, layout: Layout, name: str) -> float:
+    """The all-gather over the world of the step's rows of encoder `name` (or of their gradients): every rank
+    receives all of them, in the module's dtype."""
+    cfg = s.cfg
+    width = 4 if cfg.precision.dtype_of(name) == "float32" else 2
+    nbytes = cfg.data.global_batch * inputs_per_sample(cfg, name) * encoder_rows(cfg, name) * cfg.model.llm.hidden
+    return s.network.all_gather(nbytes * width, 0, 1, layout.world_size)
 
 
 def _send_s(s: Setting, layout: Layout, name: str, stage: int, chunks: int = 1) -> float:

@@ -1,0 +1,106 @@
+"""`mimo plan` and colocated layouts whose LM is pipelined: the predicted step as its three phases (encoder
+forwards, the LM's pipeline alone, encoder backwards) with the rows all-gathered between them, what encoder
+recompute and offload add and free (CPU, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mimo.config.load import load_config
+from mimo.config.schema import ModuleLayoutConfig
+from mimo.parallel.layout import Layout
+from mimo.planner.candidates import with_modules
+from mimo.planner.memory import (
+    EncoderRelease,
+    estimate,
+    in_flight,
+    module_sizes,
+    offloaded_bytes,
+    stage_usage,
+)
+from mimo.planner.network import Network
+from mimo.planner.predict import Setting, _tail, module_piece, predict
+from mimo.planner.profile import Profile
+from mimo.planner.simulate import one_f_one_b_ops, simulate
+
+# Round figures (as tests/unit/test_planner_predict.py's): 100 TFLOP/s, 1 TB/s, 1 us a kernel.
+PROFILE = Profile("test", matmul_tflops=100.0, matmul_fixed_s=0.0, attention_tflops=100.0, attention_fixed_s=0.0,
+                  attention_backward_ratio=2.0, memory_gbps=1000.0, kernel_s=1e-6, launch_s=0.0)
+DEMO = ["--model.llm.layers=4", "--parallel.microbatches=4", "--precision.dtype=bfloat16"]
+IMAGES = frozenset({"images"})
+KEEP = EncoderRelease()
+"""Neither recompute nor offload."""
+
+
+def _colocated_pipeline(tp: int = 2, pp: int = 2) -> dict[str, ModuleLayoutConfig]:
+    """images tp1 dp8 on every rank; the LM tp x pp on the same 8 ranks."""
+    return {"images": ModuleLayoutConfig(), "language": ModuleLayoutConfig(tp=tp, pp=pp, sequence_parallel=tp > 1)}
+
+
+def _setup(release: EncoderRelease = KEEP):
+    """demo_vlm (4 LM layers, 4 microbatches, bf16) on `_colocated_pipeline()`'s layout, costed with `release`."""
+    modules = _colocated_pipeline()
+    cfg = with_modules(load_config("configs/demo_vlm.toml", DEMO), modules)
+    layout = Layout.from_config(modules, cfg.model.module_names, 8)
+    return cfg, modules, layout, Setting(cfg, module_sizes(cfg), PROFILE, Network(), release=release)
+
+
+def test_the_step_is_encoder_forwards_rows_lm_pipeline_rows_encoder_backwards():
+    """images tp1 dp8 + LM tp2 pp2 dp2, 4 microbatches: every GPU runs the encoder's 4 forwards, the world
+    all-gathers the step's rows (32 samples x 16 patches x hidden 128, bf16), the LM's 1F1B runs alone (its two
+    stages as a pipelined layout's, with their sends), the gradients come back the same way, then the 4
+    encoder backwards, then each GPU's reductions and update (the encoder's and its LM stage's)."""
+    cfg, modules, layout, s = _setup()
+    lm, images = layout.grids["language"], layout.grids["images"]
+    enc = module_piece(s, "images", images, modules["images"])
+    stages = [module_piece(s, "language", lm, modules["language"], p) for p in range(2)]
+    net = s.network
+    send = net.send(32 / (4 * 2) * 40 * 128 * 2, 0, 4)  # a stage's microbatch: 4 samples x 40 rows x 128 bf16
+    lm_only = simulate([one_f_one_b_ops(r, 2, 4) for r in range(2)], {0: [], 1: [0]},
+                       {p: st.forward for p, st in enumerate(stages)}, {p: st.backward for p, st in enumerate(stages)},
+                       {0: send, 1: 0.0})
+    rows = net.all_gather(32 * 16 * 128 * 2, 0, 1, 8)
+    tails = [[_tail(s, "images", images, modules["images"], 0, enc.backward, 4 * (enc.forward_s + enc.backward_s)),
+              _tail(s, "language", lm, modules["language"], p, stages[p].backward, 0.0)] for p in range(2)]
+    tail = max(sum(sum(t) for t in parts) for parts in tails)
+    p = predict(s, layout, modules)
+    assert p.step_s == pytest.approx(4 * enc.forward + rows + lm_only.makespan + rows + 4 * enc.backward + tail)
+    assert p.bubble_s == pytest.approx(min(lm_only.bubble(r) for r in range(2)))
+    assert p.step_s == pytest.approx(p.compute_s + p.comm_s + p.reduce_s + p.optimizer_s + p.bubble_s)
+
+
+def test_recompute_adds_a_forward_and_offload_two_host_copies():
+    """Encoder recompute runs each microbatch's forward again before its backward: + 4 forwards. Offload copies
+    the encoder's weights and moments (12 of its 16 bytes a parameter) out after the rows' all-gather and back
+    after the LM's pipeline, both on the critical path: the first LM stage starts last and ends last."""
+    cfg, modules, layout, plain = _setup()
+    enc = module_piece(plain, "images", layout.grids["images"], modules["images"])
+    base = predict(plain, layout, modules).step_s
+    again = predict(_setup(EncoderRelease(recompute=IMAGES))[3], layout, modules)
+    assert again.step_s == pytest.approx(base + 4 * enc.forward)
+    states = stage_usage(cfg, "images", plain.sizes["images"], layout.grids["images"], modules["images"], 0, 1).states
+    moved = offloaded_bytes(cfg, states, layout.grids["images"], modules["images"])
+    assert moved == pytest.approx(states * 12 / 16)
+    off = predict(_setup(EncoderRelease(offload=IMAGES))[3], layout, modules)
+    assert off.step_s == pytest.approx(base + 2 * moved / 50e9)
+
+
+def test_the_encoders_activations_wait_across_the_lm_pipeline():
+    """The LM's first stage holds min(pp, m) = 2 microbatches in flight and every GPU the encoder's activations
+    of all 4 microbatches; recompute drops them across the pipeline (the LM's moment then decides); offload takes
+    the encoder's weights and moments off the GPU for the pipeline, while the encoder's backward (LM activations
+    gone, states back) is the other moment."""
+    cfg, modules, layout, s = _setup()
+    lm, images = layout.grids["language"], layout.grids["images"]
+    assert [in_flight(cfg, layout, "language", r) for r in range(2)] == [2, 1]
+    lm0 = stage_usage(cfg, "language", s.sizes["language"], lm, modules["language"], 0, 2)
+    enc = stage_usage(cfg, "images", s.sizes["images"], images, modules["images"], 0, 1)
+    plain = estimate(cfg, layout, s.sizes, modules)
+    assert plain.states == pytest.approx(lm0.states + enc.states)
+    assert plain.activations == pytest.approx(lm0.activations + 4 * enc.activations)
+    again = estimate(cfg, layout, s.sizes, modules, EncoderRelease(recompute=IMAGES))
+    assert again.activations == pytest.approx(lm0.activations)
+    off = estimate(cfg, layout, s.sizes, modules, EncoderRelease(offload=IMAGES))
+    pipeline = lm0.states + enc.states / 4 + lm0.activations + 4 * enc.activations
+    backward = lm0.states + enc.states + 4 * enc.activations
+    assert off.states + off.activations == pytest.approx(max(pipeline, backward))
