@@ -3,15 +3,18 @@
 The candidates are a small deterministic set (at most a few hundred): homogeneous layouts (every module tp t,
 dp N/t, replicated or FSDP, the LM with and without sequence parallel), colocated mixes (encoder tp_e, LM
 tp_l, the LM sequence parallel when tp_l > 1) and pipelined ones (each encoder alone on the first N/2, N/4 or
-N/8 ranks, replicated or FSDP-sharded, the LM on the rest with the least tp x pp that fits). For an MoE LM
+N/8 ranks, replicated or FSDP-sharded, the LM on the rest with the least tp x pp that fits) and colocated pipelined
+ones (every encoder whole on all ranks, the LM on the same ranks pipelined over each pp, at the tp predicted
+fastest of those that fit: mimo.planner.predict's three phases). For an MoE LM
 every colocated candidate comes again with the LM's experts split by each ep > 1 that divides N
-(`expert_candidates`; the gate keeps those whose ep divides the LM's dp and moe_experts); pipelined ones keep
-ep 1. Tensor parallelism stays inside a node (tp <= gpus per node). A candidate the trainer would refuse
+(`expert_candidates`; the gate keeps those whose ep divides the LM's dp and moe_experts); pipelined ones (both
+kinds) keep ep 1. Tensor parallelism stays inside a node (tp <= gpus per node). A candidate the trainer would refuse
 (`Layout`, `check_layout`) is dropped, so the planner never suggests a layout that cannot run. Memory comes
 from `mimo.planner.memory`, the predicted step time from `mimo.planner.predict`.
 
 Ranking: layouts that fit by predicted step time (ties by memory); then the rest by memory alone. The
-preference class (plain DP, FSDP, LM tp, split encoder, pipelined) only names the kind of each row.
+preference class (plain DP, FSDP, LM tp, split encoder, pipelined, colocated pipelined) only names the kind of
+each row.
 """
 
 from __future__ import annotations
@@ -25,17 +28,17 @@ from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
 from mimo.parallel.pipeline.rules import is_pipelined
 from mimo.perf.gpu_defaults import resolve_gpu_defaults
-from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
+from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, is_colocated_pipeline, module_sizes, with_hf_shapes
 from mimo.planner.network import Network
 from mimo.planner.predict import Prediction, Setting, predict
 from mimo.planner.profile import Profile, shipped_profile
 from mimo.tasks import data_set
 from mimo.train.gate import check_layout
 
-PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED = range(5)
+PLAIN_DP, FSDP, LM_TP, SPLIT_ENCODER, PIPELINED, COLOCATED_PIPELINED = range(6)
 """Preference classes, best first (see the module docstring)."""
 KIND = {PLAIN_DP: "data parallel", FSDP: "fsdp", LM_TP: "colocated", SPLIT_ENCODER: "tensor parallel",
-        PIPELINED: "pipelined"}
+        PIPELINED: "pipelined", COLOCATED_PIPELINED: "colocated pipelined"}
 PIPELINE_SHARES = (2, 4, 8)
 """A pipelined candidate puts each encoder on N / share ranks."""
 VIRTUAL_STAGES = 2
@@ -151,15 +154,39 @@ def pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row |
                    for enc_fsdp in ((False, True) if enc > 1 else (False,))
                    for tp in divisors(rest) if tp <= max(gpus_per_node, 1) for pp in divisors(rest // tp)
                    if pp <= cfg.model.llm.layers for fsdp in ((False, True) if rest // (tp * pp) > 1 else (False,))]
-        rows = [r for r in options if r is not None]
-        fitting = [r for r in rows if r.fits]
-        if fitting:
-            out.append(min(fitting, key=_lm_split_cost))
-        elif rows:
-            out.append(min(rows, key=lambda r: r.usage.peak))
-        if rows:
-            out += _interleaved(out[-1], cost)
+        out += _best_split(options, cost)
     return out
+
+
+def colocated_pipelined_candidates(cfg: Config, gpus: int, cost: Callable[[Modules], Row | None],
+                                   gpus_per_node: int = 8) -> list[Row]:
+    """Every encoder on all ranks at tp 1 (replicated or FSDP-sharded), the LM on the same ranks pipelined over
+    each pp >= 2 that divides `gpus` (at most its layers), at each tp inside a node (sequence parallel where tp >
+    1), its stages replicated or FSDP-sharded: per pp, the fitting one predicted fastest (else the lowest
+    estimate), and it again interleaved."""
+    out: list[Row] = []
+    for pp in divisors(gpus)[1:]:
+        if pp > cfg.model.llm.layers or not cfg.model.modalities:
+            continue
+        rest = gpus // pp
+        options = [cost({**{n: ModuleLayoutConfig(fsdp=enc_fsdp) for n in cfg.model.modalities},
+                         LANGUAGE: ModuleLayoutConfig(tp=tp, pp=pp, sequence_parallel=tp > 1, fsdp=fsdp)})
+                   for enc_fsdp in (False, True) for tp in divisors(rest) if tp <= max(gpus_per_node, 1)
+                   for fsdp in ((False, True) if rest // tp > 1 else (False,))]
+        out += _best_split(options, cost, _rank_key)
+    return out
+
+
+def _best_split(options: list[Row | None], cost: Callable[[Modules], Row | None],
+                order: Callable[[Row], tuple] = _lm_split_cost) -> list[Row]:
+    """Of one split's costed options (None: refused by the gate), the fitting one first in `order`, else the one
+    with the lowest estimate; and that one again interleaved (`_interleaved`)."""
+    rows = [r for r in options if r is not None]
+    if not rows:
+        return []
+    fitting = [r for r in rows if r.fits]
+    best = min(fitting, key=order) if fitting else min(rows, key=lambda r: r.usage.peak)
+    return [best, *_interleaved(best, cost)]
 
 
 def _interleaved(row: Row, cost: Callable[[Modules], Row | None]) -> list[Row]:
@@ -200,6 +227,8 @@ def encoder_tp(layout: Layout) -> int:
 
 def preference(layout: Layout, modules: Modules) -> int:
     """The row's preference class (see the module docstring)."""
+    if is_colocated_pipeline(layout):
+        return COLOCATED_PIPELINED
     if is_pipelined(layout):
         return PIPELINED
     if encoder_tp(layout) > 1:
@@ -237,6 +266,9 @@ def _why(layout: Layout, klass: int, usage: Usage, fits: bool, limit_gib: float)
     if klass == SPLIT_ENCODER:
         return (f"encoder split too (tp{encoder_tp(layout)}): TP costs compute and communication on a small "
                 "encoder")
+    if klass == COLOCATED_PIPELINED:
+        return (f"colocated pipelined: {', '.join(enc)} whole on every GPU before and after the LM's pp{lm.pp} "
+                f"pipeline (LM tp{lm.tp}); their activations of every microbatch wait across it")
     ranks = ", ".join(f"{n} on {g.size} GPU{'s' if g.size > 1 else ''}" for n, g in enc.items())
     return f"pipelined: {ranks} {'idles' if len(enc) == 1 else 'idle'} while the LM runs (1F1B)"
 
@@ -274,6 +306,7 @@ def make_plan(cfg: Config, gpus: int, gpu_memory_gib: float, profile: Profile | 
     colocated += expert_candidates(cfg, colocated, gpus)
     rows = [r for r in map(cost, colocated) if r is not None]
     rows += pipelined_candidates(cfg, gpus, cost, network.gpus_per_node)
+    rows += colocated_pipelined_candidates(cfg, gpus, cost, network.gpus_per_node)
     if not rows:
         raise ConfigError(f"--gpus {gpus}: no candidate layout for {gpus} GPUs passes the config's checks "
                           f"(data.global_batch = {cfg.data.global_batch} must divide by parallel.microbatches x "

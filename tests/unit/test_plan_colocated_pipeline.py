@@ -1,6 +1,6 @@
 """`mimo plan` and colocated layouts whose LM is pipelined: the predicted step as its three phases (encoder
 forwards, the LM's pipeline alone, encoder backwards) with the rows all-gathered between them, what encoder
-recompute and offload add and free (CPU, no processes)."""
+recompute and offload add and free, and the candidates the planner proposes (CPU, no processes)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ import pytest
 
 from mimo.config.load import load_config
 from mimo.config.schema import ModuleLayoutConfig
+from mimo.parallel import layout_rules
 from mimo.parallel.layout import Layout
-from mimo.planner.candidates import with_modules
+from mimo.planner.candidates import (
+    KIND,
+    colocated_pipelined_candidates,
+    cost_at,
+    label,
+    layout_of,
+    make_plan,
+    with_modules,
+)
 from mimo.planner.memory import (
     EncoderRelease,
     estimate,
@@ -104,3 +113,27 @@ def test_the_encoders_activations_wait_across_the_lm_pipeline():
     pipeline = lm0.states + enc.states / 4 + lm0.activations + 4 * enc.activations
     backward = lm0.states + enc.states + 4 * enc.activations
     assert off.states + off.activations == pytest.approx(max(pipeline, backward))
+
+
+def test_the_planner_proposes_colocated_pipelines_at_their_fastest_lm_tp(monkeypatch):
+    """For demo_vlm (4 LM layers) on 8 GPUs: pp2 and pp4 with images on every GPU at tp1, the LM at tp1 (the
+    fastest of those that fit: its tiny products gain nothing from a split), each again interleaved where the
+    layers allow (pp2 x v2, not pp4 x v2); named "colocated pipelined". The gate runs its pipeline rules on them
+    (until #43's training side, it refuses them outright)."""
+    cfg = load_config("configs/demo_vlm.toml", DEMO)
+    pipelined = layout_rules.is_pipelined
+    monkeypatch.setattr(layout_rules, "is_pipelined", lambda layout: layout.grids["language"].pp > 1 or
+                        pipelined(layout))
+    setting = Setting(cfg, module_sizes(cfg), PROFILE, Network())
+    rows = colocated_pipelined_candidates(cfg, 8, lambda m: cost_at(setting, m, 4, 8, 80.0))
+    assert [label(r.layout, r.modules) for r in rows] == ["images dp8 | LM pp2 dp4", "images dp8 | LM pp2 v2 dp4",
+                                                         "images dp8 | LM pp4 dp2"]
+    assert {KIND[r.klass] for r in rows} == {"colocated pipelined"} and all(r.fits for r in rows)
+    assert "images whole on every GPU before and after the LM's pp2 pipeline" in rows[0].why
+
+
+@pytest.mark.skipif(layout_of(load_config("configs/demo_vlm.toml", DEMO), _colocated_pipeline(), 8) is None,
+                    reason="the trainer refuses colocated layouts whose LM is pipelined until #43's training side")
+def test_mimo_plan_lists_colocated_pipelines():
+    plan = make_plan(load_config("configs/demo_vlm.toml", DEMO), 8, 80.0)
+    assert any(KIND[r.klass] == "colocated pipelined" for r in plan.rows)
