@@ -6,6 +6,7 @@ A group of n ranks moving B bytes (the size of one rank's full tensor):
     all-gather       (n-1)/n B / bw + (n-1) lat          (B = the gathered tensor)
     reduce-scatter   (n-1)/n B / bw + (n-1) lat          (B = the tensor before it is scattered)
     all-to-all       (n-1)/n B / bw + (n-1) lat          (B = what one rank sends and keeps; MoE dispatch)
+    uneven exchange  B / bw + (n-1) lat                  (an all-to-all whose busiest rank sends or receives B)
     send             B / bw + lat                        (one pipeline or bridge message)
     host copy        B / host_bw                         (device <-> pinned host memory, over the GPU's PCIe link)
 
@@ -58,6 +59,13 @@ class Network:
     """The same cost as an all-gather of the unscattered tensor."""
     all_to_all = all_gather
     """Each rank keeps 1/n of its B bytes and sends the rest: the same bytes on the wire as an all-gather."""
+
+    def exchange(self, nbytes: float, first: int, stride: int, size: int) -> float:
+        """An all-to-all of uneven splits whose busiest rank sends or receives `nbytes`."""
+        if size <= 1 or nbytes <= 0:
+            return 0.0
+        bw, lat = self.link(first, stride, size)
+        return nbytes / bw + (size - 1) * lat
 
     def send(self, nbytes: float, src: int, dst: int) -> float:
         """One point-to-point message from rank src to rank dst."""

@@ -11,14 +11,15 @@
   the runtime's `interleaved_order` over its pp x v virtual stages instead: a bubble of about (pp - 1) / (v m)
   of the step rather than (pp - 1) / m, for v times the boundary messages.
 - **Colocated layouts whose LM is pipelined**: three phases on the simulator's clock
-  (`colocated_pipeline_ops`): on every GPU each encoder's forward of every microbatch; one all-gather over the
-  world of the step's rows (each encoder lane's first TP rank contributing its rows) for the LM's first stage;
-  the LM's pipeline alone (1F1B or interleaved, its pieces and sends as above); the rows' gradients back the
-  same way; each encoder's backward of every microbatch. With `EncoderRelease.recompute` each backward runs its
-  forward again first; with `EncoderRelease.offload` the encoder's weights and optimizer states
-  (mimo.planner.memory.offloaded_bytes) go to the host after the first all-gather and come back before the
-  second, at the network's host bandwidth, each GPU on its own clock (a late LM stage copies during its idle
-  cool-down).
+  (`colocated_pipeline_ops`): on every GPU each encoder's forward of every microbatch; per modality one
+  all-to-all over the world of the step's rows in float32 (each encoder lane's first TP rank sends its rows to
+  every TP and CP rank of the LM lanes' first stage that take them); the LM's pipeline alone (1F1B or
+  interleaved, its pieces and sends as above); one all-to-all of the rows' gradients back (each LM lane's
+  first-stage lead to every TP rank of the encoder lanes); each encoder's backward of every microbatch. With
+  `EncoderRelease.recompute` each backward runs its forward again first; with `EncoderRelease.offload` the
+  encoder's weights and optimizer states (mimo.planner.memory.offloaded_bytes) go to the host after the first
+  exchange and come back before the second, at the network's host bandwidth, each GPU on its own clock (a late
+  LM stage copies during its idle cool-down).
 - **After the backward** (all): each module's gradients are all-reduced over its dp x cp group (an
   expert-parallel LM's experts, 1/ep of them per rank, over their edp group of dp x cp / ep ranks; bf16 with
   `precision.master_weights`, which also all-gathers the updated bf16 weights; fp32 otherwise). mimo runs the
@@ -293,7 +294,7 @@ def _colocated_pipeline(s: Setting, layout: Layout, flags: dict) -> tuple[float,
     encoders = {n: module_piece(s, n, g, flags[n]) for n, g in layout.grids.items() if n != LANGUAGE}
     again = {n: p.forward if n in s.release.recompute else 0.0 for n, p in encoders.items()}
     pieces = [module_piece(s, LANGUAGE, lm, flags[LANGUAGE], p, v) for p in range(vstages)]
-    rows = sum(_rows_s(s, layout, n) for n in encoders)
+    there, back = (sum(_rows_s(s, layout, n, way) for n in encoders) for way in (0, 1))
     host = _offload_s(s, layout, flags)
     ops, preds = colocated_pipeline_ops(lm.pp, v, micro, host > 0)
     forward = {i: pc.forward for i, pc in enumerate(pieces)} | {
@@ -301,7 +302,7 @@ def _colocated_pipeline(s: Setting, layout: Layout, flags: dict) -> tuple[float,
     backward = {i: pc.backward for i, pc in enumerate(pieces)} | {
         vstages + r: sum(p.backward + again[n] for n, p in encoders.items()) for r in range(lm.pp)}
     send = {i: _send_s(s, layout, LANGUAGE, i, v) for i in range(vstages)}
-    fixed = {("C", 0): rows, ("C", 1): rows, ("H", 0): host, ("H", 1): host}
+    fixed = {("C", 0): there, ("C", 1): back, ("H", 0): host, ("H", 1): host}
     timeline = simulate(ops, preds, forward, backward, send, fixed)
     own = sum(p.forward_s + p.backward_s + (p.forward_s if again[n] else 0.0) for n, p in encoders.items())
     tails = []
@@ -330,13 +331,16 @@ def _offload_s(s: Setting, layout: Layout, flags: dict) -> float:
     return s.network.host_copy(nbytes)
 
 
-def _rows_s(s: Setting, layout: Layout, name: str) -> float:
-    """The all-gather over the world of the step's rows of encoder `name` (or of their gradients): every rank
-    receives all of them, in the module's dtype."""
-    cfg = s.cfg
-    width = 4 if cfg.precision.dtype_of(name) == "float32" else 2
-    nbytes = cfg.data.global_batch * inputs_per_sample(cfg, name) * encoder_rows(cfg, name) * cfg.model.llm.hidden
-    return s.network.all_gather(nbytes * width, 0, 1, layout.world_size)
+def _rows_s(s: Setting, layout: Layout, name: str, way: int) -> float:
+    """The all-to-all over the world of the step's float32 rows of encoder `name` (`way` 0) or of their gradients
+    (1), by its busiest rank: forward, an encoder lane's first TP rank sends its rows to each of the tp x cp
+    first-stage ranks of its LM lane, each of which receives its lane's rows; backward, an LM lane's lead sends
+    them to each of the encoder lane's tp ranks, each of which receives its lane's."""
+    cfg, enc, lm = s.cfg, layout.grids[name], layout.grids[LANGUAGE]
+    per_sample = inputs_per_sample(cfg, name) * encoder_rows(cfg, name) * cfg.model.llm.hidden * 4
+    enc_rows, lm_rows = (cfg.data.global_batch / dp * per_sample for dp in (enc.dp, lm.dp))
+    busiest = max(enc_rows * lm.tp * lm.cp, lm_rows) if way == 0 else max(lm_rows * enc.tp, enc_rows)
+    return s.network.exchange(busiest, 0, 1, layout.world_size)
 
 
 def _send_s(s: Setting, layout: Layout, name: str, stage: int, chunks: int = 1) -> float:

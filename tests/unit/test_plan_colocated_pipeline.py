@@ -1,5 +1,5 @@
 """`mimo plan` and colocated layouts whose LM is pipelined: the predicted step as its three phases (encoder
-forwards, the LM's pipeline alone, encoder backwards) with the rows all-gathered between them, what encoder
+forwards, the LM's pipeline alone, encoder backwards) with the rows exchanged between them, what encoder
 recompute and offload add and free, and the candidates the planner proposes (CPU, no processes)."""
 
 from __future__ import annotations
@@ -55,10 +55,12 @@ def _setup(release: EncoderRelease = KEEP):
 
 
 def test_the_step_is_encoder_forwards_rows_lm_pipeline_rows_encoder_backwards():
-    """images tp1 dp8 + LM tp2 pp2 dp2, 4 microbatches: every GPU runs the encoder's 4 forwards, the world
-    all-gathers the step's rows (32 samples x 16 patches x hidden 128, bf16), the LM's 1F1B runs alone (its two
-    stages as a pipelined layout's, with their sends), the gradients come back the same way, then the 4
-    encoder backwards, then each GPU's reductions and update (the encoder's and its LM stage's)."""
+    """images tp1 dp8 + LM tp2 pp2 dp2, 4 microbatches: every GPU runs the encoder's 4 forwards; an all-to-all
+    hands each LM first-stage GPU its lane's rows of the step (16 samples x 16 patches x hidden 128, float32: the
+    busiest GPU's share, beside an encoder lane's 4 samples sent to tp 2 GPUs); the LM's 1F1B runs alone (its two
+    stages as a pipelined layout's, with their sends); the gradients come back the same way (an LM lane's lead
+    sends its 16 samples' to the encoder lanes); then the 4 encoder backwards, then each GPU's reductions and
+    update (the encoder's and its LM stage's)."""
     cfg, modules, layout, s = _setup()
     lm, images = layout.grids["language"], layout.grids["images"]
     enc = module_piece(s, "images", images, modules["images"])
@@ -68,7 +70,7 @@ def test_the_step_is_encoder_forwards_rows_lm_pipeline_rows_encoder_backwards():
     lm_only = simulate([one_f_one_b_ops(r, 2, 4) for r in range(2)], {0: [], 1: [0]},
                        {p: st.forward for p, st in enumerate(stages)}, {p: st.backward for p, st in enumerate(stages)},
                        {0: send, 1: 0.0})
-    rows = net.all_gather(32 * 16 * 128 * 2, 0, 1, 8)
+    rows = net.exchange(16 * 16 * 128 * 4, 0, 1, 8)
     tails = [[_tail(s, "images", images, modules["images"], 0, enc.backward, 4 * (enc.forward_s + enc.backward_s)),
               _tail(s, "language", lm, modules["language"], p, stages[p].backward, 0.0)] for p in range(2)]
     tail = max(sum(sum(t) for t in parts) for parts in tails)
@@ -80,7 +82,7 @@ def test_the_step_is_encoder_forwards_rows_lm_pipeline_rows_encoder_backwards():
 
 def test_recompute_adds_a_forward_and_offload_two_host_copies():
     """Encoder recompute runs each microbatch's forward again before its backward: + 4 forwards. Offload copies
-    the encoder's weights and moments (12 of its 16 bytes a parameter) out after the rows' all-gather and back
+    the encoder's weights and moments (12 of its 16 bytes a parameter) out after the rows' exchange and back
     after the LM's pipeline, both on the critical path: the first LM stage starts last and ends last."""
     cfg, modules, layout, plain = _setup()
     enc = module_piece(plain, "images", layout.grids["images"], modules["images"])
