@@ -44,12 +44,12 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
 - **Colocated layouts whose LM is pipelined** run every encoder's forward of every microbatch, then the LM's
   pipeline (no encoder stage in front: the LM's stage i of pp holds min(pp - i, microbatches) microbatches), then
   the encoders' backwards. Each LM stage's GPU is costed at two moments, the worse reported: inside the LM's
-  pipeline (the encoders' activations of all microbatches held across it) and at the encoders' first backward
-  (the LM's activations gone). `EncoderRelease` frees the encoders' part: recompute holds none of their
-  activations across the pipeline and one microbatch's in the backward (their inputs are not counted); offload
-  moves their weights and optimizer states (the state bytes less the gradients, which do not exist yet) to the
-  host for the pipeline. The rows handed to the LM and their gradients (small beside the activations) are not
-  counted.
+  pipeline (the encoders' activations of all microbatches held across it, their gradients not yet made: the
+  optimizer step frees them) and at the encoders' first backward (the LM's activations gone, the encoders'
+  gradients being made). `EncoderRelease` frees the encoders' part: recompute holds none of their activations
+  across the pipeline and one microbatch's in the backward (their inputs are not counted); offload moves the rest
+  of their states, weights and optimizer states, to the host for the pipeline. The rows handed to the LM and
+  their gradients (small beside the activations) are not counted.
 - A fixed **2 GiB** for the CUDA context, the NCCL buffers and the allocator's workspace.
 - **Host memory of a CPU run** (`host_estimate`, per phase, checked against benchmarks/bench_memory.py in
   BENCHMARKS.md): the model is built on the meta device, so while it is built a rank holds only its own
@@ -272,8 +272,8 @@ def _colocated_pipeline(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize
     held = {n: stage_usage(cfg, n, sizes[n], layout.grids[n], flags[n], 0, micro) for n in encoders}
     one = {n: stage_usage(cfg, n, sizes[n], layout.grids[n], flags[n], 0, 1) for n in encoders}
     states = sum(held[n].states for n in encoders)
-    kept = states - sum(offloaded_bytes(cfg, held[n].states, layout.grids[n], flags[n]) for n in encoders
-                          if n in release.offload)
+    kept = sum(0.0 if n in release.offload else offloaded_bytes(cfg, held[n].states, layout.grids[n], flags[n])
+               for n in encoders)
     across = sum(held[n].activations for n in encoders if n not in release.recompute)
     backward = across + sum(one[n].activations for n in encoders if n in release.recompute)
     worst = Usage(0.0, 0.0)

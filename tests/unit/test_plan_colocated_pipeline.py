@@ -97,24 +97,26 @@ def test_recompute_adds_a_forward_and_offload_two_host_copies():
 
 
 def test_the_encoders_activations_wait_across_the_lm_pipeline():
-    """The LM's first stage holds min(pp, m) = 2 microbatches in flight and every GPU the encoder's activations
-    of all 4 microbatches; recompute drops them across the pipeline (the LM's moment then decides); offload takes
-    the encoder's weights and moments off the GPU for the pipeline, while the encoder's backward (LM activations
-    gone, states back) is the other moment."""
+    """LM stage i holds min(pp - i, m) microbatches in flight (2, 1) and every GPU the encoder's activations of
+    all 4 microbatches. Two moments per LM stage, the worse counts: inside the LM's pipeline (the encoder's
+    gradients, 4 of its 16 bytes a parameter, not made yet) and at the encoder's first backward (the LM's
+    activations gone, every state there). Recompute holds none of the encoder's activations across the pipeline
+    and one microbatch's at its backward; offload takes the rest of its states off the GPU for the pipeline."""
     cfg, modules, layout, s = _setup()
     lm, images = layout.grids["language"], layout.grids["images"]
     assert [in_flight(cfg, layout, "language", r) for r in range(2)] == [2, 1]
-    lm0 = stage_usage(cfg, "language", s.sizes["language"], lm, modules["language"], 0, 2)
+    stages = [stage_usage(cfg, "language", s.sizes["language"], lm, modules["language"], r, 2 - r) for r in range(2)]
     enc = stage_usage(cfg, "images", s.sizes["images"], images, modules["images"], 0, 1)
-    plain = estimate(cfg, layout, s.sizes, modules)
-    assert plain.states == pytest.approx(lm0.states + enc.states)
-    assert plain.activations == pytest.approx(lm0.activations + 4 * enc.activations)
-    again = estimate(cfg, layout, s.sizes, modules, EncoderRelease(recompute=IMAGES))
-    assert again.activations == pytest.approx(lm0.activations)
-    off = estimate(cfg, layout, s.sizes, modules, EncoderRelease(offload=IMAGES))
-    pipeline = lm0.states + enc.states / 4 + lm0.activations + 4 * enc.activations
-    backward = lm0.states + enc.states + 4 * enc.activations
-    assert off.states + off.activations == pytest.approx(max(pipeline, backward))
+
+    def peak(kept: float, across: float, backward: float) -> float:
+        return max(max(u.states + kept + u.activations + across, u.states + enc.states + backward) for u in stages)
+
+    cases = {KEEP: (enc.states * 12 / 16, 4 * enc.activations, 4 * enc.activations),
+             EncoderRelease(recompute=IMAGES): (enc.states * 12 / 16, 0.0, enc.activations),
+             EncoderRelease(offload=IMAGES): (0.0, 4 * enc.activations, 4 * enc.activations)}
+    for release, (kept, across, backward) in cases.items():
+        u = estimate(cfg, layout, s.sizes, modules, release)
+        assert u.states + u.activations == pytest.approx(peak(kept, across, backward)), release
 
 
 def test_the_planner_proposes_colocated_pipelines_at_their_fastest_lm_tp(monkeypatch):
