@@ -31,6 +31,8 @@ class Network:
     network_latency_s: float = 15e-6
     gpus_per_node: int = 8
     host_gbps: float = 50.0
+    """A GPU's PCIe link to pinned host memory: Gen5 x16 carries 64 GB/s a direction before protocol overhead
+    (an assumed figure, not a measured one)."""
 
     def spans_nodes(self, first: int, stride: int, size: int) -> bool:
         """Whether the ranks first + stride * i (i < size) sit on more than one node."""
