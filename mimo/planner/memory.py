@@ -48,8 +48,9 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   optimizer step frees them) and at the encoders' first backward (the LM's activations gone, the encoders'
   gradients being made). `EncoderRelease` frees the encoders' part: recompute holds none of their activations
   across the pipeline and one microbatch's in the backward (their inputs are not counted); offload moves the rest
-  of their states, weights and optimizer states, to the host for the pipeline. The rows handed to the LM and
-  their gradients (small beside the activations) are not counted.
+  of their states, weights and optimizer states, to the host for the pipeline. The rows cross in float32: the
+  LM's first stage holds its lane's rows of the step (or their gradients) across its pipeline, every GPU its
+  encoder lane's rows' gradients at the encoders' backward.
 - A fixed **2 GiB** for the CUDA context, the NCCL buffers and the allocator's workspace.
 - **Host memory of a CPU run** (`host_estimate`, per phase, checked against benchmarks/bench_memory.py in
   BENCHMARKS.md): the model is built on the meta device, so while it is built a rank holds only its own
@@ -77,6 +78,7 @@ from mimo.parallel.pipeline.rules import is_pipelined
 from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order
 from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.pipeline.virtual import virtual_stages
+from mimo.planner.cost import encoder_rows, inputs_per_sample
 from mimo.train.gate import row_length
 
 GIB = 1024**3
@@ -275,12 +277,16 @@ def _colocated_pipeline(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize
     kept = sum(0.0 if n in release.offload else offloaded_bytes(cfg, held[n].states, layout.grids[n], flags[n])
                for n in encoders)
     across = sum(held[n].activations for n in encoders if n not in release.recompute)
+    row = {n: inputs_per_sample(cfg, n) * encoder_rows(cfg, n) * cfg.model.llm.hidden * 4 for n in encoders}
+    lane_rows = sum(cfg.data.global_batch / lm.dp * row[n] for n in encoders)
     backward = across + sum(one[n].activations for n in encoders if n in release.recompute)
+    backward += sum(cfg.data.global_batch / layout.grids[n].dp * row[n] for n in encoders)
     worst = Usage(0.0, 0.0)
     for stage in range(lm.pp):
         u = stage_usage(cfg, LANGUAGE, sizes[LANGUAGE], lm, flags[LANGUAGE], stage, in_flight(cfg, layout, LANGUAGE,
                                                                                                stage))
-        pipeline, after = Usage(u.states + kept, u.activations + across), Usage(u.states + states, backward)
+        pipeline = Usage(u.states + kept, u.activations + across + (lane_rows if stage == 0 else 0.0))
+        after = Usage(u.states + states, backward)
         worst = max(worst, pipeline, after, key=lambda x: x.peak)
     return worst
 

@@ -101,15 +101,20 @@ def test_the_encoders_activations_wait_across_the_lm_pipeline():
     all 4 microbatches. Two moments per LM stage, the worse counts: inside the LM's pipeline (the encoder's
     gradients, 4 of its 16 bytes a parameter, not made yet) and at the encoder's first backward (the LM's
     activations gone, every state there). Recompute holds none of the encoder's activations across the pipeline
-    and one microbatch's at its backward; offload takes the rest of its states off the GPU for the pipeline."""
+    and one microbatch's at its backward; offload takes the rest of its states off the GPU for the pipeline. The
+    rows cross in float32: the LM's first stage holds its lane's (16 samples x 16 rows x 128 x 4 bytes) across
+    the pipeline, every GPU its encoder lane's gradients (4 samples' worth) at the encoder's backward."""
     cfg, modules, layout, s = _setup()
     lm, images = layout.grids["language"], layout.grids["images"]
     assert [in_flight(cfg, layout, "language", r) for r in range(2)] == [2, 1]
     stages = [stage_usage(cfg, "language", s.sizes["language"], lm, modules["language"], r, 2 - r) for r in range(2)]
     enc = stage_usage(cfg, "images", s.sizes["images"], images, modules["images"], 0, 1)
 
+    lane_rows, own_rows = 16 * 16 * 128 * 4, 4 * 16 * 128 * 4
+
     def peak(kept: float, across: float, backward: float) -> float:
-        return max(max(u.states + kept + u.activations + across, u.states + enc.states + backward) for u in stages)
+        return max(max(u.states + kept + u.activations + across + (lane_rows if u is stages[0] else 0),
+                       u.states + enc.states + backward + own_rows) for u in stages)
 
     cases = {KEEP: (enc.states * 12 / 16, 4 * enc.activations, 4 * enc.activations),
              EncoderRelease(recompute=IMAGES): (enc.states * 12 / 16, 0.0, enc.activations),
