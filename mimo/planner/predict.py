@@ -20,6 +20,8 @@
   encoder's weights and optimizer states (mimo.planner.memory.offloaded_bytes) go to the host after the first
   exchange and come back before the second, at the network's host bandwidth, each GPU on its own clock (a late
   LM stage copies during its idle cool-down).
+- **Activation checkpointing** (`perf.activation_checkpointing`): a named module's blocks run their forward
+  again in the backward, collectives included (its head, patch embedding and projector do not).
 - **After the backward** (all): each module's gradients are all-reduced over its dp x cp group (an
   expert-parallel LM's experts, 1/ep of them per rank, over their edp group of dp x cp / ep ranks; bf16 with
   `precision.master_weights`, which also all-gathers the updated bf16 weights; fp32 otherwise). mimo runs the
@@ -143,10 +145,20 @@ def module_piece(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig, s
         if experts:
             piece = piece + _times(decoder_layer(cfg, s.profile, s.network, grid, flags, samples, seq, moe=True),
                                    experts)
+        piece = _recomputed(cfg, name, piece)
         return piece + lm_head(cfg, s.profile, s.network, grid, samples, seq, _text_rows(s, seq)) if last else piece
     inputs = samples * inputs_per_sample(cfg, name)
-    piece = _times(encoder_layer(cfg, s.profile, s.network, name, grid, inputs), layers)
+    piece = _recomputed(cfg, name, _times(encoder_layer(cfg, s.profile, s.network, name, grid, inputs), layers))
     return piece + encoder_edges(cfg, s.profile, name, inputs) if last else piece
+
+
+def _recomputed(cfg: Config, name: str, layers: Piece) -> Piece:
+    """`layers` (a module's blocks on one rank) with, where perf.activation_checkpointing names the module, their
+    forward run again in the backward, its collectives included."""
+    if name not in cfg.perf.activation_checkpointing:
+        return layers
+    return Piece(layers.forward_s, layers.backward_s + layers.forward_s, layers.forward_comm_s,
+                 layers.backward_comm_s + layers.forward_comm_s)
 
 
 def _times(p: Piece, n: int) -> Piece:

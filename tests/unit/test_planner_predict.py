@@ -13,10 +13,17 @@ from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.planner import calibrate as cal
 from mimo.planner.candidates import layout_of, make_plan
-from mimo.planner.cost import KERNELS_BACKWARD, KERNELS_FORWARD, _moe_feed_forward, decoder_layer, matmul_s
+from mimo.planner.cost import (
+    KERNELS_BACKWARD,
+    KERNELS_FORWARD,
+    _moe_feed_forward,
+    decoder_layer,
+    encoder_layer,
+    matmul_s,
+)
 from mimo.planner.memory import estimate, module_sizes
 from mimo.planner.network import Network
-from mimo.planner.predict import Setting, predict
+from mimo.planner.predict import Setting, module_piece, predict
 from mimo.planner.profile import PROFILES, Profile, load_profile, shipped_profile
 
 # Round figures, so the expected times below can be written out: 100 TFLOP/s products and attention, no
@@ -183,3 +190,23 @@ def test_a_mixture_of_experts_feed_forward_by_hand():
     # Under tp2 the MoE runs TP-replicated (mimo.parallel.tensor): the same products on every TP rank.
     tp2 = _moe_feed_forward(cfg, PROFILE, net, Grid(tp=2), ModuleLayoutConfig(), tokens=64)
     assert tp2.forward_s == pytest.approx(one.forward_s)
+
+
+def test_activation_checkpointing_runs_the_blocks_forward_again_in_the_backward():
+    """A checkpointed module's blocks (not the LM's head, not the ViT's patch embedding or projector) add their
+    forward, TP all-reduces included, to the backward: tiny LM tp2 on 2 GPUs, 8 samples (of the task's row length)
+    through its 2 layers; 8 images through the ViT's 2 blocks."""
+    modules = {"language": ModuleLayoutConfig(tp=2), "images": ModuleLayoutConfig(tp=2)}
+    plain = load_config("configs/demo_vlm.toml", TINY)
+    ckpt = load_config("configs/demo_vlm.toml", [*TINY, '--perf.activation_checkpointing=["language", "images"]'])
+    layout = layout_of(plain, modules, 2)
+    net, seq = Network(), module_sizes(plain)["language"].tokens_per_sample
+    blocks = {"language": decoder_layer(plain, PROFILE, net, layout.grids["language"], modules["language"], 8, seq),
+              "images": encoder_layer(plain, PROFILE, net, "images", layout.grids["images"], 8)}
+    for name, block in blocks.items():
+        one, two = (module_piece(Setting(c, module_sizes(c), PROFILE, net), name, layout.grids[name], modules[name])
+                    for c in (plain, ckpt))
+        assert (two.forward_s, two.forward_comm_s) == (one.forward_s, one.forward_comm_s)
+        assert two.backward_s == pytest.approx(one.backward_s + 2 * block.forward_s)
+        assert two.backward_comm_s == pytest.approx(one.backward_comm_s + 2 * block.forward_comm_s)
+        assert block.forward_comm_s > 0
