@@ -30,9 +30,10 @@ class Network:
     network_gbps: float = 45.0
     network_latency_s: float = 15e-6
     gpus_per_node: int = 8
-    host_gbps: float = 50.0
-    """A GPU's PCIe link to pinned host memory: Gen5 x16 carries 64 GB/s a direction before protocol overhead
-    (an assumed figure, not a measured one)."""
+    host_gbps: float = 53.5
+    """A GPU's PCIe link to pinned host memory: an H100 SXM's Gen5 x16 copied 1-4 GiB at 55.0 GB/s to the host and
+    52.0 back, alone on its node (torch copy_, non_blocking); 53.5 is their harmonic mean, so a copy out and back
+    costs what the two measured. Eight GPUs copying at once may share switch uplinks (not measured)."""
 
     def spans_nodes(self, first: int, stride: int, size: int) -> bool:
         """Whether the ranks first + stride * i (i < size) sit on more than one node."""
