@@ -317,13 +317,10 @@ def _colocated_pipeline(s: Setting, layout: Layout, flags: dict) -> tuple[float,
     fixed = {("C", 0): there, ("C", 1): back, ("H", 0): host, ("H", 1): host}
     timeline = simulate(ops, preds, forward, backward, send, fixed)
     own = sum(p.forward_s + p.backward_s + (p.forward_s if again[n] else 0.0) for n, p in encoders.items())
-    tails = []
-    for r in range(lm.pp):
-        lm_piece = pieces[r]
-        parts = [_tail(s, n, layout.grids[n], flags[n], 0, p.backward, (p.forward_s + p.backward_s) * micro)
+    enc_tails = [_tail(s, n, layout.grids[n], flags[n], 0, p.backward, (p.forward_s + p.backward_s) * micro)
                  for n, p in encoders.items()]
-        parts.append(_tail(s, LANGUAGE, lm, flags[LANGUAGE], r, lm_piece.backward, 0.0))
-        tails.append((sum(p[0] for p in parts), sum(p[1] for p in parts)))
+    tails = [tuple(map(sum, zip(*enc_tails, _tail(s, LANGUAGE, lm, flags[LANGUAGE], r, pieces[r].backward, 0.0))))
+             for r in range(lm.pp)]
     worst = max(range(lm.pp), key=lambda r: sum(tails[r]))
     busiest = max(range(lm.pp), key=lambda r: timeline.busy[r])
     compute = (own + sum(pieces[c * lm.pp + busiest].forward_s + pieces[c * lm.pp + busiest].backward_s
