@@ -127,6 +127,7 @@ def simulate(rank_ops: list[list[Op]], preds: dict[int, list[int]], forward_s: d
     nxt = [0] * len(rank_ops)
     events: list[list[tuple[Op, float, float]]] = [[] for _ in rank_ops]
     busy = [0.0] * len(rank_ops)
+    members = _collective_members(rank_ops)
 
     def run(r: int, start: float, seconds: float) -> None:
         op = rank_ops[r][nxt[r]]
@@ -142,13 +143,12 @@ def simulate(rank_ops: list[list[Op]], preds: dict[int, list[int]], forward_s: d
             while nxt[r] < len(ops):
                 kind, i, v = op = ops[nxt[r]]
                 if kind == "C":
-                    members = [q for q, o in enumerate(rank_ops) if op in o]
-                    if any(nxt[q] >= len(rank_ops[q]) or rank_ops[q][nxt[q]] != op for q in members):
+                    if any(nxt[q] >= len(rank_ops[q]) or rank_ops[q][nxt[q]] != op for q in members[op]):
                         break
-                    start = max(free[q] for q in members)
-                    for q in members:
+                    start = max(free[q] for q in members[op])
+                    for q in members[op]:
                         run(q, start, fixed_s[(kind, i)])
-                    remaining -= len(members)
+                    remaining -= len(members[op])
                 elif kind == "H":
                     run(r, free[r], fixed_s[(kind, i)])
                     remaining -= 1
@@ -163,6 +163,16 @@ def simulate(rank_ops: list[list[Op]], preds: dict[int, list[int]], forward_s: d
             stuck = {r: ops[nxt[r]] for r, ops in enumerate(rank_ops) if nxt[r] < len(ops)}
             raise ValueError(f"the schedule cannot finish: every rank waits ({stuck})")
     return Timeline(events, max(free, default=0.0), busy)
+
+
+def _collective_members(rank_ops: list[list[Op]]) -> dict[Op, list[int]]:
+    """The ranks that list each collective op."""
+    members: dict[Op, list[int]] = {}
+    for r, ops in enumerate(rank_ops):
+        for op in ops:
+            if op[0] == "C":
+                members.setdefault(op, []).append(r)
+    return members
 
 
 def _ready(op: Op, preds: dict[int, list[int]], succs: dict[int, list[int]], send_s: dict[int, float],
