@@ -58,7 +58,8 @@ def render(cfg: Config, plan: Plan) -> str:
             "Estimate per GPU (mimo/planner/memory.py): 16 B per trainable parameter (fp32 weights, "
             "grads, AdamW moments) / tp for sharded weights, / dp with FSDP; activations ~34 B x tokens x hidden "
             "per layer (bf16, flash attention; 10+24/tp under TP, 34/tp with SP; x2 in float32) plus fp32 logits "
-            "and their grad; 1F1B stages hold up to min(stages, microbatches) microbatches; + 2 GiB fixed."]
+            "and their grad; 1F1B stages hold up to min(stages, microbatches) microbatches (beside a pipelined LM, "
+            "colocated encoders hold every microbatch's); + 2 GiB fixed."]
     return "\n".join(out)
 
 
