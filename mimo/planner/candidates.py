@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from mimo.config.schema import LANGUAGE, Config, ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.rules import is_pipelined
+from mimo.parallel.pipeline.rules import colocated_pipeline, is_pipelined
 from mimo.perf.gpu_defaults import resolve_gpu_defaults
-from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, is_colocated_pipeline, module_sizes, with_hf_shapes
+from mimo.planner.memory import GIB, ModuleSize, Usage, estimate, module_sizes, with_hf_shapes
 from mimo.planner.network import Network
 from mimo.planner.predict import Prediction, Setting, predict
 from mimo.planner.profile import Profile, shipped_profile
@@ -227,7 +227,7 @@ def encoder_tp(layout: Layout) -> int:
 
 def preference(layout: Layout, modules: Modules) -> int:
     """The row's preference class (see the module docstring)."""
-    if is_colocated_pipeline(layout):
+    if colocated_pipeline(layout):
         return COLOCATED_PIPELINED
     if is_pipelined(layout):
         return PIPELINED

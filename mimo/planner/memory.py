@@ -74,7 +74,7 @@ from mimo.models.multimodal import BLOCK_STACKS
 from mimo.parallel.expert.layout import EXPERT_WEIGHTS
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.rules import is_pipelined
+from mimo.parallel.pipeline.rules import colocated_pipeline, is_pipelined
 from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order
 from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.pipeline.virtual import virtual_stages
@@ -139,11 +139,6 @@ class EncoderRelease:
 
     recompute: frozenset[str] = field(default_factory=frozenset)
     offload: frozenset[str] = field(default_factory=frozenset)
-
-
-def is_colocated_pipeline(layout: Layout) -> bool:
-    """Several modules on the same ranks, the LM pipelined: encoders' forwards, LM pipeline, encoders' backwards."""
-    return len(layout.grids) > 1 and layout.colocated and layout.grids[LANGUAGE].pp > 1
 
 
 def with_hf_shapes(cfg: Config) -> Config:
@@ -253,7 +248,7 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize], modules:
     """The worst GPU's estimated bytes under `layout` (see the module docstring for the model), its encoders'
     memory freed by `release` where the layout is a colocated pipeline."""
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
-    if is_colocated_pipeline(layout):
+    if colocated_pipeline(layout):
         return _colocated_pipeline(cfg, layout, sizes, flags, release or EncoderRelease())
     if not is_pipelined(layout):
         parts = [stage_usage(cfg, n, sizes[n], g, flags[n], 0, 1) for n, g in layout.grids.items()]

@@ -44,7 +44,7 @@ from mimo.config.schema import LANGUAGE, Config, ModuleLayoutConfig
 from mimo.models.flops import TRAIN_FACTOR, audio_flops, lm_flops, projector_flops, vit_flops
 from mimo.parallel.grid import Grid
 from mimo.parallel.layout import Layout
-from mimo.parallel.pipeline.rules import is_pipelined
+from mimo.parallel.pipeline.rules import colocated_pipeline, is_pipelined
 from mimo.parallel.pipeline.schedule import feeder_lead, interleaved_order, warmup_microbatches
 from mimo.parallel.pipeline.split import stage_layers
 from mimo.parallel.pipeline.virtual import virtual_stages
@@ -63,7 +63,6 @@ from mimo.planner.memory import (
     STATE_BYTES,
     EncoderRelease,
     ModuleSize,
-    is_colocated_pipeline,
     offloaded_bytes,
     stage_usage,
 )
@@ -219,7 +218,7 @@ def _reduce_groups(s: Setting, name: str, grid: Grid, flags: ModuleLayoutConfig,
 def predict(s: Setting, layout: Layout, modules: dict[str, ModuleLayoutConfig]) -> Prediction:
     """The predicted step of `layout` (see the module docstring)."""
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
-    if is_colocated_pipeline(layout):
+    if colocated_pipeline(layout):
         parts = _colocated_pipeline(s, layout, flags)
     elif is_pipelined(layout):
         parts = _pipelined(s, layout, flags)

@@ -8,14 +8,12 @@ import pytest
 
 from mimo.config.load import load_config
 from mimo.config.schema import ModuleLayoutConfig
-from mimo.parallel import layout_rules
 from mimo.parallel.layout import Layout
 from mimo.planner.candidates import (
     KIND,
     colocated_pipelined_candidates,
     cost_at,
     label,
-    layout_of,
     make_plan,
     with_modules,
 )
@@ -124,25 +122,16 @@ def test_the_encoders_activations_wait_across_the_lm_pipeline():
         assert u.states + u.activations == pytest.approx(peak(kept, across, backward)), release
 
 
-def test_the_planner_proposes_colocated_pipelines_at_their_fastest_lm_tp(monkeypatch):
+def test_the_planner_proposes_colocated_pipelines_at_their_fastest_lm_tp():
     """For demo_vlm (4 LM layers) on 8 GPUs: pp2 and pp4 with images on every GPU at tp1, the LM at tp1 (the
     fastest of those that fit: its tiny products gain nothing from a split), each again interleaved where the
-    layers allow (pp2 x v2, not pp4 x v2); named "colocated pipelined". The gate runs its pipeline rules on them
-    (until #43's training side, it refuses them outright)."""
+    layers allow (pp2 x v2, not pp4 x v2); named "colocated pipelined"; `mimo plan` lists them."""
     cfg = load_config("configs/demo_vlm.toml", DEMO)
-    pipelined = layout_rules.is_pipelined
-    monkeypatch.setattr(layout_rules, "is_pipelined", lambda layout: layout.grids["language"].pp > 1 or
-                        pipelined(layout))
     setting = Setting(cfg, module_sizes(cfg), PROFILE, Network())
     rows = colocated_pipelined_candidates(cfg, 8, lambda m: cost_at(setting, m, 4, 8, 80.0))
     assert [label(r.layout, r.modules) for r in rows] == ["images dp8 | LM pp2 dp4", "images dp8 | LM pp2 v2 dp4",
                                                          "images dp8 | LM pp4 dp2"]
     assert {KIND[r.klass] for r in rows} == {"colocated pipelined"} and all(r.fits for r in rows)
     assert "images whole on every GPU before and after the LM's pp2 pipeline" in rows[0].why
-
-
-@pytest.mark.skipif(layout_of(load_config("configs/demo_vlm.toml", DEMO), _colocated_pipeline(), 8) is None,
-                    reason="the trainer refuses colocated layouts whose LM is pipelined until #43's training side")
-def test_mimo_plan_lists_colocated_pipelines():
-    plan = make_plan(load_config("configs/demo_vlm.toml", DEMO), 8, 80.0)
+    plan = make_plan(cfg, 8, 80.0)
     assert any(KIND[r.klass] == "colocated pipelined" for r in plan.rows)
