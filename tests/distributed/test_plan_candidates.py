@@ -1,4 +1,5 @@
-"""Every candidate `mimo plan` lists for demo_vlm, demo_text_to_image and demo_avlm at 4 and 8 ranks, and every
+"""Every candidate `mimo plan` lists for demo_vlm, demo_text_to_image and demo_avlm at 4 and 8 ranks (colocated
+pipelined ones included: every encoder on every rank, the LM pipelined over the same ranks), and every
 expert-parallel one it lists for demo_moe_vlm at 4 (beside its plain dp4) and every interleaved one it lists for a
 6-layer demo_vlm at 8 (beside its plain 1F1B twin), trains one step on gloo:
 the planner keeps only layouts that pass the gate, and the gate refuses whatever a later step would (a layout
@@ -46,6 +47,8 @@ def _steps(rank: int, world: int, config: Path, out: str, candidates: list[tuple
 def test_every_planned_candidate_trains_a_step(tmp_path, demo, gpus):
     candidates = _candidates(DEMOS[demo], gpus)
     assert len(candidates) >= 4, candidates
+    # colocated pipelined candidates among them: the LM pipelined over every rank (size 0), as the encoders
+    assert any(m["language"].pp > 1 and not m["language"].size for _, m in candidates), candidates
     losses = run_distributed(_steps, gpus, DEMOS[demo], str(tmp_path), candidates, timeout=900)[0]
     assert len(losses) == len(candidates)
     # Every layout computes one process's step: the same first loss everywhere.
