@@ -320,6 +320,7 @@ def cost_at(setting: Setting, modules: Modules, micro: int, gpus: int, gpu_memor
     """The costed row of `modules` at `micro` microbatches, or None when the trainer would refuse the layout."""
     cfg = setting.cfg
     at = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, microbatches=micro))
+    at.left_unset = cfg.left_unset  # a class attribute's default, not a field: replace() leaves it behind
     layout = layout_of(at, modules, gpus)
     if layout is None:
         return None

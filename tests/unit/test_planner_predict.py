@@ -12,7 +12,7 @@ from mimo.config.load import load_config
 from mimo.config.schema import ConfigError, ModuleLayoutConfig
 from mimo.parallel.grid import Grid
 from mimo.planner import calibrate as cal
-from mimo.planner.candidates import layout_of, make_plan
+from mimo.planner.candidates import cost_at, layout_of, make_plan
 from mimo.planner.cost import (
     KERNELS_BACKWARD,
     KERNELS_FORWARD,
@@ -164,6 +164,17 @@ def test_master_weights_keep_4_bytes_whole_and_shard_12_over_the_lanes():
     ratio = estimate(master, layout, module_sizes(master), modules).states / \
         estimate(plain, layout, module_sizes(plain), modules).states
     assert ratio == pytest.approx(7 / 16)
+
+
+def test_a_planned_row_is_costed_with_the_gpu_defaults_mimo_train_applies():
+    """On CUDA the keys a config leaves unset take their GPU defaults (precision.master_weights among them), at
+    every microbatch count the planner tries: the row's states are the master-weight ones."""
+    cfg = load_config("configs/demo_vlm.toml", [*TINY, "--train.device=cuda"])
+    modules = {"language": ModuleLayoutConfig(), "images": ModuleLayoutConfig()}
+    master = load_config("configs/demo_vlm.toml", [*TINY, "--train.device=cuda", "--precision.master_weights=true"])
+    row = cost_at(Setting(cfg, module_sizes(cfg), PROFILE, Network()), modules, 2, 4, 80.0)
+    expected = estimate(master, layout_of(master, modules, 4), module_sizes(master), modules)
+    assert row.usage.states == pytest.approx(expected.states)
 
 
 def test_choose_microbatches_takes_the_fastest_count_that_fits(tmp_path):
