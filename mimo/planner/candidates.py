@@ -325,7 +325,7 @@ def cost_at(setting: Setting, modules: Modules, micro: int, gpus: int, gpu_memor
     if layout is None:
         return None
     trained = as_trained(at, modules, layout)
-    usage = estimate(trained, layout, setting.sizes, modules, setting.release)
+    usage = estimate(trained, layout, setting.sizes, modules)
     klass, ok = preference(layout, modules), usage.peak <= gpu_memory_gib * GIB
     ep, v = (modules[LANGUAGE].ep, modules[LANGUAGE].virtual_stages) if LANGUAGE in modules else (1, 1)
     return Row(modules, layout, usage, ok, klass, why(layout, klass, usage, ok, gpu_memory_gib, ep, v),

@@ -46,11 +46,10 @@ An estimate, not a measurement; it is simple on purpose so its numbers can be ch
   the encoders' backwards. Each LM stage's GPU is costed at two moments, the worse reported: inside the LM's
   pipeline (the encoders' activations of all microbatches held across it, their gradients not yet made: the
   optimizer step frees them) and at the encoders' first backward (the LM's activations gone, the encoders'
-  gradients being made). `EncoderRelease` frees the encoders' part: recompute holds none of their activations
-  across the pipeline and one microbatch's in the backward (their inputs are not counted); offload moves the rest
-  of their states, weights and optimizer states, to the host for the pipeline. The rows cross in float32: the
-  LM's first stage holds its lane's rows of the step (or their gradients) across its pipeline, every GPU its
-  encoder lane's rows' gradients at the encoders' backward.
+  gradients being made). `perf.encoder_offload` moves the rest of a named encoder's states, its weights and
+  optimizer states, to the host for the pipeline. The rows cross in bf16 (float32 where neither the encoder's
+  dtype nor master weights is bf16): the LM's first stage holds its lane's rows of the step (or their gradients)
+  across its pipeline, every GPU its encoder lane's rows' gradients at the encoders' backward.
 - A fixed **2 GiB** for the CUDA context, the NCCL buffers and the allocator's workspace.
 - **Host memory of a CPU run** (`host_estimate`, per phase, checked against benchmarks/bench_memory.py in
   BENCHMARKS.md): the model is built on the meta device, so while it is built a rank holds only its own
@@ -62,7 +61,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -128,17 +127,6 @@ class Usage:
     @property
     def peak(self) -> float:
         return self.states + self.activations + FIXED_BYTES
-
-
-@dataclass(frozen=True)
-class EncoderRelease:
-    """How a colocated layout whose LM is pipelined frees its encoders' memory across the LM's pipeline, modules
-    by name: `recompute` keeps none of their activations from the forward phase and runs each microbatch's
-    forward again before its backward; `offload` copies their weights and optimizer states to the host for the
-    LM's pipeline and back. Planner-internal: the trainer has no config keys for them yet."""
-
-    recompute: frozenset[str] = field(default_factory=frozenset)
-    offload: frozenset[str] = field(default_factory=frozenset)
 
 
 def with_hf_shapes(cfg: Config) -> Config:
@@ -243,13 +231,12 @@ def stage_usage(cfg: Config, name: str, size: ModuleSize, grid: Grid, flags: Mod
     return Usage(states, acts * in_flight + recompute)
 
 
-def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize], modules: dict[str, ModuleLayoutConfig],
-             release: EncoderRelease | None = None) -> Usage:
-    """The worst GPU's estimated bytes under `layout` (see the module docstring for the model), its encoders'
-    memory freed by `release` where the layout is a colocated pipeline."""
+def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize],
+             modules: dict[str, ModuleLayoutConfig]) -> Usage:
+    """The worst GPU's estimated bytes under `layout` (see the module docstring for the model)."""
     flags = {n: modules.get(n, ModuleLayoutConfig()) for n in layout.grids}
     if colocated_pipeline(layout):
-        return _colocated_pipeline(cfg, layout, sizes, flags, release or EncoderRelease())
+        return _colocated_pipeline(cfg, layout, sizes, flags)
     if not is_pipelined(layout):
         parts = [stage_usage(cfg, n, sizes[n], g, flags[n], 0, 1) for n, g in layout.grids.items()]
         return Usage(sum(u.states for u in parts), sum(u.activations for u in parts))
@@ -261,21 +248,19 @@ def estimate(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize], modules:
     return worst
 
 
-def _colocated_pipeline(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize], flags: dict,
-                        release: EncoderRelease) -> Usage:
+def _colocated_pipeline(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize], flags: dict) -> Usage:
     """The worst LM stage's GPU of a colocated pipeline at the worse of its two moments (module docstring)."""
     micro, lm = cfg.parallel.microbatches, layout.grids[LANGUAGE]
     encoders = [n for n in layout.grids if n != LANGUAGE]
     held = {n: stage_usage(cfg, n, sizes[n], layout.grids[n], flags[n], 0, micro) for n in encoders}
-    one = {n: stage_usage(cfg, n, sizes[n], layout.grids[n], flags[n], 0, 1) for n in encoders}
     states = sum(held[n].states for n in encoders)
-    kept = sum(0.0 if n in release.offload else offloaded_bytes(cfg, held[n].states, layout.grids[n], flags[n])
-               for n in encoders)
-    across = sum(held[n].activations for n in encoders if n not in release.recompute)
-    row = {n: inputs_per_sample(cfg, n) * encoder_rows(cfg, n) * cfg.model.llm.hidden * 4 for n in encoders}
+    kept = sum(0.0 if n in cfg.perf.encoder_offload else
+               offloaded_bytes(cfg, held[n].states, layout.grids[n], flags[n]) for n in encoders)
+    across = sum(held[n].activations for n in encoders)
+    row = {n: inputs_per_sample(cfg, n) * encoder_rows(cfg, n) * cfg.model.llm.hidden * wire_bytes(cfg, n)
+           for n in encoders}
     lane_rows = sum(cfg.data.global_batch / lm.dp * row[n] for n in encoders)
-    backward = across + sum(one[n].activations for n in encoders if n in release.recompute)
-    backward += sum(cfg.data.global_batch / layout.grids[n].dp * row[n] for n in encoders)
+    backward = across + sum(cfg.data.global_batch / layout.grids[n].dp * row[n] for n in encoders)
     worst = Usage(0.0, 0.0)
     for stage in range(lm.pp):
         u = stage_usage(cfg, LANGUAGE, sizes[LANGUAGE], lm, flags[LANGUAGE], stage, in_flight(cfg, layout, LANGUAGE,
@@ -284,6 +269,12 @@ def _colocated_pipeline(cfg: Config, layout: Layout, sizes: dict[str, ModuleSize
         after = Usage(u.states + states, backward)
         worst = max(worst, pipeline, after, key=lambda x: x.peak)
     return worst
+
+
+def wire_bytes(cfg: Config, name: str) -> int:
+    """Bytes a value of encoder `name`'s rows takes crossing to a pipelined LM on the same ranks: bf16 where the
+    encoder computes in bf16 or the LM's embeddings are bf16 (master weights), else float32."""
+    return 4 if cfg.precision.dtype_of(name) == "float32" and not cfg.precision.master_weights else 2
 
 
 def gradient_bytes(cfg: Config, states: float, grid: Grid, flags: ModuleLayoutConfig) -> float:

@@ -12,14 +12,13 @@
   of the step rather than (pp - 1) / m, for v times the boundary messages.
 - **Colocated layouts whose LM is pipelined**: three phases on the simulator's clock
   (`colocated_pipeline_ops`): on every GPU each encoder's forward of every microbatch; per modality one
-  all-to-all over the world of the step's rows in float32 (each encoder lane's first TP rank sends its rows to
+  all-to-all over the world of the step's rows (`wire_bytes`; each encoder lane's first TP rank sends its rows to
   every TP and CP rank of the LM lanes' first stage that take them); the LM's pipeline alone (1F1B or
   interleaved, its pieces and sends as above); one all-to-all of the rows' gradients back (each LM lane's
   first-stage lead to every TP rank of the encoder lanes); each encoder's backward of every microbatch. With
-  `EncoderRelease.recompute` each backward runs its forward again first; with `EncoderRelease.offload` the
-  encoder's weights and optimizer states (mimo.planner.memory.offloaded_bytes) go to the host after the first
-  exchange and come back before the second, at the network's host bandwidth, each GPU on its own clock (a late
-  LM stage copies during its idle cool-down).
+  `perf.encoder_offload` the named encoders' weights and optimizer states (mimo.planner.memory.offloaded_bytes)
+  go to the host after the first exchange and come back before the second, on the compute stream at the
+  network's host bandwidth, each GPU on its own clock (a late LM stage copies during its idle cool-down).
 - **Activation checkpointing** (`perf.activation_checkpointing`): a named module's blocks run their forward
   again in the backward, collectives included (its head, patch embedding and projector do not).
 - **After the backward** (all): each module's gradients are all-reduced over its dp x cp group (an
@@ -61,10 +60,10 @@ from mimo.planner.cost import (
 )
 from mimo.planner.memory import (
     STATE_BYTES,
-    EncoderRelease,
     ModuleSize,
     offloaded_bytes,
     stage_usage,
+    wire_bytes,
 )
 from mimo.planner.network import Network
 from mimo.planner.profile import Profile
@@ -105,7 +104,6 @@ class Setting:
     profile: Profile
     network: Network
     overlap_dp: bool = False
-    release: EncoderRelease = EncoderRelease()
 
 
 def model_flops(cfg: Config, seq: int) -> float:
@@ -303,7 +301,6 @@ def _colocated_pipeline(s: Setting, layout: Layout, flags: dict) -> tuple[float,
     micro, lm, v = s.cfg.parallel.microbatches, layout.grids[LANGUAGE], virtual_stages(s.cfg, LANGUAGE)
     vstages = lm.pp * v
     encoders = {n: module_piece(s, n, g, flags[n]) for n, g in layout.grids.items() if n != LANGUAGE}
-    again = {n: p.forward if n in s.release.recompute else 0.0 for n, p in encoders.items()}
     pieces = [module_piece(s, LANGUAGE, lm, flags[LANGUAGE], p, v) for p in range(vstages)]
     there, back = (sum(_rows_s(s, layout, n, way) for n in encoders) for way in (0, 1))
     host = _offload_s(s, layout, flags)
@@ -311,11 +308,11 @@ def _colocated_pipeline(s: Setting, layout: Layout, flags: dict) -> tuple[float,
     forward = {i: pc.forward for i, pc in enumerate(pieces)} | {
         vstages + r: sum(p.forward for p in encoders.values()) for r in range(lm.pp)}
     backward = {i: pc.backward for i, pc in enumerate(pieces)} | {
-        vstages + r: sum(p.backward + again[n] for n, p in encoders.items()) for r in range(lm.pp)}
+        vstages + r: sum(p.backward for p in encoders.values()) for r in range(lm.pp)}
     send = {i: _send_s(s, layout, LANGUAGE, i, v) for i in range(vstages)}
     fixed = {("C", 0): there, ("C", 1): back, ("H", 0): host, ("H", 1): host}
     timeline = simulate(ops, preds, forward, backward, send, fixed)
-    own = sum(p.forward_s + p.backward_s + (p.forward_s if again[n] else 0.0) for n, p in encoders.items())
+    own = sum(p.forward_s + p.backward_s for p in encoders.values())
     enc_tails = [_tail(s, n, layout.grids[n], flags[n], 0, p.backward, (p.forward_s + p.backward_s) * micro)
                  for n, p in encoders.items()]
     tails = [tuple(map(sum, zip(*enc_tails, _tail(s, LANGUAGE, lm, flags[LANGUAGE], r, pieces[r].backward, 0.0))))
@@ -329,10 +326,10 @@ def _colocated_pipeline(s: Setting, layout: Layout, flags: dict) -> tuple[float,
 
 
 def _offload_s(s: Setting, layout: Layout, flags: dict) -> float:
-    """One way of the encoders' offload (`EncoderRelease.offload`) on one GPU: their weights and optimizer states
+    """One way of the encoders' offload (`perf.encoder_offload`) on one GPU: their weights and optimizer states
     over its host link."""
     nbytes = 0.0
-    for name in sorted(s.release.offload & (set(layout.grids) - {LANGUAGE})):
+    for name in s.cfg.perf.encoder_offload:
         grid = layout.grids[name]
         states = stage_usage(s.cfg, name, s.sizes[name], grid, flags[name], 0, 1).states
         nbytes += offloaded_bytes(s.cfg, states, grid, flags[name])
@@ -340,12 +337,12 @@ def _offload_s(s: Setting, layout: Layout, flags: dict) -> float:
 
 
 def _rows_s(s: Setting, layout: Layout, name: str, way: int) -> float:
-    """The all-to-all over the world of the step's float32 rows of encoder `name` (`way` 0) or of their gradients
+    """The all-to-all over the world of the step's rows of encoder `name` (`way` 0) or of their gradients
     (1), by its busiest rank: forward, an encoder lane's first TP rank sends its rows to each of the tp x cp
     first-stage ranks of its LM lane, each of which receives its lane's rows; backward, an LM lane's lead sends
     them to each of the encoder lane's tp ranks, each of which receives its lane's."""
     cfg, enc, lm = s.cfg, layout.grids[name], layout.grids[LANGUAGE]
-    per_sample = inputs_per_sample(cfg, name) * encoder_rows(cfg, name) * cfg.model.llm.hidden * 4
+    per_sample = inputs_per_sample(cfg, name) * encoder_rows(cfg, name) * cfg.model.llm.hidden * wire_bytes(cfg, name)
     enc_rows, lm_rows = (cfg.data.global_batch / dp * per_sample for dp in (enc.dp, lm.dp))
     busiest = max(enc_rows * lm.tp * lm.cp, lm_rows) if way == 0 else max(lm_rows * enc.tp, enc_rows)
     return s.network.exchange(busiest, 0, 1, layout.world_size)

@@ -1,6 +1,6 @@
 """`mimo plan` and colocated layouts whose LM is pipelined: the predicted step as its three phases (encoder
 forwards, the LM's pipeline alone, encoder backwards) with the rows exchanged between them, what encoder
-recompute and offload add and free, and the candidates the planner proposes (CPU, no processes)."""
+offload adds and frees, and the candidates the planner proposes (CPU, no processes)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,7 @@ from mimo.planner.candidates import (
     make_plan,
     with_modules,
 )
-from mimo.planner.memory import (
-    EncoderRelease,
-    estimate,
-    in_flight,
-    module_sizes,
-    offloaded_bytes,
-    stage_usage,
-)
+from mimo.planner.memory import estimate, in_flight, module_sizes, offloaded_bytes, stage_usage
 from mimo.planner.network import Network
 from mimo.planner.predict import Setting, _tail, module_piece, predict
 from mimo.planner.profile import Profile
@@ -34,9 +27,7 @@ from mimo.planner.simulate import one_f_one_b_ops, simulate
 PROFILE = Profile("test", matmul_tflops=100.0, matmul_fixed_s=0.0, attention_tflops=100.0, attention_fixed_s=0.0,
                   attention_backward_ratio=2.0, memory_gbps=1000.0, kernel_s=1e-6, launch_s=0.0)
 DEMO = ["--model.llm.layers=4", "--parallel.microbatches=4", "--precision.dtype=bfloat16"]
-IMAGES = frozenset({"images"})
-KEEP = EncoderRelease()
-"""Neither recompute nor offload."""
+OFFLOAD = ("--train.device=cuda", '--perf.encoder_offload=["images"]')
 
 
 def _colocated_pipeline(tp: int = 2, pp: int = 2) -> dict[str, ModuleLayoutConfig]:
@@ -44,17 +35,17 @@ def _colocated_pipeline(tp: int = 2, pp: int = 2) -> dict[str, ModuleLayoutConfi
     return {"images": ModuleLayoutConfig(), "language": ModuleLayoutConfig(tp=tp, pp=pp, sequence_parallel=tp > 1)}
 
 
-def _setup(release: EncoderRelease = KEEP):
-    """demo_vlm (4 LM layers, 4 microbatches, bf16) on `_colocated_pipeline()`'s layout, costed with `release`."""
+def _setup(extra: tuple[str, ...] = ()):
+    """demo_vlm (4 LM layers, 4 microbatches, bf16) and `extra` on `_colocated_pipeline()`'s layout."""
     modules = _colocated_pipeline()
-    cfg = with_modules(load_config("configs/demo_vlm.toml", DEMO), modules)
+    cfg = with_modules(load_config("configs/demo_vlm.toml", [*DEMO, *extra]), modules)
     layout = Layout.from_config(modules, cfg.model.module_names, 8)
-    return cfg, modules, layout, Setting(cfg, module_sizes(cfg), PROFILE, Network(), release=release)
+    return cfg, modules, layout, Setting(cfg, module_sizes(cfg), PROFILE, Network())
 
 
 def test_the_step_is_encoder_forwards_rows_lm_pipeline_rows_encoder_backwards():
     """images tp1 dp8 + LM tp2 pp2 dp2, 4 microbatches: every GPU runs the encoder's 4 forwards; an all-to-all
-    hands each LM first-stage GPU its lane's rows of the step (16 samples x 16 patches x hidden 128, float32: the
+    hands each LM first-stage GPU its lane's rows of the step (16 samples x 16 patches x hidden 128, bf16: the
     busiest GPU's share, beside an encoder lane's 4 samples sent to tp 2 GPUs); the LM's 1F1B runs alone (its two
     stages as a pipelined layout's, with their sends); the gradients come back the same way (an LM lane's lead
     sends its 16 samples' to the encoder lanes); then the 4 encoder backwards, then each GPU's reductions and
@@ -68,7 +59,7 @@ def test_the_step_is_encoder_forwards_rows_lm_pipeline_rows_encoder_backwards():
     lm_only = simulate([one_f_one_b_ops(r, 2, 4) for r in range(2)], {0: [], 1: [0]},
                        {p: st.forward for p, st in enumerate(stages)}, {p: st.backward for p, st in enumerate(stages)},
                        {0: send, 1: 0.0})
-    rows = net.exchange(16 * 16 * 128 * 4, 0, 1, 8)
+    rows = net.exchange(16 * 16 * 128 * 2, 0, 1, 8)
     tails = [[_tail(s, "images", images, modules["images"], 0, enc.backward, 4 * (enc.forward_s + enc.backward_s)),
               _tail(s, "language", lm, modules["language"], p, stages[p].backward, 0.0)] for p in range(2)]
     tail = max(sum(sum(t) for t in parts) for parts in tails)
@@ -78,19 +69,16 @@ def test_the_step_is_encoder_forwards_rows_lm_pipeline_rows_encoder_backwards():
     assert p.step_s == pytest.approx(p.compute_s + p.comm_s + p.reduce_s + p.optimizer_s + p.bubble_s)
 
 
-def test_recompute_adds_a_forward_and_offload_two_host_copies():
-    """Encoder recompute runs each microbatch's forward again before its backward: + 4 forwards. Offload copies
-    the encoder's weights and moments (12 of its 16 bytes a parameter) out after the rows' exchange and back
-    after the LM's pipeline, both on the critical path: the first LM stage starts last and ends last."""
+def test_offload_adds_two_host_copies():
+    """perf.encoder_offload copies the encoder's weights and moments (12 of its 16 bytes a parameter) out after the
+    rows' exchange and back after the LM's pipeline, both on the critical path: the first LM stage starts last and
+    ends last."""
     cfg, modules, layout, plain = _setup()
-    enc = module_piece(plain, "images", layout.grids["images"], modules["images"])
     base = predict(plain, layout, modules).step_s
-    again = predict(_setup(EncoderRelease(recompute=IMAGES))[3], layout, modules)
-    assert again.step_s == pytest.approx(base + 4 * enc.forward)
     states = stage_usage(cfg, "images", plain.sizes["images"], layout.grids["images"], modules["images"], 0, 1).states
     moved = offloaded_bytes(cfg, states, layout.grids["images"], modules["images"])
     assert moved == pytest.approx(states * 12 / 16)
-    off = predict(_setup(EncoderRelease(offload=IMAGES))[3], layout, modules)
+    off = predict(_setup(OFFLOAD)[3], layout, modules)
     assert off.step_s == pytest.approx(base + 2 * moved / 53.5e9)
 
 
@@ -98,28 +86,27 @@ def test_the_encoders_activations_wait_across_the_lm_pipeline():
     """LM stage i holds min(pp - i, m) microbatches in flight (2, 1) and every GPU the encoder's activations of
     all 4 microbatches. Two moments per LM stage, the worse counts: inside the LM's pipeline (the encoder's
     gradients, 4 of its 16 bytes a parameter, not made yet) and at the encoder's first backward (the LM's
-    activations gone, every state there). Recompute holds none of the encoder's activations across the pipeline
-    and one microbatch's at its backward; offload takes the rest of its states off the GPU for the pipeline. The
-    rows cross in float32: the LM's first stage holds its lane's (16 samples x 16 rows x 128 x 4 bytes) across
-    the pipeline, every GPU its encoder lane's gradients (4 samples' worth) at the encoder's backward."""
+    activations gone, every state there). Offload takes the rest of its states off the GPU for the pipeline. The
+    rows cross in bf16: the LM's first stage holds its lane's (16 samples x 16 rows x 128 x 2 bytes) across the
+    pipeline, every GPU its encoder lane's gradients (4 samples' worth) at the encoder's backward."""
     cfg, modules, layout, s = _setup()
     lm, images = layout.grids["language"], layout.grids["images"]
     assert [in_flight(cfg, layout, "language", r) for r in range(2)] == [2, 1]
     stages = [stage_usage(cfg, "language", s.sizes["language"], lm, modules["language"], r, 2 - r) for r in range(2)]
     enc = stage_usage(cfg, "images", s.sizes["images"], images, modules["images"], 0, 1)
 
-    lane_rows, own_rows = 16 * 16 * 128 * 4, 4 * 16 * 128 * 4
+    lane_rows, own_rows = 16 * 16 * 128 * 2, 4 * 16 * 128 * 2
 
-    def peak(kept: float, across: float, backward: float) -> float:
-        return max(max(u.states + kept + u.activations + across + (lane_rows if u is stages[0] else 0),
-                       u.states + enc.states + backward + own_rows) for u in stages)
+    def peak(kept: float) -> float:
+        return max(max(u.states + kept + u.activations + 4 * enc.activations + (lane_rows if u is stages[0] else 0),
+                       u.states + enc.states + 4 * enc.activations + own_rows) for u in stages)
 
-    cases = {KEEP: (enc.states * 12 / 16, 4 * enc.activations, 4 * enc.activations),
-             EncoderRelease(recompute=IMAGES): (enc.states * 12 / 16, 0.0, enc.activations),
-             EncoderRelease(offload=IMAGES): (0.0, 4 * enc.activations, 4 * enc.activations)}
-    for release, (kept, across, backward) in cases.items():
-        u = estimate(cfg, layout, s.sizes, modules, release)
-        assert u.states + u.activations == pytest.approx(peak(kept, across, backward)), release
+    plain = estimate(cfg, layout, s.sizes, modules)
+    assert plain.states + plain.activations == pytest.approx(peak(enc.states * 12 / 16))
+    off_cfg, *_ = _setup(OFFLOAD)
+    off = estimate(off_cfg, layout, s.sizes, modules)
+    assert off.states + off.activations == pytest.approx(peak(0.0))
+    assert off.peak < plain.peak
 
 
 def test_the_planner_proposes_colocated_pipelines_at_their_fastest_lm_tp():
