@@ -57,6 +57,35 @@ def test_the_stamps_bracket_each_modules_forward_and_whole_backward():
     assert clock.stamps == {}
 
 
+def _graph_nodes(root) -> list[str]:
+    """The type names of every node of the autograd graph behind `root`, sorted."""
+    seen, stack, names = set(), [root], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return sorted(names)
+
+
+def test_a_step_that_is_not_sampled_adds_no_autograd_node_and_no_stamp():
+    cfg = tiny_vlm(tiny_llm(), tiny_vit(layers=2), 60, {}, 1, len(IMAGES))
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    batch = image_text_batch(torch.tensor(IMAGES), 16, 60, torch.Generator().manual_seed(0))
+    args = {k: batch[k] for k in ("input_ids", "labels", "position_ids", "modality_inputs")}
+    plain = _graph_nodes(model(**args).loss_sum.grad_fn)  # no clock at all: the oracle
+    clock = ModuleTime(torch.device("cpu"), every=2, warmup=1)
+    model.set_runtime(ModelRuntime(module_clock=clock))
+    assert clock.sample() is False
+    assert _graph_nodes(model(**args).loss_sum.grad_fn) == plain
+    assert clock.stamps == {}
+    assert clock.sample() is True  # a sampled step does add its nodes (the check above can see them)
+    assert len(_graph_nodes(model(**args).loss_sum.grad_fn)) > len(plain)
+
+
 def _time_share(out, *overrides: str) -> dict[str, float]:
     Trainer(tiny_config(out, "--train.steps=6", "--metrics.throughput_warmup=1", "--metrics.time_share_every=1",
                         *overrides)).train()
